@@ -1,0 +1,623 @@
+"""One connection to nsqd, client role: protocol V2 as a state machine with no IO.
+
+Feed what the socket reads to :meth:`ClientConnection.receive_data` (``b""`` at EOF) and act on
+the events it returns; write what :meth:`ClientConnection.data_to_send` returns. Commands
+(``subscribe``, ``send_ready``, ``finish``, ``publish``...) only queue bytes.
+
+Lifecycle::
+
+    IDENTIFYING -> [TLS_HANDSHAKE -> AWAITING_TLS_OK] -> [AWAITING_COMPRESSION_OK]
+        -> [AUTHENTICATING] -> READY -> SUBSCRIBING -> SUBSCRIBED -> CLOSING -> CLOSED
+
+Upgrades happen at exactly the byte nsqd switches: bytes after the IDENTIFY answer belong to the
+TLS layer (handed back in :class:`~nsq_sansio.events.TLSUpgradeRequired`) or are compressed.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from enum import Enum
+from typing import Any
+
+from . import frames
+from .compression import Codec, DeflateCodec, SnappyCodec
+from .errors import (
+    CompressionError,
+    ConnectionLost,
+    LocalProtocolError,
+    NSQError,
+    ProtocolError,
+    ServerError,
+)
+from .events import (
+    AuthResult,
+    CloseWait,
+    ConnectionClosed,
+    ConnectionReady,
+    Event,
+    Heartbeat,
+    Message,
+    MessageTakenBack,
+    PublishAcknowledged,
+    PublishFailed,
+    ServerSettings,
+    Subscribed,
+    TLSUpgradeRequired,
+)
+
+__all__ = ["ClientConnection", "ConnectionState"]
+
+
+class ConnectionState(Enum):
+    """Where a client connection is in its lifecycle."""
+
+    IDENTIFYING = "IDENTIFYING"
+    TLS_HANDSHAKE = "TLS_HANDSHAKE"
+    AWAITING_TLS_OK = "AWAITING_TLS_OK"
+    AWAITING_COMPRESSION_OK = "AWAITING_COMPRESSION_OK"
+    AUTHENTICATING = "AUTHENTICATING"
+    READY = "READY"
+    SUBSCRIBING = "SUBSCRIBING"
+    SUBSCRIBED = "SUBSCRIBED"
+    CLOSING = "CLOSING"
+    CLOSED = "CLOSED"
+
+
+class _Awaiting(Enum):
+    """What a pending response answers (responses come back in command order)."""
+
+    IDENTIFY = 0
+    TLS_OK = 1
+    COMPRESSION_OK = 2
+    AUTH = 3
+    SUB = 4
+    PUBLISH = 5
+    CLS = 6
+
+
+_S = ConnectionState
+_HEADER = struct.Struct(">ii")
+_SIZE = struct.Struct(">i")
+_MESSAGE_HEADER = struct.Struct(">qH")
+_PUBLISH_STATES = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
+_MESSAGE_STATES = frozenset({_S.SUBSCRIBED, _S.CLOSING})
+_NON_FATAL_COMMANDS = {"E_FIN_FAILED": "FIN", "E_REQ_FAILED": "REQ", "E_TOUCH_FAILED": "TOUCH"}
+#: Heartbeats nsqd sends when IDENTIFY does not set an interval (ms).
+_DEFAULT_HEARTBEAT_MS = 30_000
+
+
+class ClientConnection:
+    """Client side of one nsqd connection. Construction queues the magic and IDENTIFY.
+
+    ``identify`` holds IDENTIFY's JSON fields (``client_id``, ``hostname``, ``user_agent``,
+    ``heartbeat_interval`` in ms, ``tls_v1``, ``snappy``, ``deflate``, ``deflate_level``,
+    ``sample_rate``, ``msg_timeout``, ``output_buffer_*``); ``feature_negotiation`` is always on.
+    """
+
+    __slots__ = (
+        "_auth_secret",
+        "_awaiting",
+        "_buffer",
+        "_close_wait_received",
+        "_codec",
+        "_in_flight",
+        "_last_received",
+        "_max_frame_size",
+        "_next_request_id",
+        "_out",
+        "_out_plain",
+        "_rdy",
+        "_rdy_remaining",
+        "_requested",
+        "_state",
+        "_switch",
+        "auth",
+        "channel",
+        "heartbeat_interval",
+        "settings",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        identify: Mapping[str, object] | None = None,
+        *,
+        auth_secret: bytes | str | None = None,
+        max_frame_size: int = frames.DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        fields: dict[str, Any] = dict(identify or {})
+        fields["feature_negotiation"] = True
+        if fields.get("snappy") and fields.get("deflate"):
+            raise LocalProtocolError("snappy and deflate are mutually exclusive; ask for one")
+        self._requested = fields
+        interval = fields.get("heartbeat_interval", _DEFAULT_HEARTBEAT_MS)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+            raise LocalProtocolError(f"heartbeat_interval must be ms as an int, got {interval!r}")
+        #: Seconds between nsqd's heartbeats, or None when they were disabled (-1).
+        self.heartbeat_interval: float | None = None if interval < 0 else interval / 1000
+        if isinstance(auth_secret, str):
+            auth_secret = auth_secret.encode()
+        self._auth_secret = auth_secret
+        self._max_frame_size = max_frame_size
+        frames.FrameDecoder(max_frame_size)  # validates the limit with the same rule
+        self._state = _S.IDENTIFYING
+        self._buffer = bytearray()
+        self._out: list[bytes] = [frames.MAGIC_V2, frames.encode_identify(fields)]
+        self._out_plain: bytes = b""
+        self._codec: Codec | None = None
+        self._switch = False
+        self._awaiting: deque[tuple[_Awaiting, int]] = deque([(_Awaiting.IDENTIFY, 0)])
+        self._next_request_id = 1
+        self._in_flight: set[bytes] = set()
+        self._rdy = 0
+        self._rdy_remaining = 0
+        self._close_wait_received = False
+        self._last_received: float | None = None
+        self.settings: ServerSettings | None = None
+        self.auth: AuthResult | None = None
+        self.topic: str | None = None
+        self.channel: str | None = None
+
+    # --- introspection ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> ConnectionState:
+        return self._state
+
+    @property
+    def rdy(self) -> int:
+        """The last RDY count sent."""
+        return self._rdy
+
+    @property
+    def rdy_remaining(self) -> int:
+        """RDY count left: the last one sent minus the messages received since."""
+        return self._rdy_remaining
+
+    @property
+    def in_flight(self) -> frozenset[bytes]:
+        """Ids of messages received and not yet finished or requeued (a snapshot)."""
+        return frozenset(self._in_flight)
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._in_flight)
+
+    def is_in_flight(self, message_id: bytes) -> bool:
+        return message_id in self._in_flight
+
+    @property
+    def max_rdy_count(self) -> int:
+        settings = self.settings or ServerSettings.default()
+        return settings.max_rdy_count
+
+    @property
+    def last_received(self) -> float | None:
+        """When bytes were last received (the ``now`` given to :meth:`receive_data`)."""
+        return self._last_received
+
+    # --- bytes in, bytes out -----------------------------------------------------------------
+
+    def data_to_send(self) -> bytes:
+        """Everything queued since the last call, compressed when compression is on."""
+        plain = self._out_plain
+        if not self._out:
+            if plain:
+                self._out_plain = b""
+            return plain
+        data = b"".join(self._out)
+        self._out.clear()
+        if self._codec is not None:
+            data = self._codec.compress(data)
+        if plain:
+            self._out_plain = b""
+            return plain + data
+        return data
+
+    def receive_data(self, data: bytes, now: float | None = None) -> list[Event]:
+        """Feed bytes read from the socket (``b""`` at EOF); return the events they complete.
+
+        Never raises on what the peer sent: a broken stream ends with a
+        :class:`ConnectionClosed` event whose ``error`` says what was wrong.
+        """
+        if now is not None:
+            self._last_received = now
+        events: list[Event] = []
+        if self._state is _S.CLOSED:
+            return events
+        if self._state is _S.TLS_HANDSHAKE:
+            raise LocalProtocolError(
+                "receive_data() in state TLS_HANDSHAKE: feed these bytes to the TLS layer and "
+                "call tls_established() when the handshake is done"
+            )
+        if not data:
+            self._on_eof(events)
+            return events
+        if self._codec is None:
+            self._process(data, events)
+        else:
+            self._decompress_and_process(data, events)
+        return events
+
+    def handle_timer(self, now: float) -> list[Event]:
+        """Close a connection that has been silent for two heartbeat intervals and more."""
+        events: list[Event] = []
+        deadline = self.next_deadline()
+        if deadline is not None and now >= deadline:
+            self._fail(
+                ConnectionLost(
+                    f"nothing received from nsqd for {now - (self._last_received or now):.1f}s "
+                    f"(heartbeats every {self.heartbeat_interval}s) in state {self._state.name}"
+                ),
+                events,
+            )
+        return events
+
+    def next_deadline(self) -> float | None:
+        """When to call :meth:`handle_timer`: 2.5 heartbeat intervals after the last data."""
+        if self.heartbeat_interval is None or self._last_received is None:
+            return None
+        if self._state is _S.CLOSED:
+            return None
+        return self._last_received + 2.5 * self.heartbeat_interval
+
+    def tls_established(self) -> None:
+        """The transport finished the TLS handshake; what is read next is plaintext from TLS."""
+        self._require("tls_established()", (_S.TLS_HANDSHAKE,))
+        self._state = _S.AWAITING_TLS_OK
+
+    # --- commands ------------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, channel: str) -> None:
+        """``SUB``: receive messages of ``topic`` on ``channel`` (after RDY)."""
+        self._require("subscribe()", (_S.READY,))
+        self._out.append(frames.encode_sub(topic, channel))
+        self._awaiting.append((_Awaiting.SUB, 0))
+        self.topic = topic
+        self.channel = channel
+        self._state = _S.SUBSCRIBING
+
+    def send_ready(self, count: int) -> None:
+        """``RDY count``: allow up to ``count`` messages in flight on this connection."""
+        self._require("send_ready()", (_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING))
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise LocalProtocolError(f"RDY count must be an int, got {count!r}")
+        limit = self.max_rdy_count
+        if not 0 <= count <= limit:
+            raise LocalProtocolError(
+                f"RDY count {count} is outside 0..{limit} (nsqd's max_rdy_count)"
+            )
+        if self._state is _S.CLOSING and count:
+            raise LocalProtocolError(f"RDY {count} in state CLOSING: only RDY 0 makes sense")
+        self._out.append(b"RDY %d\n" % count)
+        self._rdy = self._rdy_remaining = count
+
+    def finish(self, message_id: bytes) -> None:
+        """``FIN``: the message was handled and can be forgotten."""
+        self._settle("finish()", message_id)
+        self._out.append(b"FIN " + message_id + b"\n")
+
+    def requeue(self, message_id: bytes, delay: float = 0.0) -> None:
+        """``REQ``: hand the message back, to be delivered again after ``delay`` seconds."""
+        if not delay >= 0:
+            raise LocalProtocolError(f"requeue delay must be >= 0 seconds, got {delay!r}")
+        self._settle("requeue()", message_id)
+        self._out.append(frames.encode_req(message_id, round(delay * 1000)))
+
+    def touch(self, message_id: bytes) -> None:
+        """``TOUCH``: reset the message's timeout on nsqd (up to its max_msg_timeout)."""
+        self._require("touch()", _MESSAGE_STATES)
+        if message_id not in self._in_flight:
+            raise self._not_in_flight("touch()", message_id)
+        self._out.append(frames.encode_touch(message_id))
+
+    def publish(self, topic: str, body: bytes) -> int:
+        """``PUB``; returns the request id its answer will carry."""
+        self._require("publish()", _PUBLISH_STATES)
+        return self._request(frames.encode_pub(topic, body))
+
+    def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> int:
+        """``MPUB`` (atomic); returns the request id its answer will carry."""
+        self._require("multi_publish()", _PUBLISH_STATES)
+        return self._request(frames.encode_mpub(topic, bodies))
+
+    def deferred_publish(self, topic: str, body: bytes, delay: float) -> int:
+        """``DPUB``: deliverable after ``delay`` seconds; returns the request id."""
+        self._require("deferred_publish()", _PUBLISH_STATES)
+        if not delay >= 0:
+            raise LocalProtocolError(f"deferred_publish delay must be >= 0 seconds, got {delay!r}")
+        return self._request(frames.encode_dpub(topic, round(delay * 1000), body))
+
+    def nop(self) -> None:
+        """``NOP``."""
+        self._require("nop()", tuple(s for s in _S if s is not _S.CLOSED))
+        self._out.append(b"NOP\n")
+
+    def close(self) -> None:
+        """Close: ``CLS`` when subscribed (nsqd answers ``CLOSE_WAIT``), at once otherwise.
+
+        After CLS, in-flight messages can still be finished; the transport closes the socket
+        when it is done with them (or at once if there are none).
+        """
+        if self._state in (_S.CLOSING, _S.CLOSED):
+            return
+        if self._state is _S.SUBSCRIBED:
+            self._out.append(b"CLS\n")
+            self._awaiting.append((_Awaiting.CLS, 0))
+            self._state = _S.CLOSING
+        else:
+            self._state = _S.CLOSED
+            self._out.clear()
+
+    @property
+    def pending_requests(self) -> tuple[int, ...]:
+        """Publish request ids still waiting for their answer, oldest first."""
+        return tuple(rid for kind, rid in self._awaiting if kind is _Awaiting.PUBLISH)
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _require(self, what: str, states: Iterable[ConnectionState]) -> None:
+        if self._state not in states:
+            allowed = ", ".join(s.name for s in states)
+            raise LocalProtocolError(
+                f"{what} is not allowed in state {self._state.name} (only in {allowed})"
+            )
+
+    def _not_in_flight(self, what: str, message_id: bytes) -> LocalProtocolError:
+        return LocalProtocolError(
+            f"{what}: message {message_id!r} is not in flight on this connection "
+            "(already answered, or never received here)"
+        )
+
+    def _settle(self, what: str, message_id: bytes) -> None:
+        if self._state is not _S.SUBSCRIBED and self._state is not _S.CLOSING:
+            self._require(what, _MESSAGE_STATES)
+        try:
+            self._in_flight.remove(message_id)
+        except KeyError:
+            raise self._not_in_flight(what, message_id) from None
+
+    def _request(self, command: bytes) -> int:
+        request_id = self._next_request_id
+        self._next_request_id = request_id + 1
+        self._out.append(command)
+        self._awaiting.append((_Awaiting.PUBLISH, request_id))
+        return request_id
+
+    def _decompress_and_process(self, data: bytes, events: list[Event]) -> None:
+        codec = self._codec
+        assert codec is not None
+        try:
+            for piece in codec.decompress_iter(data):
+                self._process(piece, events)
+                if self._state is _S.CLOSED:
+                    return
+        except CompressionError as exc:
+            self._fail(exc, events)
+
+    def _process(self, data: bytes, events: list[Event]) -> None:
+        """Decode every complete frame in the buffer (the hot path)."""
+        buffer = self._buffer
+        buffer += data
+        end = len(buffer)
+        pos = 0
+        limit = self._max_frame_size
+        unpack_header = _HEADER.unpack_from
+        unpack_message = _MESSAGE_HEADER.unpack_from
+        in_flight = self._in_flight
+        append = events.append
+        try:
+            with memoryview(buffer) as view:
+                while end - pos >= 8:
+                    size, frame_type = unpack_header(buffer, pos)
+                    if size < 4 or size > limit:
+                        frames.check_frame_size(size, limit)
+                    stop = pos + 4 + size
+                    if stop > end:
+                        break
+                    if frame_type == 2:
+                        if size < 30:
+                            raise ProtocolError(f"message frame of {size} bytes is too short")
+                        if self._state not in _MESSAGE_STATES:
+                            raise ProtocolError(f"message received in state {self._state.name}")
+                        timestamp, attempts = unpack_message(buffer, pos + 8)
+                        message_id = bytes(view[pos + 18 : pos + 34])
+                        in_flight.add(message_id)
+                        if self._rdy_remaining:
+                            self._rdy_remaining -= 1
+                        append(
+                            Message(message_id, bytes(view[pos + 34 : stop]), timestamp, attempts)
+                        )
+                        pos = stop
+                        continue
+                    payload = bytes(view[pos + 8 : stop])
+                    pos = stop
+                    if frame_type == 0:
+                        self._on_response(payload, events)
+                    elif frame_type == 1:
+                        self._on_error(payload, events)
+                    else:
+                        raise ProtocolError(f"unknown frame type {frame_type}")
+                    if self._switch or self._state is _S.CLOSED:
+                        break
+                if end - pos >= 4 and not self._switch:
+                    frames.check_frame_size(_SIZE.unpack_from(buffer, pos)[0], limit)
+        except (NSQError, ValueError) as exc:  # ValueError: bad JSON or UTF-8 in an answer
+            pos = end
+            error = exc if isinstance(exc, NSQError) else ProtocolError(f"bad JSON answer: {exc}")
+            self._fail(error, events)
+        finally:
+            del buffer[:pos]
+        if self._switch:
+            self._apply_switch(events)
+
+    def _apply_switch(self, events: list[Event]) -> None:
+        self._switch = False
+        trailing = bytes(self._buffer)
+        self._buffer.clear()
+        if self._state is _S.TLS_HANDSHAKE:
+            events.append(TLSUpgradeRequired(trailing))
+        elif trailing:
+            self._decompress_and_process(trailing, events)
+
+    def _on_response(self, payload: bytes, events: list[Event]) -> None:
+        if payload == frames.HEARTBEAT:
+            self._out.append(b"NOP\n")
+            events.append(Heartbeat())
+            return
+        if not self._awaiting:
+            raise ProtocolError(f"unexpected response {payload[:64]!r} in state {self._state.name}")
+        kind, request_id = self._awaiting.popleft()
+        if kind is _Awaiting.PUBLISH:
+            if payload != frames.OK:
+                raise ProtocolError(f"publish answered {payload[:64]!r} instead of OK")
+            events.append(PublishAcknowledged(request_id))
+        elif kind is _Awaiting.IDENTIFY:
+            self._on_identify(payload, events)
+        elif kind is _Awaiting.TLS_OK or kind is _Awaiting.COMPRESSION_OK:
+            if payload != frames.OK:
+                raise ProtocolError(
+                    f"expected OK after the {kind.name} upgrade, got {payload[:64]!r}"
+                )
+            if kind is _Awaiting.TLS_OK and self._start_compression():
+                return
+            self._after_upgrades(events)
+        elif kind is _Awaiting.AUTH:
+            self._on_auth(payload, events)
+        elif kind is _Awaiting.SUB:
+            if payload != frames.OK:
+                raise ProtocolError(f"SUB answered {payload[:64]!r} instead of OK")
+            self._state = _S.SUBSCRIBED
+            assert self.topic is not None and self.channel is not None
+            events.append(Subscribed(self.topic, self.channel))
+        else:  # CLS
+            if payload != frames.CLOSE_WAIT:
+                raise ProtocolError(f"CLS answered {payload[:64]!r} instead of CLOSE_WAIT")
+            self._close_wait_received = True
+            self._rdy = self._rdy_remaining = 0
+            events.append(CloseWait())
+
+    def _on_identify(self, payload: bytes, events: list[Event]) -> None:
+        if payload == frames.OK:
+            self.settings = ServerSettings.default()
+            for feature in ("tls_v1", "snappy", "deflate"):
+                if self._requested.get(feature):
+                    raise ProtocolError(
+                        f"{feature} was requested but nsqd does not negotiate features"
+                    )
+            self._after_upgrades(events)
+            return
+        data = json.loads(payload)
+        if not isinstance(data, dict):
+            raise ProtocolError(f"IDENTIFY answer is not a JSON object: {payload[:64]!r}")
+        settings = ServerSettings.from_json(data)
+        for feature in ("tls_v1", "snappy", "deflate"):
+            if getattr(settings, feature) and not self._requested.get(feature):
+                raise ProtocolError(f"nsqd enabled {feature}, which was not requested")
+        if self._requested.get("tls_v1") and not settings.tls_v1:
+            raise ProtocolError(
+                "TLS was requested but nsqd did not enable it (is TLS set up there?)"
+            )
+        self.settings = settings
+        if settings.tls_v1:
+            self._awaiting.append((_Awaiting.TLS_OK, 0))
+            self._state = _S.TLS_HANDSHAKE
+            self._switch = True
+            return
+        if not self._start_compression():
+            self._after_upgrades(events)
+
+    def _start_compression(self) -> bool:
+        """Switch compression on for both directions, if negotiated; True when it was."""
+        settings = self.settings
+        assert settings is not None
+        if settings.snappy:
+            self._codec = SnappyCodec()
+        elif settings.deflate:
+            self._codec = DeflateCodec(settings.deflate_level or 6)
+        else:
+            return False
+        # Whatever was queued before the switch goes out uncompressed.
+        self._out_plain += b"".join(self._out)
+        self._out.clear()
+        self._awaiting.append((_Awaiting.COMPRESSION_OK, 0))
+        self._state = _S.AWAITING_COMPRESSION_OK
+        self._switch = True
+        return True
+
+    def _after_upgrades(self, events: list[Event]) -> None:
+        settings = self.settings
+        assert settings is not None
+        if settings.auth_required:
+            if self._auth_secret is None:
+                raise LocalProtocolError("nsqd requires AUTH but no auth secret was configured")
+            self._out.append(frames.encode_auth(self._auth_secret))
+            self._awaiting.append((_Awaiting.AUTH, 0))
+            self._state = _S.AUTHENTICATING
+            return
+        self._state = _S.READY
+        events.append(ConnectionReady(settings, None))
+
+    def _on_auth(self, payload: bytes, events: list[Event]) -> None:
+        data = json.loads(payload)
+        if not isinstance(data, dict):
+            raise ProtocolError(f"AUTH answer is not a JSON object: {payload[:64]!r}")
+        count = data.get("permission_count", 0)
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ProtocolError(f"AUTH answer permission_count must be an int, got {count!r}")
+        self.auth = AuthResult(
+            identity=str(data.get("identity", "")),
+            identity_url=str(data.get("identity_url", "")),
+            permission_count=count,
+            raw=data,
+        )
+        self._state = _S.READY
+        assert self.settings is not None
+        events.append(ConnectionReady(self.settings, self.auth))
+
+    def _on_error(self, payload: bytes, events: list[Event]) -> None:
+        error = ServerError.from_frame(payload)
+        command = _NON_FATAL_COMMANDS.get(error.code)
+        if command is not None:
+            events.append(MessageTakenBack(_message_id_in(error.text), command, error))
+            return
+        if self._awaiting and self._awaiting[0][0] is _Awaiting.PUBLISH:
+            events.append(PublishFailed(self._awaiting.popleft()[1], error))
+        self._fail(error, events)
+
+    def _on_eof(self, events: list[Event]) -> None:
+        if self._state is _S.CLOSING and self._close_wait_received and not self._buffer:
+            self._fail(None, events)
+        else:
+            where = (
+                f" with {len(self._buffer)} bytes of an unfinished frame" if self._buffer else ""
+            )
+            self._fail(
+                ConnectionLost(f"nsqd closed the connection in state {self._state.name}{where}"),
+                events,
+            )
+
+    def _fail(self, error: NSQError | None, events: list[Event]) -> None:
+        """Enter CLOSED and report what was left unanswered."""
+        self._state = _S.CLOSED
+        self._switch = False
+        events.append(ConnectionClosed(error, tuple(self._in_flight), self.pending_requests))
+        self._in_flight.clear()
+        self._awaiting.clear()
+        self._out.clear()
+        self._out_plain = b""
+        self._rdy = self._rdy_remaining = 0
+
+
+def _message_id_in(text: str) -> bytes | None:
+    """nsqd's late-answer errors read like ``FIN <id> failed ID not in flight``."""
+    for token in text.split():
+        if len(token) == frames.MESSAGE_ID_SIZE:
+            try:
+                return token.encode("ascii")
+            except UnicodeEncodeError:  # pragma: no cover - non-ASCII never matches an id
+                continue
+    return None

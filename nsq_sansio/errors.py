@@ -1,0 +1,170 @@
+"""The exception hierarchy: every error the library raises or reports is an :class:`NSQError`.
+
+Three families, as in h11: the peer broke the protocol (:class:`ProtocolError`), this side used
+the API wrongly (:class:`LocalProtocolError`), or nsqd answered with an ``E_*`` error frame
+(:class:`ServerError`, which keeps NSQ's code and text and knows whether NSQ treats it as fatal).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthFailed",
+    "BadBody",
+    "BadChannel",
+    "BadMessage",
+    "BadTopic",
+    "CompressionError",
+    "ConfigError",
+    "ConnectionLost",
+    "DPubFailed",
+    "FinFailed",
+    "FrameTooLarge",
+    "InvalidCommand",
+    "InvalidName",
+    "LocalProtocolError",
+    "MPubFailed",
+    "NSQError",
+    "ProtocolError",
+    "PubFailed",
+    "ReqFailed",
+    "ServerError",
+    "TouchFailed",
+    "Unauthorized",
+]
+
+
+class NSQError(Exception):
+    """Base class of every error raised or reported by nsq-sansio."""
+
+
+class ProtocolError(NSQError):
+    """The peer sent bytes that break protocol V2 (malformed or oversized frame, bad JSON...)."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame announced a size above the configured maximum; nothing was buffered for it."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"frame of {size} bytes announced, above the maximum frame size {limit}")
+        self.size = size
+        self.limit = limit
+
+
+class CompressionError(ProtocolError):
+    """A compressed stream was corrupt, or expanded past the allowed bound."""
+
+
+class ConnectionLost(NSQError):
+    """The connection ended (EOF or transport failure) before it was closed cleanly."""
+
+
+class LocalProtocolError(NSQError):
+    """This side asked for something the protocol or the current state does not allow."""
+
+
+class InvalidName(LocalProtocolError, ValueError):
+    """A topic or channel name does not match NSQ's rules."""
+
+
+class ConfigError(NSQError, ValueError):
+    """A configuration value is out of range; the message names the field and the allowed range."""
+
+
+class ServerError(NSQError):
+    """nsqd answered with an error frame such as ``E_INVALID``; ``code`` and ``text`` are kept.
+
+    ``fatal`` follows NSQ's client guide: only ``E_FIN_FAILED``, ``E_REQ_FAILED`` and
+    ``E_TOUCH_FAILED`` leave the connection usable; any other error closes it.
+    """
+
+    code: str = "E_UNKNOWN"
+
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(f"{code} {text}".rstrip())
+        self.code = code
+        self.text = text
+
+    @property
+    def fatal(self) -> bool:
+        return self.code not in NON_FATAL_CODES
+
+    @classmethod
+    def from_frame(cls, data: bytes) -> ServerError:
+        """Build the right subclass from an error frame's payload (``b"E_CODE text..."``)."""
+        decoded = data.decode("utf-8", "replace")
+        code, _, text = decoded.partition(" ")
+        if not code:
+            code = "E_UNKNOWN"
+        error_class = _BY_CODE.get(code, ServerError)
+        return error_class(code, text)
+
+
+class InvalidCommand(ServerError):
+    """``E_INVALID``: the command, its arguments or the state it was sent in are invalid."""
+
+
+class BadBody(ServerError):
+    """``E_BAD_BODY``: a command body (IDENTIFY, MPUB, AUTH) could not be read."""
+
+
+class BadTopic(ServerError):
+    """``E_BAD_TOPIC``: the topic name was rejected."""
+
+
+class BadChannel(ServerError):
+    """``E_BAD_CHANNEL``: the channel name was rejected."""
+
+
+class BadMessage(ServerError):
+    """``E_BAD_MESSAGE``: a message body was empty or too large."""
+
+
+class PubFailed(ServerError):
+    """``E_PUB_FAILED``: nsqd could not accept the published message."""
+
+
+class MPubFailed(ServerError):
+    """``E_MPUB_FAILED``: nsqd could not accept the multi-publish."""
+
+
+class DPubFailed(ServerError):
+    """``E_DPUB_FAILED``: nsqd could not accept the deferred publish."""
+
+
+class FinFailed(ServerError):
+    """``E_FIN_FAILED``: the message was no longer in flight here (it timed out, usually)."""
+
+
+class ReqFailed(ServerError):
+    """``E_REQ_FAILED``: the message was no longer in flight here."""
+
+
+class TouchFailed(ServerError):
+    """``E_TOUCH_FAILED``: the message was no longer in flight here."""
+
+
+class AuthFailed(ServerError):
+    """``E_AUTH_FAILED``: nsqd could not check the secret with its auth server."""
+
+
+class Unauthorized(ServerError):
+    """``E_UNAUTHORIZED``: the secret grants no permission for this action."""
+
+
+NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+
+_BY_CODE: dict[str, type[ServerError]] = {
+    "E_INVALID": InvalidCommand,
+    "E_BAD_BODY": BadBody,
+    "E_BAD_TOPIC": BadTopic,
+    "E_BAD_CHANNEL": BadChannel,
+    "E_BAD_MESSAGE": BadMessage,
+    "E_PUB_FAILED": PubFailed,
+    "E_MPUB_FAILED": MPubFailed,
+    "E_DPUB_FAILED": DPubFailed,
+    "E_FIN_FAILED": FinFailed,
+    "E_REQ_FAILED": ReqFailed,
+    "E_TOUCH_FAILED": TouchFailed,
+    "E_AUTH_FAILED": AuthFailed,
+    "E_UNAUTHORIZED": Unauthorized,
+}
