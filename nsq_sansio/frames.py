@@ -103,7 +103,8 @@ def decode_message(data: bytes) -> Message:
     """Decode a message frame's data (timestamp, attempts, id, body)."""
     if len(data) < MESSAGE_HEADER_SIZE:
         raise ProtocolError(
-            f"message frame of {len(data)} bytes is shorter than the {MESSAGE_HEADER_SIZE}-byte header"
+            f"message frame of {len(data)} bytes is shorter than its "
+            f"{MESSAGE_HEADER_SIZE}-byte header"
         )
     timestamp, attempts = _MESSAGE_HEADER.unpack_from(data, 0)
     return Message(bytes(data[10:26]), bytes(data[26:]), timestamp, attempts)
