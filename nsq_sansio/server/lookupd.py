@@ -473,9 +473,7 @@ class Lookupd:
             return self._unregister(conn, params, events)
         raise _Fatal("E_INVALID", f"invalid command {command}")
 
-    def _identify(
-        self, conn: _Conn, body: bytes, now: float, events: list[LookupEvent]
-    ) -> bytes:
+    def _identify(self, conn: _Conn, body: bytes, now: float, events: list[LookupEvent]) -> bytes:
         try:
             raw = json.loads(body)
         except (ValueError, UnicodeDecodeError) as err:
@@ -623,9 +621,7 @@ class Lookupd:
         if not self.db.find_registrations("topic", topic, ""):
             raise LookupdAPIError(404, "TOPIC_NOT_FOUND")
         channels = [k.subkey for k in self.db.find_registrations("channel", topic, "*")]
-        producers = self._active(
-            self.db.find_producers("topic", topic, ""), now, tombstones=True
-        )
+        producers = self._active(self.db.find_producers("topic", topic, ""), now, tombstones=True)
         return {"channels": channels, "producers": [p.peer.info.to_json() for p in producers]}
 
     def nodes(self, now: float) -> dict[str, Any]:
@@ -634,9 +630,7 @@ class Lookupd:
         nodes: list[dict[str, Any]] = []
         for client in self._active(self.db.find_producers("client", "", ""), now, tombstones=False):
             info = client.peer.info
-            topics = [
-                k.key for k in self.db.lookup_registrations(info.id) if k.category == "topic"
-            ]
+            topics = [k.key for k in self.db.lookup_registrations(info.id) if k.category == "topic"]
             flags = []
             for t in topics:
                 p = self.db.producer(Registration("topic", t), info.id)

@@ -1,0 +1,129 @@
+"""The embedded nsqlookupd over real loopback sockets: TCP V1 and the HTTP API."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import struct
+
+import anyio
+import pytest
+
+from nsq_sansio.server.lookupd_client import NodeIdentity, encode_identify
+from transports.embedded.lookupd import EmbeddedLookupd
+from transports.embedded.thread import ServerThread
+
+
+def http_get(address: str, path: str, method: str = "GET") -> tuple[int, bytes]:
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        conn.request(method, path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def read_response(sock: socket.socket) -> bytes:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            raise EOFError
+        head += chunk
+    (size,) = struct.unpack(">i", head)
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            raise EOFError
+        body += chunk
+    return body
+
+
+@pytest.fixture
+def lookupd() -> object:
+    with ServerThread(EmbeddedLookupd(tombstone_lifetime=45.0)) as server:
+        yield server
+
+
+def test_register_over_tcp_then_lookup_over_http(lookupd: EmbeddedLookupd) -> None:
+    assert http_get(lookupd.http_address, "/ping") == (200, b"OK")
+    identity = NodeIdentity("127.0.0.1", 4150, 4151, "h", "1.3.0")
+    with socket.create_connection(("127.0.0.1", lookupd.tcp_port), timeout=5) as sock:
+        sock.sendall(b"  V1" + encode_identify(identity))
+        info = json.loads(read_response(sock))
+        assert info["tcp_port"] == lookupd.tcp_port and info["http_port"] == lookupd.http_port
+        sock.sendall(b"REGISTER orders archive\nPING\n")
+        assert read_response(sock) == b"OK"
+        assert read_response(sock) == b"OK"
+        status, body = http_get(lookupd.http_address, "/lookup?topic=orders")
+        assert status == 200
+        doc = json.loads(body)
+        assert doc["channels"] == ["archive"]
+        (producer,) = doc["producers"]
+        assert producer["broadcast_address"] == "127.0.0.1" and producer["tcp_port"] == 4150
+        assert set(producer) == {
+            "remote_address",
+            "hostname",
+            "broadcast_address",
+            "tcp_port",
+            "http_port",
+            "version",
+        }
+        status, body = http_get(lookupd.http_address, "/nodes")
+        assert json.loads(body)["producers"][0]["topics"] == ["orders"]
+        status, _ = http_get(
+            lookupd.http_address, "/topic/tombstone?topic=orders&node=127.0.0.1:4151", "POST"
+        )
+        assert status == 200
+        assert (
+            json.loads(http_get(lookupd.http_address, "/lookup?topic=orders")[1])["producers"] == []
+        )
+    # connection closed: registrations of that nsqd are dropped
+    for _ in range(100):
+        doc = json.loads(http_get(lookupd.http_address, "/nodes")[1])
+        if not doc["producers"]:
+            break
+        anyio.run(anyio.sleep, 0.01)
+    assert doc == {"producers": []}
+
+
+def test_http_errors(lookupd: EmbeddedLookupd) -> None:
+    assert http_get(lookupd.http_address, "/lookup?topic=nope") == (
+        404,
+        b'{"message":"TOPIC_NOT_FOUND"}',
+    )
+    assert http_get(lookupd.http_address, "/lookup")[0] == 400
+    assert http_get(lookupd.http_address, "/nowhere")[0] == 404
+    assert http_get(lookupd.http_address, "/topic/create?topic=x")[0] == 405
+    assert http_get(lookupd.http_address, "/topic/create?topic=x", "POST") == (200, b"")
+    assert json.loads(http_get(lookupd.http_address, "/topics")[1]) == {"topics": ["x"]}
+    assert http_get(lookupd.http_address, "/channel/create?topic=x&channel=y", "POST")[0] == 200
+    assert json.loads(http_get(lookupd.http_address, "/channels?topic=x")[1]) == {"channels": ["y"]}
+
+
+def test_bad_magic_gets_error_and_close(lookupd: EmbeddedLookupd) -> None:
+    with socket.create_connection(("127.0.0.1", lookupd.tcp_port), timeout=5) as sock:
+        sock.sendall(b"  V9")
+        assert read_response(sock).startswith(b"E_BAD_PROTOCOL")
+        assert sock.recv(10) == b""
+    # and the server keeps serving
+    assert http_get(lookupd.http_address, "/ping") == (200, b"OK")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_async_context_manager_on_both_backends(backend: str) -> None:
+    async def main() -> None:
+        async with EmbeddedLookupd() as lk:
+            stream = await anyio.connect_tcp("127.0.0.1", lk.tcp_port)
+            async with stream:
+                await stream.send(b"  V1PING\n")
+                data = b""
+                while len(data) < 6:
+                    data += await stream.receive()
+                assert data == b"\x00\x00\x00\x02OK"
+
+    anyio.run(main, backend=backend)

@@ -1,0 +1,1 @@
+"""Everything of nsq-sansio that touches sockets, clocks, threads or signals."""

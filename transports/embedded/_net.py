@@ -1,0 +1,69 @@
+"""Address parsing and listener helpers shared by the embedded servers."""
+
+from __future__ import annotations
+
+import socket
+
+import anyio
+import anyio.abc
+from anyio.abc import SocketAttribute
+
+__all__ = ["bind", "format_address", "local_port", "parse_address", "remote_address"]
+
+
+def parse_address(address: str, default_port: int = 0) -> tuple[str, int]:
+    """``host:port`` / ``[v6]:port`` / ``:port`` -> (host, port); empty host means all IPv4."""
+    address = address.strip()
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif address.count(":") == 1:
+        host, _, port_text = address.partition(":")
+    elif ":" in address:  # bare IPv6 literal
+        host, port_text = address, ""
+    else:
+        host, port_text = address, ""
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        raise ValueError(f"invalid port in address {address!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range in address {address!r}")
+    return host or "0.0.0.0", port
+
+
+def format_address(host: str, port: int) -> str:
+    """The inverse of :func:`parse_address`."""
+    if ":" in host:
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+async def bind(address: str) -> anyio.abc.SocketListener:
+    """Listen on exactly one TCP socket (port 0 picks a free port)."""
+    host, port = parse_address(address)
+    listener = await anyio.create_tcp_listener(
+        local_host=host, local_port=port, reuse_port=False, family=socket.AF_UNSPEC
+    )
+    listeners = listener.listeners
+    for extra in listeners[1:]:  # "localhost" may resolve to two families; keep the first
+        await extra.aclose()
+    first = listeners[0]
+    if not isinstance(first, anyio.abc.SocketListener):
+        raise TypeError(f"unexpected listener type {type(first).__name__}")
+    return first
+
+
+def local_port(listener: anyio.abc.SocketListener) -> int:
+    return int(listener.extra(SocketAttribute.local_port))
+
+
+def remote_address(stream: anyio.abc.SocketStream) -> str:
+    """``host:port`` of the peer of a socket stream."""
+    try:
+        addr = stream.extra(SocketAttribute.remote_address)
+    except Exception:
+        return "unknown:0"
+    if isinstance(addr, tuple):
+        return format_address(str(addr[0]), int(addr[1]))
+    return str(addr)

@@ -1,0 +1,207 @@
+"""A small HTTP/1.1 server loop over h11 for the embedded nsqd and nsqlookupd APIs.
+
+One coroutine per connection: parse a request with h11, read the body up to a limit (never
+more), call the handler, write its answer, and keep the connection alive when both sides
+allow it. Answers follow modern nsqd (v1.x): the JSON document itself, without the old
+``{"status_code":..,"status_txt":..,"data":..}`` envelope; errors are
+``{"message": "TOPIC_NOT_FOUND"}`` with the matching status code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+import anyio.abc
+import h11
+
+__all__ = [
+    "HTTPRequest",
+    "HTTPResponse",
+    "Handler",
+    "error_response",
+    "json_response",
+    "serve_http_connection",
+    "text_response",
+]
+
+_NSQ_CONTENT_TYPE = (b"X-NSQ-Content-Type", b"nsq; version=1.0")
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPRequest:
+    """A parsed request; ``body_too_large`` is set when the body passed ``max_body``."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    body_too_large: bool = False
+
+    def arg(self, name: str) -> str | None:
+        """First value of a query parameter, None when absent (like Go's ``Query()[name][0]``)."""
+        values = self.query.get(name)
+        return values[0] if values else None
+
+    def has_arg(self, name: str) -> bool:
+        return name in self.query
+
+    def header(self, name: bytes) -> bytes | None:
+        lowered = name.lower()
+        for key, value in self.headers:
+            if key.lower() == lowered:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPResponse:
+    """What a handler answers."""
+
+    status: int
+    body: bytes
+    content_type: bytes | None = None
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+Handler = Callable[[HTTPRequest], Awaitable[HTTPResponse]]
+
+
+def json_response(data: Any, status: int = 200) -> HTTPResponse:
+    """A JSON document, as nsqd's ``RespondV1`` writes it."""
+    body = json.dumps(data, separators=(",", ":")).encode()
+    return HTTPResponse(status, body, b"application/json; charset=utf-8", [_NSQ_CONTENT_TYPE])
+
+
+def text_response(text: str | bytes, status: int = 200) -> HTTPResponse:
+    """A plain body (``OK``), as nsqd answers ``/ping`` and ``/pub``."""
+    body = text.encode() if isinstance(text, str) else text
+    return HTTPResponse(status, body, b"text/plain; charset=utf-8", [_NSQ_CONTENT_TYPE])
+
+
+def empty_response() -> HTTPResponse:
+    """200 with an empty body, what nsqd's admin POSTs answer."""
+    return HTTPResponse(200, b"", None, [_NSQ_CONTENT_TYPE])
+
+
+def error_response(status: int, message: str) -> HTTPResponse:
+    """``{"message": "..."}`` with ``status``."""
+    return json_response({"message": message}, status)
+
+
+async def _send(stream: anyio.abc.ByteStream, conn: h11.Connection, event: Any) -> None:
+    data = conn.send(event)
+    if data:
+        await stream.send(data)
+
+
+async def _respond(
+    stream: anyio.abc.ByteStream, conn: h11.Connection, response: HTTPResponse, close: bool
+) -> None:
+    headers: list[tuple[bytes, bytes]] = [
+        (b"Content-Length", str(len(response.body)).encode()),
+        *response.headers,
+    ]
+    if response.content_type is not None:
+        headers.append((b"Content-Type", response.content_type))
+    if close:
+        headers.append((b"Connection", b"close"))
+    await _send(stream, conn, h11.Response(status_code=response.status, headers=headers))
+    if response.body:
+        await _send(stream, conn, h11.Data(data=response.body))
+    await _send(stream, conn, h11.EndOfMessage())
+
+
+async def serve_http_connection(
+    stream: anyio.abc.ByteStream,
+    handler: Handler,
+    *,
+    max_body: int,
+    max_header_size: int = 64 * 1024,
+    idle_timeout: float = 60.0,
+) -> None:
+    """Serve requests on one connection until the peer or an error closes it."""
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_header_size)
+    try:
+        while True:
+            try:
+                request = await _read_request(stream, conn, max_body, idle_timeout)
+            except h11.RemoteProtocolError as err:
+                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                    status = err.error_status_hint
+                    await _respond(stream, conn, error_response(status, "INVALID_REQUEST"), True)
+                return
+            if request is None:
+                return
+            try:
+                response = await handler(request)
+            except Exception:  # a handler bug must not kill the server
+                response = error_response(500, "INTERNAL_ERROR")
+            close = request.body_too_large or conn.their_state is not h11.DONE
+            await _respond(stream, conn, response, close)
+            if close or conn.our_state is h11.MUST_CLOSE:
+                return
+            conn.start_next_cycle()
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError):
+        return
+    except h11.LocalProtocolError:
+        return
+    finally:
+        await _aclose_quietly(stream)
+
+
+async def _aclose_quietly(stream: anyio.abc.ByteStream) -> None:
+    with anyio.CancelScope(shield=True):
+        with contextlib.suppress(Exception):
+            await stream.aclose()
+
+
+async def _read_request(
+    stream: anyio.abc.ByteStream, conn: h11.Connection, max_body: int, idle_timeout: float
+) -> HTTPRequest | None:
+    head: h11.Request | None = None
+    body = bytearray()
+    too_large = False
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            with anyio.move_on_after(idle_timeout):
+                try:
+                    data = await stream.receive(65536)
+                except anyio.EndOfStream:
+                    data = b""
+                conn.receive_data(data)
+                continue
+            return None  # idle for too long
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        if isinstance(event, h11.Request):
+            head = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > max_body:
+                too_large = True
+                del body[max_body + 1 :]
+                break
+        elif isinstance(event, h11.EndOfMessage):
+            break
+        elif event is h11.PAUSED:
+            return None
+    if head is None:  # h11 always yields Request first; be defensive anyway
+        return None
+    target = head.target.decode("latin-1")
+    parts = urlsplit(target)
+    return HTTPRequest(
+        method=head.method.decode("latin-1").upper(),
+        path=parts.path,
+        query=parse_qs(parts.query, keep_blank_values=True),
+        headers=[(bytes(k), bytes(v)) for k, v in head.headers],
+        body=bytes(body),
+        body_too_large=too_large,
+    )

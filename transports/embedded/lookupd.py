@@ -1,0 +1,249 @@
+"""An embedded nsqlookupd: the pure :class:`~nsq_sansio.server.lookupd.Lookupd` over anyio sockets.
+
+TCP lookup protocol V1 on one port, the HTTP API (h11) on another. Use it as an async context
+manager from anyio code (asyncio or trio); ports default to 0 and the real ones are exposed::
+
+    async with EmbeddedLookupd() as lookupd:
+        print(lookupd.http_url)          # http://127.0.0.1:54321
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from nsq_sansio.server.lookupd import (
+    ClientClosed,
+    LookupConnState,
+    Lookupd,
+    LookupdAPIError,
+    LookupdOptions,
+)
+
+from ._net import bind, format_address, local_port, parse_address, remote_address
+from .http import (
+    HTTPRequest,
+    HTTPResponse,
+    empty_response,
+    error_response,
+    json_response,
+    serve_http_connection,
+    text_response,
+)
+
+__all__ = ["EmbeddedLookupd"]
+
+
+class EmbeddedLookupd:
+    """A runnable nsqlookupd for tests, demos and local development."""
+
+    def __init__(
+        self,
+        *,
+        tcp_address: str = "127.0.0.1:0",
+        http_address: str = "127.0.0.1:0",
+        broadcast_address: str | None = None,
+        hostname: str | None = None,
+        inactive_producer_timeout: float = 300.0,
+        tombstone_lifetime: float = 45.0,
+    ) -> None:
+        self._tcp_address = tcp_address
+        self._http_address = http_address
+        self._broadcast_address = broadcast_address
+        self._hostname = hostname or socket.gethostname()
+        self._inactive_producer_timeout = inactive_producer_timeout
+        self._tombstone_lifetime = tombstone_lifetime
+        self._core: Lookupd | None = None
+        self._tcp_listener: anyio.abc.SocketListener | None = None
+        self._http_listener: anyio.abc.SocketListener | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._tcp_port = 0
+        self._http_port = 0
+        self._host = "127.0.0.1"
+
+    # -- addresses ------------------------------------------------------------------------------
+
+    @property
+    def core(self) -> Lookupd:
+        """The pure lookupd role (the registry), for inspection."""
+        if self._core is None:
+            raise RuntimeError("EmbeddedLookupd is not running (use 'async with')")
+        return self._core
+
+    @property
+    def tcp_port(self) -> int:
+        return self._tcp_port
+
+    @property
+    def http_port(self) -> int:
+        return self._http_port
+
+    @property
+    def tcp_address(self) -> str:
+        """``host:port`` of the TCP (V1) listener, what nsqd's ``--lookupd-tcp-address`` takes."""
+        return format_address(self._connect_host(), self._tcp_port)
+
+    @property
+    def http_address(self) -> str:
+        return format_address(self._connect_host(), self._http_port)
+
+    @property
+    def http_url(self) -> str:
+        """``http://host:port``: what consumers' ``lookupd=[...]`` takes."""
+        return f"http://{self.http_address}"
+
+    def _connect_host(self) -> str:
+        if self._host in ("0.0.0.0", ""):
+            return "127.0.0.1"
+        if self._host == "::":
+            return "::1"
+        return self._host
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Bind both ports and serve in ``task_group`` (which owns the server's lifetime)."""
+        self._tcp_listener = await bind(self._tcp_address)
+        try:
+            self._http_listener = await bind(self._http_address)
+        except BaseException:
+            await self._tcp_listener.aclose()
+            raise
+        self._tcp_port = local_port(self._tcp_listener)
+        self._http_port = local_port(self._http_listener)
+        self._host = parse_address(self._tcp_address)[0]
+        self._core = Lookupd(
+            LookupdOptions(
+                broadcast_address=self._broadcast_address or self._connect_host(),
+                hostname=self._hostname,
+                tcp_port=self._tcp_port,
+                http_port=self._http_port,
+                inactive_producer_timeout=self._inactive_producer_timeout,
+                tombstone_lifetime=self._tombstone_lifetime,
+            )
+        )
+        task_group.start_soon(self._tcp_listener.serve, self._handle_tcp)
+        task_group.start_soon(self._http_listener.serve, self._handle_http)
+
+    async def aclose(self) -> None:
+        """Close the listeners (connections end with the task group)."""
+        for listener in (self._tcp_listener, self._http_listener):
+            if listener is not None:
+                with anyio.CancelScope(shield=True):
+                    await listener.aclose()
+
+    async def __aenter__(self) -> EmbeddedLookupd:
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        try:
+            await self.start(self._task_group)
+        except BaseException as exc:
+            self._task_group.cancel_scope.cancel()
+            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._task_group is None:
+            raise RuntimeError("EmbeddedLookupd.__aexit__ without __aenter__")
+        self._task_group.cancel_scope.cancel()
+        try:
+            return await self._task_group.__aexit__(exc_type, exc, tb)
+        finally:
+            await self.aclose()
+            self._task_group = None
+
+    # -- TCP ------------------------------------------------------------------------------------
+
+    async def _handle_tcp(self, stream: anyio.abc.SocketStream) -> None:
+        core = self.core
+        handle = core.connect(remote_address(stream), anyio.current_time())
+        try:
+            while core.connection_state(handle) is not LookupConnState.CLOSED:
+                try:
+                    data = await stream.receive(65536)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                    data = b""
+                events = core.receive_data(handle, data, anyio.current_time())
+                out = core.data_to_send(handle)
+                if out:
+                    await stream.send(out)
+                if any(isinstance(e, ClientClosed) for e in events):
+                    break
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        finally:
+            core.release(handle)
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await stream.aclose()
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
+        await serve_http_connection(stream, self._route, max_body=1024 * 1024)
+
+    async def _route(self, request: HTTPRequest) -> HTTPResponse:
+        return route_lookupd(self.core, request, anyio.current_time())
+
+
+_GET_ROUTES = {"/ping", "/info", "/lookup", "/topics", "/channels", "/nodes"}
+_POST_ROUTES = {
+    "/topic/create",
+    "/topic/delete",
+    "/channel/create",
+    "/channel/delete",
+    "/topic/tombstone",
+}
+
+
+def route_lookupd(core: Lookupd, request: HTTPRequest, now: float) -> HTTPResponse:
+    """Answer one nsqlookupd HTTP API request from the pure core."""
+    path = request.path
+    if path in _GET_ROUTES:
+        if request.method not in ("GET", "HEAD"):
+            return error_response(405, "METHOD_NOT_ALLOWED")
+    elif path in _POST_ROUTES:
+        if request.method != "POST":
+            return error_response(405, "METHOD_NOT_ALLOWED")
+    else:
+        return error_response(404, "NOT_FOUND")
+    try:
+        result: Any = None
+        if path == "/ping":
+            return text_response("OK")
+        if path == "/info":
+            result = core.info()
+        elif path == "/lookup":
+            result = core.lookup(request.arg("topic"), now)
+        elif path == "/topics":
+            result = core.topics()
+        elif path == "/channels":
+            result = core.channels(request.arg("topic"))
+        elif path == "/nodes":
+            result = core.nodes(now)
+        elif path == "/topic/create":
+            core.create_topic(request.arg("topic"))
+        elif path == "/topic/delete":
+            core.delete_topic(request.arg("topic"))
+        elif path == "/channel/create":
+            core.create_channel(request.arg("topic"), request.arg("channel"))
+        elif path == "/channel/delete":
+            core.delete_channel(request.arg("topic"), request.arg("channel"))
+        elif path == "/topic/tombstone":
+            core.tombstone_topic_producer(request.arg("topic"), request.arg("node"), now)
+    except LookupdAPIError as err:
+        return error_response(err.status, err.message)
+    if result is None:
+        return empty_response()
+    return json_response(result)
