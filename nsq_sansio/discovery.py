@@ -417,7 +417,9 @@ class LookupdPoller:
         slot = self._by_request.get(request_id)
         if slot is None:
             return None
-        return self._settle(slot, request_id, _failure(slot.address, f"request failed: {error}"))
+        failure = _failure(slot.address, f"request failed: {error}")
+        self._settle(slot, request_id, failure)
+        return failure
 
     def _settle(
         self, slot: _LookupdSlot, request_id: int, outcome: LookupAnswer | LookupFailure | None
