@@ -1,0 +1,92 @@
+"""nsqlookupd: nsqd registers what it has; /lookup, /topics, /channels, /nodes answer it."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from .conftest import Target
+from .wire import RawConn, http_json, http_request, split_address, unique, wait_for
+
+
+def lookup(lookupd_http: str, topic: str) -> dict | None:  # type: ignore[type-arg]
+    status, body, _ = http_request(lookupd_http, "GET", f"/lookup?topic={topic}")
+    if status == 404:
+        return None
+    assert status == 200, body
+    return json.loads(body)  # type: ignore[no-any-return]
+
+
+def test_nsqd_registers_topics_and_channels(target: Target, lookupd_http: str) -> None:
+    topic = unique()
+    http_request(target.http, "POST", f"/pub?topic={topic}", b"x")
+    doc = wait_for(lambda: lookup(lookupd_http, topic))
+    (producer,) = doc["producers"]
+    assert set(producer) >= {
+        "remote_address",
+        "hostname",
+        "broadcast_address",
+        "tcp_port",
+        "http_port",
+        "version",
+    }
+    assert producer["tcp_port"] == split_address(target.tcp)[1]
+    assert producer["http_port"] == split_address(target.http)[1]
+    with RawConn(target.tcp) as c:
+        c.sub(topic, "reader")
+        wait_for(lambda: lookup(lookupd_http, topic)["channels"] == ["reader"])  # type: ignore[index]
+    assert topic in http_json(lookupd_http, "GET", "/topics")["topics"]
+    assert http_json(lookupd_http, "GET", f"/channels?topic={topic}") == {"channels": ["reader"]}
+    nodes = http_json(lookupd_http, "GET", "/nodes")["producers"]
+    mine = [n for n in nodes if n["tcp_port"] == producer["tcp_port"]]
+    assert mine and topic in mine[0]["topics"]
+    assert len(mine[0]["tombstones"]) == len(mine[0]["topics"])
+    # deleting the channel and the topic on nsqd unregisters them
+    http_request(target.http, "POST", f"/channel/delete?topic={topic}&channel=reader")
+    wait_for(lambda: lookup(lookupd_http, topic)["channels"] == [])  # type: ignore[index]
+    http_request(target.http, "POST", f"/topic/delete?topic={topic}")
+    wait_for(lambda: not (lookup(lookupd_http, topic) or {"producers": []})["producers"])
+
+
+def test_tombstone_hides_a_producer(target: Target, lookupd_http: str) -> None:
+    topic = unique()
+    http_request(target.http, "POST", f"/topic/create?topic={topic}")
+    doc = wait_for(lambda: lookup(lookupd_http, topic))
+    producer = doc["producers"][0]
+    node = f"{producer['broadcast_address']}:{producer['http_port']}"
+    status, _, _ = http_request(lookupd_http, "POST", f"/topic/tombstone?topic={topic}&node={node}")
+    assert status == 200
+    assert lookup(lookupd_http, topic)["producers"] == []  # type: ignore[index]
+
+
+def test_lookupd_http_basics(lookupd_http: str) -> None:
+    assert http_request(lookupd_http, "GET", "/ping")[:2] == (200, b"OK")
+    assert "version" in http_json(lookupd_http, "GET", "/info")
+    status, body, _ = http_request(lookupd_http, "GET", f"/lookup?topic={unique()}")
+    assert (status, json.loads(body)) == (404, {"message": "TOPIC_NOT_FOUND"})
+    status, body, _ = http_request(lookupd_http, "GET", "/lookup")
+    assert (status, json.loads(body)) == (400, {"message": "MISSING_ARG_TOPIC"})
+    topic = unique()
+    assert http_request(lookupd_http, "POST", f"/channel/create?topic={topic}&channel=c")[0] == 200
+    assert lookup(lookupd_http, topic) == {"channels": ["c"], "producers": []}
+    assert http_request(lookupd_http, "POST", f"/channel/delete?topic={topic}&channel=c")[0] == 200
+    assert http_request(lookupd_http, "POST", f"/topic/delete?topic={topic}")[0] == 200
+    assert lookup(lookupd_http, topic) is None
+
+
+def test_lookupd_tcp_protocol(target: Target) -> None:
+    if target.lookupd_tcp is None:
+        import pytest
+
+        pytest.skip("no nsqlookupd TCP address configured (NSQ_CONFORMANCE_LOOKUPD)")
+    with RawConn(target.lookupd_tcp, magic=b"  V1") as c:
+        c.send(b"PING\n")
+        c._fill(6)
+        assert c.buf[:6] == b"\x00\x00\x00\x02OK"
+        c.buf = c.buf[6:]
+        c.send(b"REGISTER t\n")  # before IDENTIFY: fatal E_INVALID
+        c._fill(4)
+        (size,) = struct.unpack(">i", c.buf[:4])
+        c._fill(4 + size)
+        assert c.buf[4 : 4 + size].startswith(b"E_INVALID")
+        c.expect_closed()
