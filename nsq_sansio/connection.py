@@ -98,9 +98,9 @@ class ClientConnection:
     """
 
     __slots__ = (
+        "_accepts_messages",
         "_auth_secret",
         "_awaiting",
-        "_buffer",
         "_close_wait_received",
         "_codec",
         "_in_flight",
@@ -109,6 +109,9 @@ class ClientConnection:
         "_next_request_id",
         "_out",
         "_out_plain",
+        "_pending",
+        "_pending_need",
+        "_pending_size",
         "_rdy",
         "_rdy_remaining",
         "_requested",
@@ -144,7 +147,10 @@ class ClientConnection:
         self._max_frame_size = max_frame_size
         frames.FrameDecoder(max_frame_size)  # validates the limit with the same rule
         self._state = _S.IDENTIFYING
-        self._buffer = bytearray()
+        self._pending: list[bytes] = []
+        self._pending_size = 0
+        self._pending_need = 8
+        self._accepts_messages = False
         self._out: list[bytes] = [frames.MAGIC_V2, frames.encode_identify(fields)]
         self._out_plain: bytes = b""
         self._codec: Codec | None = None
@@ -297,7 +303,10 @@ class ClientConnection:
 
     def finish(self, message_id: bytes) -> None:
         """``FIN``: the message was handled and can be forgotten."""
-        self._settle("finish()", message_id)
+        try:
+            self._in_flight.remove(message_id)  # only ever filled in SUBSCRIBED or CLOSING
+        except KeyError:
+            self._settle("finish()", message_id)  # raises the precise error
         self._out.append(b"FIN " + message_id + b"\n")
 
     def requeue(self, message_id: bytes, delay: float = 0.0) -> None:
@@ -350,6 +359,7 @@ class ClientConnection:
             self._state = _S.CLOSING
         else:
             self._state = _S.CLOSED
+            self._accepts_messages = False
             self._out.clear()
 
     @property
@@ -399,10 +409,22 @@ class ClientConnection:
             self._fail(exc, events)
 
     def _process(self, data: bytes, events: list[Event]) -> None:
-        """Decode every complete frame in the buffer (the hot path)."""
-        buffer = self._buffer
-        buffer += data
-        end = len(buffer)
+        """Decode every complete frame (the hot path).
+
+        The working buffer is an immutable ``bytes``, so each body is one slice (one copy).
+        An unfinished frame waits in ``_pending`` as a list of chunks, joined only once the
+        frame is complete, so a large frame arriving in small reads costs linear time.
+        """
+        pending = self._pending
+        if pending:
+            pending.append(data)
+            self._pending_size += len(data)
+            if self._pending_size < self._pending_need:
+                return
+            data = b"".join(pending)
+            pending.clear()
+            self._pending_size = 0
+        end = len(data)
         pos = 0
         limit = self._max_frame_size
         unpack_header = _HEADER.unpack_from
@@ -410,54 +432,57 @@ class ClientConnection:
         in_flight = self._in_flight
         append = events.append
         try:
-            with memoryview(buffer) as view:
-                while end - pos >= 8:
-                    size, frame_type = unpack_header(buffer, pos)
-                    if size < 4 or size > limit:
-                        frames.check_frame_size(size, limit)
-                    stop = pos + 4 + size
-                    if stop > end:
-                        break
-                    if frame_type == 2:
-                        if size < 30:
-                            raise ProtocolError(f"message frame of {size} bytes is too short")
-                        if self._state not in _MESSAGE_STATES:
-                            raise ProtocolError(f"message received in state {self._state.name}")
-                        timestamp, attempts = unpack_message(buffer, pos + 8)
-                        message_id = bytes(view[pos + 18 : pos + 34])
-                        in_flight.add(message_id)
-                        if self._rdy_remaining:
-                            self._rdy_remaining -= 1
-                        append(
-                            Message(message_id, bytes(view[pos + 34 : stop]), timestamp, attempts)
-                        )
-                        pos = stop
-                        continue
-                    payload = bytes(view[pos + 8 : stop])
+            while end - pos >= 8:
+                size, frame_type = unpack_header(data, pos)
+                if size < 4 or size > limit:
+                    frames.check_frame_size(size, limit)
+                stop = pos + 4 + size
+                if stop > end:
+                    break
+                if frame_type == 2:
+                    if size < 30:
+                        raise ProtocolError(f"message frame of {size} bytes is too short")
+                    if not self._accepts_messages:
+                        raise ProtocolError(f"message received in state {self._state.name}")
+                    timestamp, attempts = unpack_message(data, pos + 8)
+                    message_id = data[pos + 18 : pos + 34]
+                    in_flight.add(message_id)
+                    if self._rdy_remaining:
+                        self._rdy_remaining -= 1
+                    append(Message(message_id, data[pos + 34 : stop], timestamp, attempts))
                     pos = stop
-                    if frame_type == 0:
-                        self._on_response(payload, events)
-                    elif frame_type == 1:
-                        self._on_error(payload, events)
-                    else:
-                        raise ProtocolError(f"unknown frame type {frame_type}")
-                    if self._switch or self._state is _S.CLOSED:
-                        break
-                if end - pos >= 4 and not self._switch:
-                    frames.check_frame_size(_SIZE.unpack_from(buffer, pos)[0], limit)
+                    continue
+                payload = data[pos + 8 : stop]
+                pos = stop
+                if frame_type == 0:
+                    self._on_response(payload, events)
+                elif frame_type == 1:
+                    self._on_error(payload, events)
+                else:
+                    raise ProtocolError(f"unknown frame type {frame_type}")
+                if self._switch or self._state is _S.CLOSED:
+                    break
+            if end - pos >= 4 and not self._switch:
+                need = 4 + _SIZE.unpack_from(data, pos)[0]
+                frames.check_frame_size(need - 4, limit)
+            else:
+                need = 8
         except (NSQError, ValueError) as exc:  # ValueError: bad JSON or UTF-8 in an answer
-            pos = end
             error = exc if isinstance(exc, NSQError) else ProtocolError(f"bad JSON answer: {exc}")
             self._fail(error, events)
-        finally:
-            del buffer[:pos]
+            return
+        if pos < end:
+            pending.append(data[pos:] if pos else data)
+            self._pending_size = end - pos
+            self._pending_need = need
         if self._switch:
             self._apply_switch(events)
 
     def _apply_switch(self, events: list[Event]) -> None:
         self._switch = False
-        trailing = bytes(self._buffer)
-        self._buffer.clear()
+        trailing = b"".join(self._pending)
+        self._pending.clear()
+        self._pending_size = 0
         if self._state is _S.TLS_HANDSHAKE:
             events.append(TLSUpgradeRequired(trailing))
         elif trailing:
@@ -491,6 +516,7 @@ class ClientConnection:
             if payload != frames.OK:
                 raise ProtocolError(f"SUB answered {payload[:64]!r} instead of OK")
             self._state = _S.SUBSCRIBED
+            self._accepts_messages = True
             assert self.topic is not None and self.channel is not None
             events.append(Subscribed(self.topic, self.channel))
         else:  # CLS
@@ -589,11 +615,11 @@ class ClientConnection:
         self._fail(error, events)
 
     def _on_eof(self, events: list[Event]) -> None:
-        if self._state is _S.CLOSING and self._close_wait_received and not self._buffer:
+        if self._state is _S.CLOSING and self._close_wait_received and not self._pending:
             self._fail(None, events)
         else:
             where = (
-                f" with {len(self._buffer)} bytes of an unfinished frame" if self._buffer else ""
+                f" with {self._pending_size} bytes of an unfinished frame" if self._pending else ""
             )
             self._fail(
                 ConnectionLost(f"nsqd closed the connection in state {self._state.name}{where}"),
@@ -603,6 +629,7 @@ class ClientConnection:
     def _fail(self, error: NSQError | None, events: list[Event]) -> None:
         """Enter CLOSED and report what was left unanswered."""
         self._state = _S.CLOSED
+        self._accepts_messages = False
         self._switch = False
         events.append(ConnectionClosed(error, tuple(self._in_flight), self.pending_requests))
         self._in_flight.clear()
