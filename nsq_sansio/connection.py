@@ -79,8 +79,8 @@ class _Awaiting(Enum):
 
 
 _S = ConnectionState
-_HEADER = struct.Struct(">ii")
-_SIZE = struct.Struct(">i")
+_HEADER = struct.Struct(">II")
+_SIZE = struct.Struct(">I")
 _MESSAGE_HEADER = struct.Struct(">qH")
 _PUBLISH_STATES = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
 _MESSAGE_STATES = frozenset({_S.SUBSCRIBED, _S.CLOSING})
@@ -234,14 +234,14 @@ class ClientConnection:
         events: list[Event] = []
         if self._state is _S.CLOSED:
             return events
+        if not data:
+            self._on_eof(events)
+            return events
         if self._state is _S.TLS_HANDSHAKE:
             raise LocalProtocolError(
                 "receive_data() in state TLS_HANDSHAKE: feed these bytes to the TLS layer and "
                 "call tls_established() when the handshake is done"
             )
-        if not data:
-            self._on_eof(events)
-            return events
         if self._codec is None:
             self._process(data, events)
         else:
@@ -311,10 +311,9 @@ class ClientConnection:
 
     def requeue(self, message_id: bytes, delay: float = 0.0) -> None:
         """``REQ``: hand the message back, to be delivered again after ``delay`` seconds."""
-        if not delay >= 0:
-            raise LocalProtocolError(f"requeue delay must be >= 0 seconds, got {delay!r}")
+        delay_ms = _milliseconds("requeue() delay", delay)
         self._settle("requeue()", message_id)
-        self._out.append(frames.encode_req(message_id, round(delay * 1000)))
+        self._out.append(frames.encode_req(message_id, delay_ms))
 
     def touch(self, message_id: bytes) -> None:
         """``TOUCH``: reset the message's timeout on nsqd (up to its max_msg_timeout)."""
@@ -336,31 +335,40 @@ class ClientConnection:
     def deferred_publish(self, topic: str, body: bytes, delay: float) -> int:
         """``DPUB``: deliverable after ``delay`` seconds; returns the request id."""
         self._require("deferred_publish()", _PUBLISH_STATES)
-        if not delay >= 0:
-            raise LocalProtocolError(f"deferred_publish delay must be >= 0 seconds, got {delay!r}")
-        return self._request(frames.encode_dpub(topic, round(delay * 1000), body))
+        delay_ms = _milliseconds("deferred_publish() delay", delay)
+        return self._request(frames.encode_dpub(topic, delay_ms, body))
 
     def nop(self) -> None:
         """``NOP``."""
         self._require("nop()", tuple(s for s in _S if s is not _S.CLOSED))
         self._out.append(b"NOP\n")
 
-    def close(self) -> None:
+    def close(self) -> ConnectionClosed | None:
         """Close: ``CLS`` when subscribed (nsqd answers ``CLOSE_WAIT``), at once otherwise.
 
-        After CLS, in-flight messages can still be finished; the transport closes the socket
-        when it is done with them (or at once if there are none).
+        Returns ``None`` when CLS was queued: in-flight messages can still be answered and the
+        close is reported by :meth:`receive_data`. Otherwise the connection is closed now and the
+        returned event lists what was abandoned (unanswered publishes, in-flight messages), so
+        the transport can fail them instead of waiting forever.
         """
-        if self._state in (_S.CLOSING, _S.CLOSED):
-            return
+        if self._state is _S.CLOSING or self._state is _S.CLOSED:
+            return None
         if self._state is _S.SUBSCRIBED:
             self._out.append(b"CLS\n")
             self._awaiting.append((_Awaiting.CLS, 0))
             self._state = _S.CLOSING
-        else:
-            self._state = _S.CLOSED
-            self._accepts_messages = False
-            self._out.clear()
+            return None
+        abandoned = self.pending_requests
+        error = (
+            None
+            if not abandoned and not self._in_flight
+            else ConnectionLost(f"closed by the client in state {self._state.name}")
+        )
+        events: list[Event] = []
+        self._fail(error, events)
+        closed = events[0]
+        assert isinstance(closed, ConnectionClosed)
+        return closed
 
     @property
     def pending_requests(self) -> tuple[int, ...]:
@@ -462,13 +470,15 @@ class ClientConnection:
                     raise ProtocolError(f"unknown frame type {frame_type}")
                 if self._switch or self._state is _S.CLOSED:
                     break
+            if self._state is _S.CLOSED:
+                return
             if end - pos >= 4 and not self._switch:
                 need = 4 + _SIZE.unpack_from(data, pos)[0]
                 frames.check_frame_size(need - 4, limit)
             else:
                 need = 8
-        except (NSQError, ValueError) as exc:  # ValueError: bad JSON or UTF-8 in an answer
-            error = exc if isinstance(exc, NSQError) else ProtocolError(f"bad JSON answer: {exc}")
+        except (NSQError, ValueError, RecursionError) as exc:  # bad (or absurdly nested) JSON
+            error = exc if isinstance(exc, NSQError) else ProtocolError(f"bad JSON answer: {exc!r}")
             self._fail(error, events)
             return
         if pos < end:
@@ -563,7 +573,9 @@ class ClientConnection:
         if settings.snappy:
             self._codec = SnappyCodec()
         elif settings.deflate:
-            self._codec = DeflateCodec(settings.deflate_level or 6)
+            # Our own output's level is ours to pick; follow nsqd's where it is a valid one.
+            level = settings.deflate_level if 1 <= settings.deflate_level <= 9 else 6
+            self._codec = DeflateCodec(level)
         else:
             return False
         # Whatever was queued before the switch goes out uncompressed.
@@ -637,6 +649,21 @@ class ClientConnection:
         self._out.clear()
         self._out_plain = b""
         self._rdy = self._rdy_remaining = 0
+
+
+#: Longest delay a command may carry (ms): what a signed 32-bit value holds, ~24.8 days.
+_MAX_DELAY_MS = 2**31 - 1
+
+
+def _milliseconds(what: str, seconds: float) -> int:
+    """Seconds to whole milliseconds, refusing negative, NaN, infinite and absurd values."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise LocalProtocolError(f"{what} must be a number of seconds, got {seconds!r}")
+    if not 0 <= seconds <= _MAX_DELAY_MS / 1000:
+        raise LocalProtocolError(
+            f"{what} must be within 0..{_MAX_DELAY_MS / 1000:.0f} seconds, got {seconds!r}"
+        )
+    return round(seconds * 1000)
 
 
 def _message_id_in(text: str) -> bytes | None:

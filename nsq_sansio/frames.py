@@ -67,9 +67,8 @@ class FrameType(IntEnum):
     MESSAGE = 2
 
 
-_I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
-_HEADER = struct.Struct(">ii")
+_HEADER = struct.Struct(">II")
 _MESSAGE_HEADER = struct.Struct(">qH")
 _FRAME_AND_MESSAGE_HEADER = struct.Struct(">iiqH")
 
@@ -125,13 +124,14 @@ class FrameDecoder:
     its size field announces more than ``max_frame_size``, so memory stays bounded.
     """
 
-    __slots__ = ("_buffer", "max_frame_size")
+    __slots__ = ("_buffer", "_error", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size < 4 + MESSAGE_HEADER_SIZE:
             raise LocalProtocolError(f"max_frame_size must be at least 30, got {max_frame_size}")
         self.max_frame_size = max_frame_size
         self._buffer = bytearray()
+        self._error: ProtocolError | None = None
 
     @property
     def buffered(self) -> int:
@@ -139,7 +139,13 @@ class FrameDecoder:
         return len(self._buffer)
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        """Add ``data``; return every frame it completes as ``(frame_type, payload)``."""
+        """Add ``data``; return every frame it completes as ``(frame_type, payload)``.
+
+        A broken stream raises :class:`ProtocolError`; frames completed before the break are
+        returned first and the error is raised by the next call, so no chunking loses frames.
+        """
+        if self._error is not None:
+            raise self._error
         buffer = self._buffer
         buffer += data
         frames: list[tuple[int, bytes]] = []
@@ -158,7 +164,13 @@ class FrameDecoder:
                     frames.append((frame_type, bytes(view[pos + 8 : stop])))
                     pos = stop
                 if end - pos >= 4:
-                    check_frame_size(_I32.unpack_from(buffer, pos)[0], limit)
+                    check_frame_size(_U32.unpack_from(buffer, pos)[0], limit)
+        except ProtocolError as exc:
+            self._error = exc
+            buffer.clear()
+            pos = 0
+            if not frames:
+                raise
         finally:
             del buffer[:pos]
         return frames
@@ -175,11 +187,15 @@ def _sized(body: bytes) -> bytes:
     return _U32.pack(len(body)) + body
 
 
-def _check_body(body: bytes) -> None:
-    if not isinstance(body, (bytes, bytearray, memoryview)):
-        raise LocalProtocolError(f"message body must be bytes, not {type(body).__name__}")
+def _check_body(body: bytes) -> bytes:
+    """The body as ``bytes`` (a memoryview's length counts items, not bytes), never empty."""
+    if type(body) is not bytes:
+        if not isinstance(body, (bytearray, memoryview)):
+            raise LocalProtocolError(f"message body must be bytes, not {type(body).__name__}")
+        body = bytes(body)
     if not body:
         raise LocalProtocolError("message body must not be empty (nsqd rejects empty messages)")
+    return body
 
 
 def check_message_id(message_id: bytes) -> None:
@@ -210,8 +226,7 @@ def encode_sub(topic: str, channel: str) -> bytes:
 def encode_pub(topic: str, body: bytes) -> bytes:
     """``PUB <topic>`` with one message body."""
     validate_topic(topic)
-    _check_body(body)
-    return b"PUB " + topic.encode() + b"\n" + _sized(bytes(body))
+    return b"PUB " + topic.encode() + b"\n" + _sized(_check_body(body))
 
 
 def encode_mpub(topic: str, bodies: Sequence[bytes]) -> bytes:
@@ -223,9 +238,9 @@ def encode_mpub(topic: str, bodies: Sequence[bytes]) -> bytes:
         raise LocalProtocolError("multi_publish needs at least one message body")
     parts = [_U32.pack(len(bodies))]
     for body in bodies:
-        _check_body(body)
+        body = _check_body(body)
         parts.append(_U32.pack(len(body)))
-        parts.append(bytes(body))
+        parts.append(body)
     payload = b"".join(parts)
     return b"MPUB " + topic.encode() + b"\n" + _sized(payload)
 
@@ -233,10 +248,10 @@ def encode_mpub(topic: str, bodies: Sequence[bytes]) -> bytes:
 def encode_dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
     """``DPUB <topic> <delay ms>``: publish a message held back for ``delay_ms``."""
     validate_topic(topic)
-    _check_body(body)
+    body = _check_body(body)
     if not isinstance(delay_ms, int) or delay_ms < 0:
         raise LocalProtocolError(f"DPUB delay must be a non-negative int of ms, got {delay_ms!r}")
-    return f"DPUB {topic} {delay_ms}\n".encode() + _sized(bytes(body))
+    return f"DPUB {topic} {delay_ms}\n".encode() + _sized(body)
 
 
 def encode_rdy(count: int) -> bytes:
