@@ -1,0 +1,479 @@
+"""The IO thread of the blocking transport: one selectors loop over every socket of an owner.
+
+An :class:`IOLoop` runs in one daemon thread. It owns non-blocking TCP sockets ("links"), a
+wake-up socketpair and a queue of calls handed over by other threads. Each iteration it
+
+1. waits in ``select()`` until a socket is ready, a call is queued, or the owner's deadline;
+2. feeds what it read to the owner (``on_data``), and runs the queued calls;
+3. fires the owner's timer when its deadline passed;
+4. writes what the owner has to send on each link (``data_to_send``).
+
+Everything the owner does happens on this thread, so the sans-IO objects it drives need no
+locks. TLS runs through :class:`ssl.SSLObject` over memory BIOs, so the upgrade happens at exactly
+the byte the core says and bytes read past it (``trailing_data``) are fed to TLS, not lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["IOLoop", "Link", "LoopOwner", "parse_host_port"]
+
+_log = logging.getLogger("nsq_sansio.sync")
+
+#: Bytes asked of the kernel per recv(); large reads batch many messages per wake-up.
+_RECV_SIZE = 256 * 1024
+_READ = selectors.EVENT_READ
+_WRITE = selectors.EVENT_WRITE
+
+
+def parse_host_port(address: str, default_port: int) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``host`` -> (host, port)."""
+    address = address.strip()
+    if "://" in address:
+        address = address.split("://", 1)[1].split("/", 1)[0]
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif address.count(":") == 1:
+        host, _, port_text = address.partition(":")
+    else:
+        host, port_text = address, ""
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        raise ValueError(f"invalid port in address {address!r}") from None
+    if not host or not 0 < port <= 65535:
+        raise ValueError(f"invalid address {address!r} (expected host:port)")
+    return host, port
+
+
+class LoopOwner(Protocol):
+    """What an :class:`IOLoop` calls, always on its own thread."""
+
+    def on_connected(self, link: Link, now: float) -> None: ...
+
+    def on_data(self, link: Link, data: bytes, now: float) -> None:
+        """``data`` read from the link (plaintext after TLS); ``b""`` means EOF."""
+
+    def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+        """The connection attempt or the socket failed; the link is already closed."""
+
+    def on_tls_established(self, link: Link, now: float) -> None: ...
+
+    def data_to_send(self, link: Link) -> bytes: ...
+
+    def next_deadline(self) -> float | None: ...
+
+    def handle_timer(self, now: float) -> None: ...
+
+
+class Link:
+    """One TCP connection handled by the loop. ``key`` is the owner's name for it."""
+
+    __slots__ = (
+        "_close_when_flushed",
+        "_connect_deadline",
+        "_connecting",
+        "_handshaking",
+        "_incoming",
+        "_interest",
+        "_outgoing",
+        "_ssl",
+        "address",
+        "closed",
+        "host",
+        "key",
+        "out",
+        "port",
+        "sock",
+    )
+
+    def __init__(self, key: object, host: str, port: int) -> None:
+        self.key = key
+        self.host = host
+        self.port = port
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.sock: socket.socket | None = None
+        self.out = bytearray()
+        self.closed = False
+        self._connecting = True
+        self._close_when_flushed = False
+        self._connect_deadline = 0.0
+        self._handshaking = False
+        self._ssl: ssl.SSLObject | None = None
+        self._incoming: ssl.MemoryBIO | None = None
+        self._outgoing: ssl.MemoryBIO | None = None
+        self._interest = 0
+
+    @property
+    def tls(self) -> bool:
+        return self._ssl is not None
+
+    @property
+    def ssl_object(self) -> ssl.SSLObject | None:
+        return self._ssl
+
+    def __repr__(self) -> str:
+        return f"<Link {self.address} key={self.key!r}{' closed' if self.closed else ''}>"
+
+
+class IOLoop:
+    """A selectors loop on a dedicated thread, driving one owner (a consumer or a producer)."""
+
+    def __init__(self, owner: LoopOwner, *, name: str = "nsq-sync-io") -> None:
+        self._owner = owner
+        self._name = name
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, _READ, None)
+        self._calls: deque[Callable[[], None]] = deque()
+        self._wake_pending = False
+        self._links: dict[int, Link] = {}  # by fileno
+        self._connecting: list[Link] = []
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self.failure: BaseException | None = None
+
+    # --- any thread ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def in_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the loop thread at its next iteration (thread-safe, cheap)."""
+        self._calls.append(fn)
+        self.wake()
+
+    def wake(self) -> None:
+        """Interrupt ``select()``; at most one wake-up byte is outstanding."""
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                self._wake_w.send(b"\0")
+            except (BlockingIOError, OSError):
+                pass
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop the loop, close every socket and join the thread."""
+        self._running = False
+        self.wake()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        if thread is None:
+            self._close_all()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    # --- loop thread --------------------------------------------------------------------------
+
+    def connect(self, key: object, host: str, port: int, timeout: float) -> Link:
+        """Start a non-blocking connection; ``on_connected`` or ``on_link_error`` follows."""
+        link = Link(key, host, port)
+        link._connect_deadline = time.monotonic() + timeout
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            family, kind, proto, _, sockaddr = infos[0]
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            link.closed = True
+            self._deliver_error(link, exc)
+            return link
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        link.sock = sock
+        code = sock.connect_ex(sockaddr)
+        if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+            sock.close()
+            link.closed = True
+            self._deliver_error(link, ConnectionRefusedError(code, f"connect to {link.address}: "
+                                                             f"{errno.errorcode.get(code, code)}"))
+            return link
+        self._links[sock.fileno()] = link
+        self._connecting.append(link)
+        link._interest = _WRITE
+        self._selector.register(sock, _WRITE, link)
+        return link
+
+    def start_tls(
+        self, link: Link, context: ssl.SSLContext, server_hostname: str | None, trailing: bytes
+    ) -> None:
+        """Begin the TLS handshake now; ``on_tls_established`` follows (or ``on_link_error``)."""
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        link._incoming, link._outgoing = incoming, outgoing
+        link._ssl = context.wrap_bio(incoming, outgoing, server_side=False,
+                                     server_hostname=server_hostname)
+        link._handshaking = True
+        if trailing:
+            incoming.write(trailing)
+        self._handshake(link, time.monotonic())
+
+    def close_link(self, link: Link) -> None:
+        """Close the socket at once (what was not written is dropped)."""
+        if link.closed:
+            return
+        link.closed = True
+        sock = link.sock
+        if sock is not None:
+            self._links.pop(sock.fileno(), None)
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(sock)
+            with contextlib.suppress(OSError):
+                sock.close()
+        if link in self._connecting:
+            self._connecting.remove(link)
+
+    def close_link_when_flushed(self, link: Link) -> None:
+        """Write what is pending for ``link``, then close its socket."""
+        if link.closed:
+            return
+        link._close_when_flushed = True
+        self.flush_link(link)
+        if not link.out or link._connecting:
+            self.close_link(link)
+
+    def flush_link(self, link: Link) -> None:
+        """Take the owner's output for ``link`` and write what the socket accepts."""
+        if link.closed or link._connecting or link._handshaking:
+            return
+        data = self._owner.data_to_send(link)
+        if data:
+            if link._ssl is not None:
+                link._ssl.write(data)
+                assert link._outgoing is not None
+                link.out += link._outgoing.read()
+            else:
+                link.out += data
+        if link.out:
+            self._write(link)
+
+    @property
+    def links(self) -> list[Link]:
+        return list(self._links.values())
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # pragma: no cover - a bug in an owner: report, stop
+            self.failure = exc
+            _log.exception("IO loop %s crashed", self._name)
+        finally:
+            self._close_all()
+            self._stopped.set()
+
+    def _loop(self) -> None:
+        owner = self._owner
+        select = self._selector.select
+        calls = self._calls
+        wake_r = self._wake_r
+        monotonic = time.monotonic
+        while self._running:
+            now = monotonic()
+            deadline = owner.next_deadline()
+            if self._connecting:
+                first = min(link._connect_deadline for link in self._connecting)
+                deadline = first if deadline is None else min(deadline, first)
+            if calls:
+                timeout: float | None = 0.0
+            elif deadline is None:
+                timeout = None
+            else:
+                timeout = max(deadline - now, 0.0)
+            ready = select(timeout)
+            now = monotonic()
+            for key, mask in ready:
+                link = key.data
+                if link is None:
+                    self._wake_pending = False
+                    with contextlib.suppress(BlockingIOError, InterruptedError):
+                        while wake_r.recv(4096):
+                            pass
+                    continue
+                if link.closed:
+                    continue
+                if mask & _WRITE:
+                    self._on_writable(link, now)
+                if mask & _READ and not link.closed:
+                    self._on_readable(link, now)
+            while calls:
+                calls.popleft()()
+            if self._connecting:
+                self._check_connect_timeouts(now)
+            deadline = owner.next_deadline()
+            if deadline is not None and monotonic() >= deadline:
+                owner.handle_timer(monotonic())
+            for link in list(self._links.values()):
+                if not link.closed:
+                    self.flush_link(link)
+
+    def _check_connect_timeouts(self, now: float) -> None:
+        for link in list(self._connecting):
+            if now >= link._connect_deadline:
+                self.close_link(link)
+                self._deliver_error(link, TimeoutError(f"connect to {link.address} timed out"))
+
+    def _set_interest(self, link: Link, interest: int) -> None:
+        if link._interest != interest and link.sock is not None and not link.closed:
+            link._interest = interest
+            self._selector.modify(link.sock, interest, link)
+
+    def _on_writable(self, link: Link, now: float) -> None:
+        if link._connecting:
+            assert link.sock is not None
+            code = link.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                self.close_link(link)
+                self._deliver_error(
+                    link, ConnectionRefusedError(code, f"connect to {link.address}: "
+                                                 f"{errno.errorcode.get(code, code)}")
+                )
+                return
+            link._connecting = False
+            self._connecting.remove(link)
+            self._set_interest(link, _READ)
+            self._owner.on_connected(link, now)
+            self.flush_link(link)
+            return
+        if link.out:
+            self._write(link)
+        else:
+            self._set_interest(link, _READ)
+
+    def _write(self, link: Link) -> None:
+        sock = link.sock
+        assert sock is not None
+        try:
+            sent = sock.send(link.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._fail(link, exc)
+            return
+        if sent:
+            del link.out[:sent]
+        if not link.out and link._close_when_flushed:
+            self.close_link(link)
+            return
+        self._set_interest(link, _READ | _WRITE if link.out else _READ)
+
+    def _on_readable(self, link: Link, now: float) -> None:
+        sock = link.sock
+        assert sock is not None
+        try:
+            data = sock.recv(_RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(link, exc)
+            return
+        if link._ssl is None:
+            self._owner.on_data(link, data, now)
+            if not data:
+                self.close_link(link)
+            return
+        assert link._incoming is not None
+        if data:
+            link._incoming.write(data)
+        else:
+            link._incoming.write_eof()
+        if link._handshaking:
+            self._handshake(link, now)
+            return
+        self._read_tls(link, now, eof=not data)
+
+    def _read_tls(self, link: Link, now: float, eof: bool = False) -> None:
+        tls = link._ssl
+        assert tls is not None
+        chunks: list[bytes] = []
+        closed = eof
+        while True:
+            try:
+                piece = tls.read(_RECV_SIZE)
+            except ssl.SSLWantReadError:
+                break
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                closed = True
+                break
+            except ssl.SSLError as exc:
+                if chunks:
+                    self._owner.on_data(link, b"".join(chunks), now)
+                self._fail(link, exc)
+                return
+            if not piece:
+                closed = True
+                break
+            chunks.append(piece)
+        if chunks:
+            self._owner.on_data(link, b"".join(chunks), now)
+        if closed and not link.closed:
+            self._owner.on_data(link, b"", now)
+            self.close_link(link)
+        elif link._outgoing is not None and link._outgoing.pending and not link.closed:
+            link.out += link._outgoing.read()  # TLS may answer (key updates, tickets)
+            self._write(link)
+
+    def _handshake(self, link: Link, now: float) -> None:
+        tls, outgoing = link._ssl, link._outgoing
+        assert tls is not None and outgoing is not None
+        try:
+            tls.do_handshake()
+            done = True
+        except ssl.SSLWantReadError:
+            done = False
+        except (ssl.SSLError, ssl.CertificateError, OSError) as exc:
+            if outgoing.pending:
+                link.out += outgoing.read()
+                self._write(link)
+            self._fail(link, exc)
+            return
+        if outgoing.pending:
+            link.out += outgoing.read()
+            self._write(link)
+        if link.closed or not done:
+            return
+        link._handshaking = False
+        self._owner.on_tls_established(link, now)
+        if not link.closed:
+            self._read_tls(link, now)  # application data that came with the last flight
+            self.flush_link(link)
+
+    def _fail(self, link: Link, error: BaseException) -> None:
+        self.close_link(link)
+        self._deliver_error(link, error)
+
+    def _deliver_error(self, link: Link, error: BaseException) -> None:
+        self._owner.on_link_error(link, error, time.monotonic())
+
+    def _close_all(self) -> None:
+        for link in list(self._links.values()):
+            self.close_link(link)
+        with contextlib.suppress(Exception):
+            self._selector.close()
+        for sock in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()

@@ -1,0 +1,498 @@
+"""Blocking producer: a pool of nsqd connections with failover, pipelining and back-pressure.
+
+::
+
+    with Producer(["127.0.0.1:4150", "127.0.0.1:4250"]) as p:
+        p.publish("events", b"hello")                     # waits for nsqd's OK
+        p.multi_publish("events", [b"a", b"b"])           # atomic MPUB
+        p.deferred_publish("events", b"later", delay=5.0)
+        futures = [p.publish_async("events", b"%d" % i) for i in range(10_000)]
+        for f in futures:
+            f.result()
+
+One IO thread owns every socket. Publishes from any number of threads are handed to it and
+pipelined: many PUBs are in flight on one connection and nsqd's answers are matched to them in
+order by the core. ``max_pending`` bounds the publishes not yet answered: a call beyond it blocks
+(back-pressure) instead of buffering without limit.
+
+Failover: each publish goes to the next connected nsqd (round robin). When a connection dies with
+publishes unanswered, they are sent again on another nsqd (at most once per nsqd); a publish that
+nsqd *refused* (``E_BAD_TOPIC``...) fails at once with that error. A publish that was sent but whose
+answer was lost may therefore be delivered twice: NSQ is at-least-once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from nsq_sansio.backoff import reconnect_delay
+from nsq_sansio.config import Config
+from nsq_sansio.connection import ClientConnection, ConnectionState
+from nsq_sansio.errors import ConnectionLost, NSQError
+from nsq_sansio.events import (
+    ConnectionClosed,
+    ConnectionReady,
+    PublishAcknowledged,
+    PublishFailed,
+    TLSUpgradeRequired,
+)
+from nsq_sansio.frames import encode_dpub, encode_mpub, encode_pub
+
+from ._loop import IOLoop, Link, parse_host_port
+from ._options import TransportOptions, build_ssl_context, split_options
+from .stats import NodeStats, ProducerStats
+
+__all__ = ["NoNSQDAvailable", "Producer"]
+
+_log = logging.getLogger("nsq_sansio.sync.producer")
+
+DEFAULT_NSQD_TCP_PORT = 4150
+
+
+class NoNSQDAvailable(NSQError):
+    """No nsqd of the pool could take the publish before its deadline."""
+
+
+class _Request:
+    __slots__ = ("deadline", "future", "kind", "payload", "topic", "tried")
+
+    def __init__(self, kind: str, topic: str, payload: Any, deadline: float) -> None:
+        self.kind = kind
+        self.topic = topic
+        self.payload = payload
+        self.deadline = deadline
+        self.future: Future[None] = Future()
+        self.tried: set[str] = set()
+
+
+@dataclass
+class _Node:
+    address: str
+    host: str
+    port: int
+    link: Link | None = None
+    conn: ClientConnection | None = None
+    ready: bool = False
+    failures: int = 0
+    retry_at: float = 0.0
+    last_error: str | None = None
+    published: int = 0
+    failed: int = 0
+    connects: int = 0
+
+    def __post_init__(self) -> None:
+        self.inflight: dict[int, _Request] = {}
+
+
+class _LogAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return f"[{self.extra['address']}] {msg}", kwargs  # type: ignore[index]
+
+
+class Producer:
+    """Publish to one or several nsqd over TCP. See the module docstring."""
+
+    def __init__(
+        self,
+        nsqd: str | Sequence[str] = "127.0.0.1:4150",
+        *,
+        config: Config | None = None,
+        max_pending: int = 10_000,
+        timeout: float = 30.0,
+        **options: Any,
+    ) -> None:
+        addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
+        if not addresses:
+            raise ValueError("Producer needs at least one nsqd address")
+        if max_pending < 1:
+            raise ValueError(f"max_pending={max_pending!r} must be >= 1")
+        self._config, self._options = split_options(config, options)
+        self._timeout = timeout
+        self._nodes: list[_Node] = []
+        for address in addresses:
+            host, port = parse_host_port(address, DEFAULT_NSQD_TCP_PORT)
+            node = _Node(f"{host}:{port}", host, port)
+            self._nodes.append(node)
+        self._ssl_context = build_ssl_context(self._options) if self._config.tls_v1 else None
+        self._slots = threading.BoundedSemaphore(max_pending)
+        self._max_pending = max_pending
+        self._waiting: deque[_Request] = deque()
+        self._rr = itertools.count()
+        self._rng = random.Random()
+        self._loop = IOLoop(self, name="nsq-sync-producer")
+        self._started = False
+        self._closing = False
+        self._closed = False
+        self._lock = threading.Lock()
+        self._published = 0
+        self._failed = 0
+        self._retried = 0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> Producer:
+        """Start the IO thread and connect to every nsqd (publishes wait for the first)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("Producer is closed")
+            if not self._started:
+                self._started = True
+                self._loop.start()
+                self._loop.call_soon(self._connect_all)
+        return self
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Wait up to ``timeout`` for unanswered publishes, then close every connection."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if not self._started:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._pending_count() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.005)
+        done = threading.Event()
+
+        def shut() -> None:
+            self._closing = True
+            error = NSQError("Producer closed before nsqd answered")
+            for request in list(self._waiting):
+                self._fail_request(request, error)
+            self._waiting.clear()
+            for node in self._nodes:
+                for request in list(node.inflight.values()):
+                    self._fail_request(request, error)
+                node.inflight.clear()
+                if node.link is not None:
+                    self._loop.close_link_when_flushed(node.link)
+                node.ready = False
+            done.set()
+
+        self._loop.call_soon(shut)
+        done.wait(5.0)
+        self._loop.stop()
+
+    def __enter__(self) -> Producer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- publishing (any thread) --------------------------------------------------------------
+
+    def publish(self, topic: str, body: bytes, *, timeout: float | None = None) -> None:
+        """``PUB`` and wait for nsqd's OK; raises the server's error or a timeout."""
+        self._wait(self.publish_async(topic, body, timeout=timeout), timeout)
+
+    def multi_publish(
+        self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
+    ) -> None:
+        """``MPUB`` (all or nothing) and wait for nsqd's OK."""
+        self._wait(self.multi_publish_async(topic, bodies, timeout=timeout), timeout)
+
+    def deferred_publish(
+        self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
+    ) -> None:
+        """``DPUB``: delivered after ``delay`` seconds; waits for nsqd's OK."""
+        self._wait(self.deferred_publish_async(topic, body, delay, timeout=timeout), timeout)
+
+    def publish_async(
+        self, topic: str, body: bytes, *, timeout: float | None = None
+    ) -> Future[None]:
+        """Queue a ``PUB``; the future resolves with nsqd's answer. Blocks while
+        ``max_pending`` publishes are unanswered (back-pressure)."""
+        encode_pub(topic, body)  # validate here, in the caller's thread
+        return self._submit("PUB", topic, body, timeout)
+
+    def multi_publish_async(
+        self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
+    ) -> Future[None]:
+        bodies = list(bodies)
+        encode_mpub(topic, bodies)
+        return self._submit("MPUB", topic, bodies, timeout)
+
+    def deferred_publish_async(
+        self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
+    ) -> Future[None]:
+        encode_dpub(topic, round(delay * 1000), body)
+        return self._submit("DPUB", topic, (body, delay), timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every publish handed over so far was answered."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._pending_count():
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{self._pending_count()} publishes still unanswered")
+            time.sleep(0.002)
+
+    # --- introspection --------------------------------------------------------------------------
+
+    def stats(self) -> ProducerStats:
+        """A snapshot (plain dataclass) of the pool's state and counters."""
+        nodes = tuple(
+            NodeStats(
+                address=n.address,
+                connected=n.ready,
+                in_flight=len(n.inflight),
+                published=n.published,
+                failed=n.failed,
+                connects=n.connects,
+                last_error=n.last_error,
+            )
+            for n in self._nodes
+        )
+        return ProducerStats(
+            published=self._published,
+            failed=self._failed,
+            retried=self._retried,
+            pending=self._pending_count(),
+            nodes=nodes,
+        )
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    # --- internals: caller side -------------------------------------------------------------
+
+    def _pending_count(self) -> int:
+        return self._max_pending - self._slots._value  # type: ignore[attr-defined]
+
+    def _wait(self, future: Future[None], timeout: float | None) -> None:
+        limit = self._timeout if timeout is None else timeout
+        try:
+            future.result(limit + 1.0)
+        except TimeoutError:
+            raise TimeoutError(f"nsqd did not answer within {limit}s") from None
+
+    def _submit(self, kind: str, topic: str, payload: Any, timeout: float | None) -> Future[None]:
+        if self._closed:
+            raise RuntimeError("Producer is closed")
+        if not self._started:
+            self.start()
+        limit = self._timeout if timeout is None else timeout
+        if not self._slots.acquire(timeout=limit):
+            raise TimeoutError(
+                f"{self._max_pending} publishes unanswered for {limit}s (max_pending reached)"
+            )
+        request = _Request(kind, topic, payload, time.monotonic() + limit)
+        request.future.add_done_callback(self._release)
+        self._loop.call_soon(lambda: self._dispatch(request))
+        return request.future
+
+    def _release(self, _future: Future[None]) -> None:
+        self._slots.release()
+
+    # --- internals: IO thread -------------------------------------------------------------------
+
+    def _connect_all(self) -> None:
+        for node in self._nodes:
+            self._connect(node)
+
+    def _connect(self, node: _Node) -> None:
+        if self._closing or node.link is not None:
+            return
+        node.connects += 1
+        node.conn = ClientConnection(
+            self._config.identify_body(), auth_secret=self._config.auth_secret
+        )
+        node.link = self._loop.connect(node, node.host, node.port, self._options.connect_timeout)
+
+    def _ready_nodes(self) -> list[_Node]:
+        return [n for n in self._nodes if n.ready]
+
+    def _dispatch(self, request: _Request) -> None:
+        if request.future.done():
+            return
+        if self._closing:
+            self._fail_request(request, NSQError("Producer closed"))
+            return
+        ready = [n for n in self._ready_nodes() if n.address not in request.tried]
+        if not ready:
+            if all(n.address in request.tried for n in self._nodes):
+                self._fail_request(
+                    request,
+                    NoNSQDAvailable(
+                        f"{request.kind} to {request.topic!r}: every nsqd of the pool failed "
+                        f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
+                    ),
+                )
+                return
+            self._waiting.append(request)
+            now = time.monotonic()
+            for node in self._nodes:
+                if node.link is None and now >= node.retry_at:
+                    self._connect(node)
+            return
+        node = ready[next(self._rr) % len(ready)]
+        conn = node.conn
+        assert conn is not None and node.link is not None
+        request.tried.add(node.address)
+        if request.kind == "PUB":
+            request_id = conn.publish(request.topic, request.payload)
+        elif request.kind == "MPUB":
+            request_id = conn.multi_publish(request.topic, request.payload)
+        else:
+            body, delay = request.payload
+            request_id = conn.deferred_publish(request.topic, body, delay)
+        node.inflight[request_id] = request
+
+    def _fail_request(self, request: _Request, error: BaseException) -> None:
+        if not request.future.done():
+            self._failed += 1
+            request.future.set_exception(error)
+
+    def _node_of(self, link: Link) -> _Node:
+        node = link.key
+        assert isinstance(node, _Node)
+        return node
+
+    def on_connected(self, link: Link, now: float) -> None:
+        pass  # the connection's magic and IDENTIFY are flushed by the loop
+
+    def on_data(self, link: Link, data: bytes, now: float) -> None:
+        node = self._node_of(link)
+        if node.link is not link or node.conn is None:
+            return
+        for event in node.conn.receive_data(data, now):
+            if isinstance(event, PublishAcknowledged):
+                request = node.inflight.pop(event.request_id, None)
+                if request is not None and not request.future.done():
+                    node.published += 1
+                    self._published += 1
+                    request.future.set_result(None)
+            elif isinstance(event, PublishFailed):
+                request = node.inflight.pop(event.request_id, None)
+                node.failed += 1
+                if request is not None:
+                    _LogAdapter(_log, {"address": node.address}).warning(
+                        "%s to %r refused: %s", request.kind, request.topic, event.error
+                    )
+                    self._fail_request(request, event.error)
+            elif isinstance(event, ConnectionReady):
+                node.ready = True
+                node.failures = 0
+                node.last_error = None
+                _LogAdapter(_log, {"address": node.address}).debug("connected")
+                self._drain_waiting()
+            elif isinstance(event, TLSUpgradeRequired):
+                assert self._ssl_context is not None
+                self._loop.start_tls(
+                    link,
+                    self._ssl_context,
+                    self._options.tls_server_name or node.host,
+                    event.trailing_data,
+                )
+            elif isinstance(event, ConnectionClosed):
+                self._on_closed(node, event.error, now)
+
+    def on_tls_established(self, link: Link, now: float) -> None:
+        node = self._node_of(link)
+        if node.conn is not None and node.link is link:
+            node.conn.tls_established()
+
+    def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+        node = self._node_of(link)
+        if node.link is not link:
+            return
+        if node.conn is not None and node.conn.state is not ConnectionState.CLOSED:
+            # The socket failed under the connection: let the core report what was pending.
+            for event in node.conn.receive_data(b"", now):
+                if isinstance(event, ConnectionClosed):
+                    self._on_closed(node, ConnectionLost(f"{type(error).__name__}: {error}"), now)
+                    return
+        self._on_closed(node, ConnectionLost(f"{type(error).__name__}: {error}"), now)
+
+    def _on_closed(self, node: _Node, error: NSQError | None, now: float) -> None:
+        if node.link is not None:
+            self._loop.close_link(node.link)
+        node.link = None
+        node.conn = None
+        node.ready = False
+        if self._closing:
+            return
+        node.failures += 1
+        node.last_error = str(error) if error is not None else "closed"
+        node.retry_at = now + reconnect_delay(
+            node.failures,
+            self._config.reconnect_delay,
+            self._config.max_reconnect_delay,
+            self._config.reconnect_jitter,
+            self._rng,
+        )
+        _LogAdapter(_log, {"address": node.address}).warning(
+            "connection lost (%s); %d publishes to retry elsewhere; reconnect in %.1fs",
+            node.last_error,
+            len(node.inflight),
+            node.retry_at - now,
+        )
+        orphans = list(node.inflight.values())
+        node.inflight.clear()
+        for request in orphans:
+            self._retried += 1
+            self._dispatch(request)
+
+    def _drain_waiting(self) -> None:
+        waiting = self._waiting
+        self._waiting = deque()
+        for request in waiting:
+            self._dispatch(request)
+
+    def data_to_send(self, link: Link) -> bytes:
+        node = self._node_of(link)
+        if node.link is not link or node.conn is None:
+            return b""
+        return node.conn.data_to_send()
+
+    def next_deadline(self) -> float | None:
+        deadlines: list[float] = []
+        for node in self._nodes:
+            if node.conn is not None:
+                deadline = node.conn.next_deadline()
+                if deadline is not None:
+                    deadlines.append(deadline)
+            elif not self._closing:
+                deadlines.append(node.retry_at)
+        if self._waiting:
+            deadlines.append(min(r.deadline for r in self._waiting))
+        return min(deadlines) if deadlines else None
+
+    def handle_timer(self, now: float) -> None:
+        for node in self._nodes:
+            if node.conn is not None:
+                for event in node.conn.handle_timer(now):
+                    if isinstance(event, ConnectionClosed):
+                        self._on_closed(node, event.error, now)
+            elif now >= node.retry_at and not self._closing:
+                self._connect(node)
+        if self._waiting:
+            keep: deque[_Request] = deque()
+            for request in self._waiting:
+                if now >= request.deadline:
+                    self._fail_request(
+                        request,
+                        NoNSQDAvailable(
+                            f"{request.kind} to {request.topic!r}: no nsqd available "
+                            f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
+                        ),
+                    )
+                elif not request.future.done():
+                    keep.append(request)
+            self._waiting = keep
+
