@@ -1,0 +1,61 @@
+"""The server roles of the protocol, pure like the client side: nsqd (``nsqd.py``) and
+nsqlookupd (``lookupd.py``). Transports in ``transports/embedded`` put sockets around them."""
+
+from __future__ import annotations
+
+from .backend import (
+    Backend,
+    BackendError,
+    BackendFactory,
+    BackendRecord,
+    DiscardBackend,
+    MemoryBackend,
+    backend_name,
+    decode_record,
+    encode_record,
+    memory_backend_factory,
+)
+from .events import (
+    AdminError,
+    ChannelCreated,
+    ChannelDeleted,
+    CloseConnection,
+    RegistryEvent,
+    ServerEvent,
+    StartTLS,
+    TopicCreated,
+    TopicDeleted,
+)
+from .nsqd import NSQD, ClientState, ConnectionId, NSQDState
+from .options import AuthCheck, Authorization, AuthRequest, AuthState, NSQDOptions
+
+__all__ = [
+    "NSQD",
+    "AdminError",
+    "AuthCheck",
+    "AuthRequest",
+    "AuthState",
+    "Authorization",
+    "Backend",
+    "BackendError",
+    "BackendFactory",
+    "BackendRecord",
+    "ChannelCreated",
+    "ChannelDeleted",
+    "ClientState",
+    "CloseConnection",
+    "ConnectionId",
+    "DiscardBackend",
+    "MemoryBackend",
+    "NSQDOptions",
+    "NSQDState",
+    "RegistryEvent",
+    "ServerEvent",
+    "StartTLS",
+    "TopicCreated",
+    "TopicDeleted",
+    "backend_name",
+    "decode_record",
+    "encode_record",
+    "memory_backend_factory",
+]
