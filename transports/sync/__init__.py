@@ -10,14 +10,18 @@
 
 from __future__ import annotations
 
+from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
+
+from .http import HTTPProducer, HTTPPublishError
 from .producer import NoNSQDAvailable, Producer
-from .stats import ConnectionStats, ConsumerStats, NodeStats, ProducerStats
 
 __all__ = [
     "ConnectionStats",
     "ConsumerStats",
+    "HTTPProducer",
+    "HTTPPublishError",
     "NoNSQDAvailable",
-    "NodeStats",
     "Producer",
     "ProducerStats",
+    "TLSOptions",
 ]

@@ -171,10 +171,8 @@ class IOLoop:
         """Interrupt ``select()``; at most one wake-up byte is outstanding."""
         if not self._wake_pending:
             self._wake_pending = True
-            try:
+            with contextlib.suppress(BlockingIOError, OSError):
                 self._wake_w.send(b"\0")
-            except (BlockingIOError, OSError):
-                pass
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop the loop, close every socket and join the thread."""
@@ -211,8 +209,12 @@ class IOLoop:
         if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
             sock.close()
             link.closed = True
-            self._deliver_error(link, ConnectionRefusedError(code, f"connect to {link.address}: "
-                                                             f"{errno.errorcode.get(code, code)}"))
+            self._deliver_error(
+                link,
+                ConnectionRefusedError(
+                    code, f"connect to {link.address}: {errno.errorcode.get(code, code)}"
+                ),
+            )
             return link
         self._links[sock.fileno()] = link
         self._connecting.append(link)
@@ -226,8 +228,9 @@ class IOLoop:
         """Begin the TLS handshake now; ``on_tls_established`` follows (or ``on_link_error``)."""
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         link._incoming, link._outgoing = incoming, outgoing
-        link._ssl = context.wrap_bio(incoming, outgoing, server_side=False,
-                                     server_hostname=server_hostname)
+        link._ssl = context.wrap_bio(
+            incoming, outgoing, server_side=False, server_hostname=server_hostname
+        )
         link._handshaking = True
         if trailing:
             incoming.write(trailing)
@@ -309,10 +312,11 @@ class IOLoop:
             for key, mask in ready:
                 link = key.data
                 if link is None:
-                    self._wake_pending = False
                     with contextlib.suppress(BlockingIOError, InterruptedError):
                         while wake_r.recv(4096):
                             pass
+                    # Cleared only after draining: a wake() racing with us leaves a byte.
+                    self._wake_pending = False
                     continue
                 if link.closed:
                     continue
@@ -349,8 +353,10 @@ class IOLoop:
             if code:
                 self.close_link(link)
                 self._deliver_error(
-                    link, ConnectionRefusedError(code, f"connect to {link.address}: "
-                                                 f"{errno.errorcode.get(code, code)}")
+                    link,
+                    ConnectionRefusedError(
+                        code, f"connect to {link.address}: {errno.errorcode.get(code, code)}"
+                    ),
                 )
                 return
             link._connecting = False

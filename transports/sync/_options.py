@@ -1,89 +1,86 @@
 """Keyword arguments of the blocking Consumer/Producer: the core's Config plus transport knobs.
 
-Every keyword that names a :class:`~nsq_sansio.config.Config` field goes to the config (and is
-validated there); the rest are transport options (TLS files, timeouts). ``tls_v1=True`` or any
-TLS option turns TLS on; verification is on by default.
+Every keyword that names a :class:`~nsq_sansio.config.Config` field goes to the config (through
+:func:`transports._common.make_config`, validated there); the others are transport options:
+
+* ``connect_timeout`` (seconds, default 5) for the TCP connect;
+* ``tls``: a :class:`transports._common.TLSOptions`, or the flat spellings ``ssl_context``,
+  ``tls_ca_file``, ``tls_ca_data``, ``tls_cert_file``, ``tls_key_file``, ``tls_key_password``,
+  ``tls_server_name``, ``tls_verify`` (True by default).
+
+Giving any TLS option turns ``tls_v1`` on; verification is on unless ``tls_verify=False``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nsq_sansio.config import Config
 from nsq_sansio.errors import ConfigError
+from transports._common import TLSOptions, make_config
 
-__all__ = ["TransportOptions", "build_ssl_context", "split_options"]
+__all__ = ["TransportOptions", "split_options"]
 
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))
+_TLS_FLAT = {
+    "ssl_context": "ssl_context",
+    "tls_ca_file": "ca_file",
+    "tls_ca_data": "ca_data",
+    "tls_cert_file": "cert_file",
+    "tls_key_file": "key_file",
+    "tls_key_password": "key_password",
+    "tls_server_name": "server_name",
+    "tls_verify": "verify",
+}
 
 
 @dataclass(frozen=True)
 class TransportOptions:
     """What the transport itself needs (the protocol's knobs live in Config)."""
 
-    #: Seconds allowed for a TCP connect (and the TLS handshake that may follow).
     connect_timeout: float = 5.0
-    #: A ready-made context; when set, the other ``tls_*`` options are ignored.
-    ssl_context: ssl.SSLContext | None = None
-    #: CA bundle (PEM file) to verify nsqd with, instead of the system's.
-    tls_ca_file: str | None = None
-    #: Client certificate and key (PEM) for nsqd's --tls-client-auth-policy.
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    #: Name checked against nsqd's certificate (default: the host connected to).
-    tls_server_name: str | None = None
-    #: Check nsqd's certificate and name. Turn off only for local experiments.
-    tls_verify: bool = True
+    tls: TLSOptions = field(default_factory=TLSOptions)
+    _context: list[ssl.SSLContext] = field(default_factory=list, repr=False, compare=False)
 
-    @property
-    def tls_requested(self) -> bool:
-        return (
-            self.ssl_context is not None
-            or self.tls_ca_file is not None
-            or self.tls_cert_file is not None
-        )
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client context (built once, shared by every connection)."""
+        if not self._context:
+            self._context.append(self.tls.context())
+        return self._context[0]
 
 
-def build_ssl_context(options: TransportOptions) -> ssl.SSLContext:
-    """A client context: TLS 1.2+, verification on unless ``tls_verify=False``."""
-    if options.ssl_context is not None:
-        return options.ssl_context
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=options.tls_ca_file)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    if not options.tls_verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if options.tls_cert_file is not None:
-        context.load_cert_chain(options.tls_cert_file, options.tls_key_file)
-    return context
-
-
-def split_options(
-    config: Config | None, kwargs: dict[str, Any], *, defaults: dict[str, Any] | None = None
-) -> tuple[Config, TransportOptions]:
+def split_options(config: Config | None, kwargs: dict[str, Any]) -> tuple[Config, TransportOptions]:
     """Build (Config, TransportOptions) from a base config and keyword arguments."""
-    transport_fields = {f.name for f in dataclasses.fields(TransportOptions)}
-    config_changes: dict[str, Any] = dict(defaults or {}) if config is None else {}
-    transport_changes: dict[str, Any] = {}
+    config_changes: dict[str, Any] = {}
+    tls_changes: dict[str, Any] = {}
+    tls: TLSOptions | None = None
+    connect_timeout = 5.0
     for name, value in kwargs.items():
         if name in _CONFIG_FIELDS:
             config_changes[name] = value
-        elif name in transport_fields:
-            transport_changes[name] = value
+        elif name in _TLS_FLAT:
+            tls_changes[_TLS_FLAT[name]] = value
+        elif name == "tls":
+            if not isinstance(value, TLSOptions):
+                raise ConfigError(f"tls must be a transports._common.TLSOptions, got {value!r}")
+            tls = value
+        elif name == "connect_timeout":
+            connect_timeout = float(value)
         else:
             raise ConfigError(
                 f"unknown option {name!r}: not a Config field nor a transport option "
-                f"({', '.join(sorted(transport_fields))})"
+                f"(connect_timeout, tls, {', '.join(sorted(_TLS_FLAT))})"
             )
-    if isinstance(config_changes.get("auth_secret"), str):
-        config_changes["auth_secret"] = config_changes["auth_secret"].encode()
-    options = TransportOptions(**transport_changes)
-    if options.connect_timeout <= 0:
-        raise ConfigError(f"connect_timeout={options.connect_timeout!r} must be > 0 seconds")
-    if options.tls_requested and "tls_v1" not in config_changes:
+    if connect_timeout <= 0:
+        raise ConfigError(f"connect_timeout={connect_timeout!r} must be > 0 seconds")
+    if tls is not None and tls_changes:
+        raise ConfigError("give either tls=TLSOptions(...) or the flat tls_* options, not both")
+    if tls is None:
+        tls = TLSOptions(**tls_changes)
+    wants_tls = bool(tls_changes) or tls != TLSOptions()
+    if wants_tls and "tls_v1" not in config_changes and not (config and config.tls_v1):
         config_changes["tls_v1"] = True
-    base = config if config is not None else Config()
-    return base.replace(**config_changes) if config_changes else base, options
+    return make_config(config, **config_changes), TransportOptions(connect_timeout, tls)

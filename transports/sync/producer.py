@@ -47,16 +47,21 @@ from nsq_sansio.events import (
     TLSUpgradeRequired,
 )
 from nsq_sansio.frames import encode_dpub, encode_mpub, encode_pub
+from transports._common import (
+    DEFAULT_TCP_PORT,
+    ConnectionLogger,
+    ConnectionStats,
+    ProducerStats,
+    format_address,
+    parse_address,
+)
 
-from ._loop import IOLoop, Link, parse_host_port
-from ._options import TransportOptions, build_ssl_context, split_options
-from .stats import NodeStats, ProducerStats
+from ._loop import IOLoop, Link
+from ._options import split_options
 
 __all__ = ["NoNSQDAvailable", "Producer"]
 
 _log = logging.getLogger("nsq_sansio.sync.producer")
-
-DEFAULT_NSQD_TCP_PORT = 4150
 
 
 class NoNSQDAvailable(NSQError):
@@ -92,11 +97,7 @@ class _Node:
 
     def __post_init__(self) -> None:
         self.inflight: dict[int, _Request] = {}
-
-
-class _LogAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        return f"[{self.extra['address']}] {msg}", kwargs  # type: ignore[index]
+        self.log = ConnectionLogger(_log, self.address)
 
 
 class Producer:
@@ -120,10 +121,10 @@ class Producer:
         self._timeout = timeout
         self._nodes: list[_Node] = []
         for address in addresses:
-            host, port = parse_host_port(address, DEFAULT_NSQD_TCP_PORT)
-            node = _Node(f"{host}:{port}", host, port)
+            host, port = parse_address(address, DEFAULT_TCP_PORT)
+            node = _Node(format_address(host, port), host, port)
             self._nodes.append(node)
-        self._ssl_context = build_ssl_context(self._options) if self._config.tls_v1 else None
+        self._ssl_context = self._options.ssl_context() if self._config.tls_v1 else None
         self._slots = threading.BoundedSemaphore(max_pending)
         self._max_pending = max_pending
         self._waiting: deque[_Request] = deque()
@@ -245,14 +246,14 @@ class Producer:
 
     def stats(self) -> ProducerStats:
         """A snapshot (plain dataclass) of the pool's state and counters."""
-        nodes = tuple(
-            NodeStats(
+        connections = tuple(
+            ConnectionStats(
                 address=n.address,
+                state=n.conn.state.name if n.conn is not None else "DISCONNECTED",
                 connected=n.ready,
                 in_flight=len(n.inflight),
-                published=n.published,
-                failed=n.failed,
-                connects=n.connects,
+                finished=n.published,
+                reconnects=max(n.connects - 1, 0),
                 last_error=n.last_error,
             )
             for n in self._nodes
@@ -260,10 +261,15 @@ class Producer:
         return ProducerStats(
             published=self._published,
             failed=self._failed,
-            retried=self._retried,
             pending=self._pending_count(),
-            nodes=nodes,
+            reconnects=sum(max(n.connects - 1, 0) for n in self._nodes),
+            connections=connections,
         )
+
+    @property
+    def retried(self) -> int:
+        """Publishes sent again on another nsqd after their connection died."""
+        return self._retried
 
     @property
     def config(self) -> Config:
@@ -272,7 +278,7 @@ class Producer:
     # --- internals: caller side -------------------------------------------------------------
 
     def _pending_count(self) -> int:
-        return self._max_pending - self._slots._value  # type: ignore[attr-defined]
+        return self._max_pending - self._slots._value
 
     def _wait(self, future: Future[None], timeout: float | None) -> None:
         limit = self._timeout if timeout is None else timeout
@@ -381,7 +387,7 @@ class Producer:
                 request = node.inflight.pop(event.request_id, None)
                 node.failed += 1
                 if request is not None:
-                    _LogAdapter(_log, {"address": node.address}).warning(
+                    node.log.warning(
                         "%s to %r refused: %s", request.kind, request.topic, event.error
                     )
                     self._fail_request(request, event.error)
@@ -389,14 +395,14 @@ class Producer:
                 node.ready = True
                 node.failures = 0
                 node.last_error = None
-                _LogAdapter(_log, {"address": node.address}).debug("connected")
+                node.log.debug("connected")
                 self._drain_waiting()
             elif isinstance(event, TLSUpgradeRequired):
                 assert self._ssl_context is not None
                 self._loop.start_tls(
                     link,
                     self._ssl_context,
-                    self._options.tls_server_name or node.host,
+                    self._options.tls.server_hostname(node.host),
                     event.trailing_data,
                 )
             elif isinstance(event, ConnectionClosed):
@@ -436,7 +442,7 @@ class Producer:
             self._config.reconnect_jitter,
             self._rng,
         )
-        _LogAdapter(_log, {"address": node.address}).warning(
+        node.log.warning(
             "connection lost (%s); %d publishes to retry elsewhere; reconnect in %.1fs",
             node.last_error,
             len(node.inflight),
@@ -495,4 +501,3 @@ class Producer:
                 elif not request.future.done():
                     keep.append(request)
             self._waiting = keep
-
