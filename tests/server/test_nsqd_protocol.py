@@ -102,7 +102,9 @@ def test_identify_bad_json_is_fatal(body: bytes) -> None:
     assert client.closed
 
 
-@pytest.mark.parametrize(("size", "text"), [(0, "invalid body size 0"), (-5, "invalid body size -5")])
+@pytest.mark.parametrize(
+    ("size", "text"), [(0, "invalid body size 0"), (-5, "invalid body size -5")]
+)
 def test_identify_bad_sizes(size: int, text: str) -> None:
     client = Client(make_node())
     client.send(b"IDENTIFY\n" + struct.pack(">i", size))
@@ -118,7 +120,9 @@ def test_identify_body_too_big_is_refused_before_it_arrives() -> None:
 
 def test_identify_both_compressions_is_e_identify_failed() -> None:
     client = Client(make_node())
-    client.send(frames.encode_identify({"feature_negotiation": True, "snappy": True, "deflate": True}))
+    client.send(
+        frames.encode_identify({"feature_negotiation": True, "snappy": True, "deflate": True})
+    )
     assert client.frames() == [
         (ERROR, b"E_IDENTIFY_FAILED cannot enable both deflate and snappy compression")
     ]
@@ -215,7 +219,9 @@ def test_fin_unknown_id_is_non_fatal() -> None:
     client = Client(node)
     client.sub("t", "c", rdy=1)
     client.send(b"FIN 0123456789abcdef\n")
-    assert client.frames() == [(ERROR, b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight")]
+    assert client.frames() == [
+        (ERROR, b"E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight")
+    ]
     assert not client.closed
     client.send(b"REQ 0123456789abcdef 0\n")
     client.send(b"TOUCH 0123456789abcdef\n")
@@ -405,7 +411,7 @@ def test_tls_upgrade_hands_trailing_bytes_to_the_transport() -> None:
     client.send(frames.encode_identify({"feature_negotiation": True, "tls_v1": True}) + b"\x16\x03")
     (event,) = client.events
     assert event == StartTLS(client.id, b"\x16\x03")
-    kind, answer = client.frames()[0]
+    _kind, answer = client.frames()[0]
     assert json.loads(answer)["tls_v1"] is True
     with pytest.raises(LocalProtocolError):
         client.send(b"more")
