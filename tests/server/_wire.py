@@ -8,7 +8,7 @@ from typing import Any
 
 from nsq_sansio import frames
 from nsq_sansio.events import Message
-from nsq_sansio.server import NSQD, CloseConnection, NSQDOptions, ServerEvent
+from nsq_sansio.server import NSQD, ClientState, CloseConnection, NSQDOptions, ServerEvent
 
 RESPONSE, ERROR, MESSAGE = 0, 1, 2
 
@@ -49,7 +49,10 @@ class Client:
 
     @property
     def closed(self) -> bool:
-        return any(isinstance(e, CloseConnection) and e.conn_id == self.id for e in self.events)
+        """The node told this connection to close (events from ``send``) or has forgotten it."""
+        if any(isinstance(e, CloseConnection) and e.conn_id == self.id for e in self.events):
+            return True
+        return self.node.connection_state(self.id) is ClientState.CLOSED
 
     # command helpers -------------------------------------------------------------------
 
