@@ -61,6 +61,8 @@ class Config:
     max_reconnect_delay: float = 60.0
     #: Fraction of each reconnect delay taken off at random.
     reconnect_jitter: float = 0.3
+    #: From TCP connect to SUB answered; a connection slower than this is closed and retried.
+    connect_timeout: float = 10.0
     # -- RDY redistribution -----------------------------------------------------------------
     #: A connection holding RDY that received nothing for this long gives it up (low-RDY mode).
     low_rdy_idle_timeout: float = 10.0
@@ -71,6 +73,8 @@ class Config:
     drain_timeout: float = 30.0
     #: Bound on outstanding fetch() requests (JetStream's max_waiting).
     max_waiting_fetches: int = 512
+    #: Pull mode: how long a message that arrived for no waiting fetch is held before REQ 0.
+    pull_hold_timeout: float = 1.0
     # -- IDENTIFY (connection level) --------------------------------------------------------
     client_id: str | None = None
     hostname: str | None = None
@@ -110,6 +114,8 @@ class Config:
                 f"{self.reconnect_delay!r}: allowed reconnect_delay <= max_reconnect_delay"
             )
         _check_float("reconnect_jitter", self.reconnect_jitter, 0.0, 1.0)
+        _check_float("connect_timeout", self.connect_timeout, 0.001, _HOUR)
+        _check_float("pull_hold_timeout", self.pull_hold_timeout, 0.0, 60.0)
         _check_float("low_rdy_idle_timeout", self.low_rdy_idle_timeout, 1.0, 300.0)
         _check_float("rdy_redistribute_interval", self.rdy_redistribute_interval, 0.001, 5.0)
         _check_float("drain_timeout", self.drain_timeout, 0.0, _HOUR)

@@ -1,0 +1,1225 @@
+"""The consumer coordinator: many nsqd connections, one decision maker, no IO.
+
+A transport drives one :class:`ConsumerCoordinator` and does exactly what it says::
+
+    coordinator.start(now)                       # connect / ask lookupd
+    loop:
+        for action in coordinator.take_actions(): # Connect, CloseConnection, StartTLS,
+            ...                                   # SendHTTPRequest, CloseHTTPRequest, Deliver,
+                                                  # GiveUp, TakenBack, FetchResult, DrainComplete
+        for conn_id, data in coordinator.pending_data():
+            write(conn_id, data)
+        sleep until coordinator.next_deadline() or IO, then feed one of:
+            connection_made(conn_id, now) / connection_failed(conn_id, error, now)
+            receive_data(conn_id, data, now)  (b"" at EOF) / tls_established(conn_id, now)
+            http_data(request_id, data, now) (b"" at EOF) / http_response(...) / http_failed(...)
+            handle_timer(now)
+        user code: finish(d, now) / requeue(d, now, delay=None, backoff=True) / touch(d, now)
+                   mark_delivered(d) / set_max_in_flight(n, now) / fetch(...) / drain(now)
+
+What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
+
+* RDY: a new connection starts at RDY 1; ``max_in_flight`` is then spread evenly
+  (``max_in_flight // n``, remainder given out, capped by each nsqd's ``max_rdy_count``); the sum
+  of RDY never exceeds ``max_in_flight``. RDY is re-sent when a connection's count left is 0 or
+  under 25% of the last value. With fewer RDY than connections, RDY 1 goes to a random set and
+  moves away from connections idle for ``low_rdy_idle_timeout``. ``set_max_in_flight`` (0
+  pauses) redistributes at once. :meth:`ConsumerCoordinator.is_starved` is the guide's.
+* Messages: attempts over ``max_attempts`` are FIN'd and reported (:class:`GiveUp`); REQ without
+  a delay waits ``default_requeue_delay * attempts`` capped; late FIN/REQ/TOUCH is reported as
+  :class:`TakenBack`, never raised. Each :class:`Deliver` has a deadline; TOUCH extends it up to
+  the server's ``max_msg_timeout``.
+* Backoff (:mod:`nsq_sansio.backoff`): RDY 0 everywhere, wait, RDY 1 to test, one result per
+  window.
+* Discovery (:mod:`nsq_sansio.discovery`): lookupd mode connects to new nodes found by a poll
+  and reconnects a lost node only when a later poll reports it; direct mode retries with capped,
+  jittered exponential backoff.
+* Drain: RDY 0 everywhere, requeue what the user has not seen, wait for what the user holds
+  (up to a deadline, then requeue it), CLS, wait for CLOSE_WAIT, close.
+* Pull mode (:mod:`nsq_sansio.pull`): RDY follows the outstanding fetches.
+
+``CloseConnection.final_data`` must be written before the socket is closed (final REQ/FIN/CLS).
+A :class:`Deliver` is the handle the user answers with; after its connection is gone, answering
+it only produces a :class:`TakenBack` (nsqd requeues such messages itself).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .backoff import Backoff, BackoffPhase, Outcome, reconnect_delay
+from .config import Config
+from .connection import ClientConnection
+from .discovery import (
+    LookupAnswer,
+    LookupdAddress,
+    LookupdError,
+    LookupdPoller,
+    LookupFailure,
+    NSQDAddress,
+)
+from .errors import ConnectionLost, LocalProtocolError, NSQError
+from .events import (
+    CloseWait,
+    ConnectionClosed,
+    ConnectionReady,
+    Message,
+    MessageTakenBack,
+    ServerSettings,
+    Subscribed,
+    TLSUpgradeRequired,
+)
+from .names import validate_channel, validate_topic
+from .pull import FetchEnd, FetchQueue, FetchRequest, FetchResult
+from .rdy import even_shares, is_starved, needs_refresh
+
+__all__ = [
+    "Action",
+    "CloseConnection",
+    "CloseHTTPRequest",
+    "Connect",
+    "ConnectionUp",
+    "ConsumerCoordinator",
+    "ConsumerState",
+    "Deliver",
+    "Disconnected",
+    "DrainComplete",
+    "FetchEnd",
+    "FetchResult",
+    "GiveUp",
+    "LinkPhase",
+    "LookupdFailed",
+    "MessageGone",
+    "SendHTTPRequest",
+    "StartTLS",
+    "TakenBack",
+]
+
+#: How long after the drain deadline a CLS may wait for CLOSE_WAIT before the socket is cut.
+CLOSE_WAIT_GRACE = 5.0
+
+
+class MessageGone(NSQError):
+    """The message can no longer be answered here: its connection closed, drain requeued it,
+    or nsqd delivered it again (it had timed out). nsqd requeues it by itself."""
+
+
+# --- actions: coordinator -> transport ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """Open a TCP connection to ``address``; report connection_made / connection_failed."""
+
+    conn_id: int
+    address: NSQDAddress
+
+
+@dataclass(frozen=True, slots=True)
+class StartTLS:
+    """Run the TLS handshake on ``conn_id`` now; ``trailing_data`` belongs to the TLS layer."""
+
+    conn_id: int
+    trailing_data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """Write ``final_data``, then close the socket of ``conn_id``; the coordinator forgot it."""
+
+    conn_id: int
+    final_data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SendHTTPRequest:
+    """Connect to ``lookupd`` (HTTPS when ``lookupd.tls``), write ``data``, feed the answer to
+    http_data (or http_response) under ``request_id``."""
+
+    request_id: int
+    lookupd: LookupdAddress
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CloseHTTPRequest:
+    """The exchange ``request_id`` is over (answered, failed or abandoned): close its socket."""
+
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """A message for the user, and the handle to answer it with (finish/requeue/touch).
+
+    ``deadline`` is when nsqd times it out if nothing is sent (``received_at + msg_timeout``);
+    :meth:`ConsumerCoordinator.deadline` gives the current one after TOUCHes.
+    """
+
+    conn_id: int
+    message: Message
+    address: NSQDAddress
+    received_at: float
+    deadline: float
+
+    @property
+    def id(self) -> bytes:
+        return self.message.id
+
+    @property
+    def body(self) -> bytes:
+        return self.message.body
+
+    @property
+    def attempts(self) -> int:
+        return self.message.attempts
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """The message went over ``max_attempts``: it was FIN'd; log it, store it, alert..."""
+
+    conn_id: int
+    address: NSQDAddress
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class TakenBack:
+    """A FIN/REQ/TOUCH came too late: the message was already taken back (by nsqd after its
+    timeout, or because the connection closed). Not fatal; another consumer may have it."""
+
+    conn_id: int
+    address: NSQDAddress
+    message_id: bytes | None
+    command: str
+    error: NSQError
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionUp:
+    """``conn_id`` is subscribed; ``settings`` is nsqd's IDENTIFY answer."""
+
+    conn_id: int
+    address: NSQDAddress
+    settings: ServerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    """``conn_id`` is gone. ``unanswered`` messages will be requeued by nsqd; ``reconnect_at``
+    is when a retry is planned (direct mode), None when it waits for lookupd or is draining."""
+
+    conn_id: int
+    address: NSQDAddress
+    error: NSQError | None
+    unanswered: tuple[bytes, ...]
+    reconnect_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LookupdFailed:
+    """A lookupd answered garbage, an error status or nothing; skipped until its next poll."""
+
+    lookupd: LookupdAddress
+    error: LookupdError
+
+
+@dataclass(frozen=True, slots=True)
+class DrainComplete:
+    """Drain finished: every connection is closed and nothing is left in flight."""
+
+
+Action = (
+    Connect
+    | StartTLS
+    | CloseConnection
+    | SendHTTPRequest
+    | CloseHTTPRequest
+    | Deliver
+    | GiveUp
+    | TakenBack
+    | ConnectionUp
+    | Disconnected
+    | LookupdFailed
+    | FetchResult
+    | DrainComplete
+)
+
+
+class ConsumerState(enum.Enum):
+    """The coordinator's lifecycle."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+class LinkPhase(enum.Enum):
+    """Where one connection is, from the coordinator's point of view."""
+
+    CONNECTING = "connecting"  # Connect emitted, TCP not up yet
+    HANDSHAKING = "handshaking"  # IDENTIFY / TLS / AUTH / SUB under way
+    SUBSCRIBED = "subscribed"  # messages may flow
+    CLOSING = "closing"  # CLS sent, waiting for CLOSE_WAIT
+
+
+class _Tracked:
+    """A message in flight on a connection (internal, mutable)."""
+
+    __slots__ = ("deadline", "deliver", "delivered")
+
+    def __init__(self, deliver: Deliver, delivered: bool) -> None:
+        self.deliver = deliver
+        self.deadline = deliver.deadline
+        self.delivered = delivered
+
+
+class _Link:
+    """One connection's bookkeeping (internal, mutable)."""
+
+    __slots__ = (
+        "address",
+        "alloc",
+        "close_deadline",
+        "close_wait",
+        "conn_id",
+        "handshake_deadline",
+        "last_message_at",
+        "max_msg_timeout",
+        "max_rdy",
+        "max_req_timeout",
+        "msg_timeout",
+        "phase",
+        "proto",
+        "rdy",
+        "rdy_at",
+        "remaining",
+        "target",
+        "tracked",
+        "warm",
+    )
+
+    def __init__(self, conn_id: int, address: NSQDAddress, deadline: float) -> None:
+        self.conn_id = conn_id
+        self.address = address
+        self.phase = LinkPhase.CONNECTING
+        self.proto: ClientConnection | None = None
+        self.handshake_deadline: float | None = deadline
+        self.close_deadline: float | None = None
+        self.close_wait = False
+        self.rdy = 0
+        self.remaining = 0
+        self.target = 0
+        self.alloc = 0
+        self.warm = False
+        self.max_rdy = 1
+        self.msg_timeout = 60.0
+        self.max_msg_timeout = 900.0
+        self.max_req_timeout: float | None = None
+        self.last_message_at = -math.inf
+        self.rdy_at = -math.inf
+        self.tracked: dict[bytes, _Tracked] = {}
+
+
+class _Retry:
+    __slots__ = ("failures", "retry_at")
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.retry_at: float | None = None
+
+
+class ConsumerCoordinator:
+    """Decides, for one topic/channel, what every nsqd connection sends and when.
+
+    ``nsqd`` are direct addresses (retried with backoff), ``lookupd`` are polled for producers.
+    ``rng`` makes every random choice (jitter, which connection gets RDY) replayable. ``pull``
+    selects pull mode: messages only flow for :meth:`fetch` requests.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        config: Config | None = None,
+        *,
+        rng: random.Random,
+        nsqd: Iterable[str | NSQDAddress] = (),
+        lookupd: Iterable[str | LookupdAddress] = (),
+        pull: bool = False,
+    ) -> None:
+        self.topic = validate_topic(topic)
+        self.channel = validate_channel(channel)
+        self._config = config if config is not None else Config()
+        self._rng = rng
+        self._pull = pull
+        self._identify = self._config.identify_body()
+        self._state = ConsumerState.CREATED
+        self._direct: dict[NSQDAddress, _Retry] = {}
+        for address in nsqd:
+            self._direct.setdefault(NSQDAddress.parse(address), _Retry())
+        lookupds = [LookupdAddress.parse(a) for a in lookupd]
+        self._poller: LookupdPoller | None = None
+        if lookupds:
+            self._poller = LookupdPoller(
+                lookupds,
+                self.topic,
+                interval=self._config.lookupd_poll_interval,
+                jitter=self._config.lookupd_poll_jitter,
+                timeout=self._config.lookupd_poll_timeout,
+                rng=rng,
+                user_agent=self._config.user_agent,
+            )
+        if not self._direct and self._poller is None:
+            raise LocalProtocolError("a consumer needs at least one nsqd or lookupd address")
+        self._backoff = Backoff(
+            self._config.backoff_multiplier,
+            self._config.max_backoff_duration,
+            enabled=self._config.backoff_enabled,
+        )
+        self._links: dict[int, _Link] = {}
+        self._by_address: dict[NSQDAddress, _Link] = {}
+        self._next_conn_id = 1
+        self._next_fetch_id = 1
+        self._actions: list[Action] = []
+        self._dirty: set[int] = set()
+        self._total_rdy = 0
+        self._alloc_total = 0
+        self._fetches = FetchQueue()
+        self._next_redistribute: float | None = None
+        self._drain_deadline: float | None = None
+        #: Counters: received, finished, requeued, given_up, taken_back.
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("received", "finished", "requeued", "given_up", "taken_back"), 0
+        )
+
+    # --- introspection -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ConsumerState:
+        return self._state
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._config.max_in_flight
+
+    @property
+    def total_rdy(self) -> int:
+        """Sum of the last RDY sent on every connection (never above max_in_flight)."""
+        return self._total_rdy
+
+    @property
+    def backoff_phase(self) -> BackoffPhase:
+        return self._backoff.phase
+
+    @property
+    def backoff_level(self) -> int:
+        return self._backoff.level
+
+    def connection_ids(self) -> list[int]:
+        return list(self._links)
+
+    def link_info(self, conn_id: int) -> tuple[LinkPhase, int, int] | None:
+        """``(phase, last RDY sent, messages in flight)`` of a connection, or None."""
+        link = self._links.get(conn_id)
+        if link is None:
+            return None
+        return link.phase, link.rdy, len(link.tracked)
+
+    def in_flight_count(self) -> int:
+        return sum(len(link.tracked) for link in self._links.values())
+
+    def known_nodes(self) -> frozenset[NSQDAddress]:
+        """nsqd addresses known from configuration and from lookupd (union)."""
+        nodes = set(self._direct)
+        if self._poller is not None:
+            nodes |= self._poller.known_nodes()
+        return frozenset(nodes)
+
+    def is_starved(self) -> bool:
+        """The guide's is_starved: some connection holds >= 85% of its RDY in messages."""
+        for link in self._links.values():
+            if link.phase is LinkPhase.SUBSCRIBED and is_starved(len(link.tracked), link.rdy):
+                return True
+        return False
+
+    def deadline(self, delivery: Deliver) -> float | None:
+        """When nsqd will time this message out (after TOUCHes), None if no longer ours."""
+        tracked = self._current(delivery)
+        return None if tracked is None else tracked.deadline
+
+    def max_deadline(self, delivery: Deliver) -> float | None:
+        """The furthest TOUCH can push the deadline (received + the server's max_msg_timeout)."""
+        link = self._links.get(delivery.conn_id)
+        if link is None or self._current(delivery) is None:
+            return None
+        return delivery.received_at + link.max_msg_timeout
+
+    def requeue_delay(self, attempts: int, conn_id: int | None = None) -> float:
+        """The automatic REQ delay: ``default_requeue_delay * attempts``, capped."""
+        config = self._config
+        delay = min(config.default_requeue_delay * max(attempts, 1), config.max_requeue_delay)
+        link = self._links.get(conn_id) if conn_id is not None else None
+        if link is not None and link.max_req_timeout is not None:
+            delay = min(delay, link.max_req_timeout)
+        return delay
+
+    # --- output --------------------------------------------------------------------------------
+
+    def take_actions(self) -> list[Action]:
+        """Everything decided since the last call, in order."""
+        actions = self._actions
+        self._actions = []
+        return actions
+
+    def data_to_send(self, conn_id: int) -> bytes:
+        """Bytes to write on ``conn_id``."""
+        link = self._links.get(conn_id)
+        self._dirty.discard(conn_id)
+        if link is None or link.proto is None:
+            return b""
+        return link.proto.data_to_send()
+
+    def pending_data(self) -> list[tuple[int, bytes]]:
+        """``(conn_id, bytes)`` for every connection with something to write."""
+        out: list[tuple[int, bytes]] = []
+        if not self._dirty:
+            return out
+        links = self._links
+        for conn_id in self._dirty:
+            link = links.get(conn_id)
+            if link is not None and link.proto is not None:
+                data = link.proto.data_to_send()
+                if data:
+                    out.append((conn_id, data))
+        self._dirty.clear()
+        return out
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`handle_timer` must be called next (None: only on IO)."""
+        candidates: list[float] = []
+        if self._state is ConsumerState.RUNNING:
+            if self._backoff.deadline is not None:
+                candidates.append(self._backoff.deadline)
+            if self._next_redistribute is not None and self._links:
+                candidates.append(self._next_redistribute)
+            if self._poller is not None:
+                poll = self._poller.next_deadline()
+                if poll is not None:
+                    candidates.append(poll)
+            for retry in self._direct.values():
+                if retry.retry_at is not None:
+                    candidates.append(retry.retry_at)
+            if self._pull:
+                pull = self._fetches.next_deadline()
+                if pull is not None:
+                    candidates.append(pull)
+        elif self._state is ConsumerState.DRAINING and self._drain_deadline is not None:
+            candidates.append(self._drain_deadline)
+        for link in self._links.values():
+            if link.handshake_deadline is not None:
+                candidates.append(link.handshake_deadline)
+            if link.close_deadline is not None:
+                candidates.append(link.close_deadline)
+            if link.proto is not None:
+                beat = link.proto.next_deadline()
+                if beat is not None:
+                    candidates.append(beat)
+        return min(candidates) if candidates else None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, now: float) -> None:
+        """Connect to the configured nsqd and ask every lookupd (bootstrap)."""
+        if self._state is not ConsumerState.CREATED:
+            raise LocalProtocolError(f"start() in state {self._state.name}: call it once")
+        self._state = ConsumerState.RUNNING
+        self._next_redistribute = now + self._config.rdy_redistribute_interval
+        for address in self._direct:
+            self._connect(address, now)
+        if self._poller is not None:
+            for request in self._poller.start(now):
+                self._actions.append(
+                    SendHTTPRequest(request.request_id, request.lookupd, request.data)
+                )
+
+    def drain(self, now: float, timeout: float | None = None) -> None:
+        """Graceful shutdown (seeds/003): stop the flow, give back what the user has not seen,
+        wait for what the user holds (until ``timeout``, default ``config.drain_timeout``),
+        then CLS every connection, wait for CLOSE_WAIT and close. Ends with DrainComplete."""
+        if self._state in (ConsumerState.DRAINING, ConsumerState.CLOSED):
+            return
+        if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
+            raise LocalProtocolError(f"drain timeout must be >= 0 seconds, got {timeout!r}")
+        if self._state is ConsumerState.CREATED:
+            self._state = ConsumerState.CLOSED
+            self._actions.append(DrainComplete())
+            return
+        self._state = ConsumerState.DRAINING
+        self._drain_deadline = now + (self._config.drain_timeout if timeout is None else timeout)
+        self._backoff.reset()
+        if self._poller is not None:
+            for request_id in self._poller.stop():
+                self._actions.append(CloseHTTPRequest(request_id))
+        for retry in self._direct.values():
+            retry.retry_at = None
+        if self._pull:
+            for fetch in self._fetches.take_all():
+                self._answer_fetch(fetch, FetchEnd.DRAINING)
+            self._flush_buffer(None)
+        for link in list(self._links.values()):
+            if link.phase is LinkPhase.CONNECTING or link.phase is LinkPhase.HANDSHAKING:
+                self._drop(link, None, now, close=True)
+                continue
+            if link.rdy:
+                self._send_rdy(link, 0, now)
+            link.target = 0
+            for tracked in list(link.tracked.values()):
+                if not tracked.delivered:
+                    self._requeue_now(link, tracked)
+            self._maybe_close_drained(link, now)
+        self._check_drained()
+
+    # --- transport -> coordinator: connections ---------------------------------------------
+
+    def connection_made(self, conn_id: int, now: float) -> None:
+        """TCP is up for ``conn_id``: IDENTIFY is queued (see pending_data)."""
+        link = self._links.get(conn_id)
+        if link is None or link.phase is not LinkPhase.CONNECTING:
+            return
+        link.phase = LinkPhase.HANDSHAKING
+        link.proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
+        self._dirty.add(conn_id)
+
+    def connection_failed(
+        self, conn_id: int, error: BaseException | str | None, now: float
+    ) -> None:
+        """Connecting failed, or the socket broke (reset, IO error, TLS failure)."""
+        link = self._links.get(conn_id)
+        if link is None:
+            return
+        if isinstance(error, NSQError):
+            nsq_error: NSQError = error
+        else:
+            nsq_error = ConnectionLost(
+                f"connection {conn_id} to {link.address} failed in phase {link.phase.name}: "
+                f"{error or 'no reason given'}"
+            )
+        self._drop(link, nsq_error, now, close=False)
+
+    def tls_established(self, conn_id: int, now: float) -> None:
+        """The TLS handshake asked by :class:`StartTLS` succeeded."""
+        link = self._links.get(conn_id)
+        if link is None or link.proto is None:
+            return
+        link.proto.tls_established()
+        self._dirty.add(conn_id)
+
+    def receive_data(self, conn_id: int, data: bytes, now: float) -> None:
+        """Bytes read from ``conn_id`` (``b""`` at EOF). Never raises on what nsqd sent."""
+        link = self._links.get(conn_id)
+        if link is None or link.proto is None:
+            return
+        events = link.proto.receive_data(data, now)
+        self._dirty.add(conn_id)
+        message_type = Message
+        for event in events:
+            if type(event) is message_type:
+                self._on_message(link, event, now)
+            else:
+                self._on_event(link, event, now)
+                if link.conn_id not in self._links:
+                    return
+
+    # --- transport -> coordinator: lookupd -----------------------------------------------------
+
+    def http_data(self, request_id: int, data: bytes, now: float) -> None:
+        """Raw bytes of a lookupd answer (``b""`` at EOF), parsed with h11."""
+        if self._poller is not None:
+            self._on_lookup(request_id, self._poller.receive_data(request_id, data), now)
+
+    def http_response(self, request_id: int, status: int, body: bytes, now: float) -> None:
+        """A lookupd answer already parsed by the transport's own HTTP client."""
+        if self._poller is not None:
+            outcome = self._poller.receive_response(request_id, status, body)
+            self._on_lookup(request_id, outcome, now)
+
+    def http_failed(self, request_id: int, error: BaseException | str, now: float) -> None:
+        """The lookupd request could not be made (connect refused, reset, TLS...)."""
+        if self._poller is not None:
+            self._on_lookup(request_id, self._poller.fail(request_id, error), now)
+
+    # --- timers --------------------------------------------------------------------------------
+
+    def handle_timer(self, now: float) -> None:
+        """Do whatever is due at ``now``; call it when :meth:`next_deadline` passes."""
+        for link in list(self._links.values()):
+            if link.conn_id not in self._links:
+                continue
+            if link.handshake_deadline is not None and now >= link.handshake_deadline:
+                self._drop(
+                    link,
+                    ConnectionLost(
+                        f"connection {link.conn_id} to {link.address} not subscribed after "
+                        f"{self._config.connect_timeout:g}s (phase {link.phase.name})"
+                    ),
+                    now,
+                    close=True,
+                )
+                continue
+            if link.close_deadline is not None and now >= link.close_deadline:
+                self._drop(link, None, now, close=True)
+                continue
+            if link.proto is not None:
+                beat = link.proto.next_deadline()
+                if beat is not None and now >= beat:
+                    for event in link.proto.handle_timer(now):
+                        self._on_event(link, event, now)
+        if self._state is ConsumerState.DRAINING:
+            if self._drain_deadline is not None and now >= self._drain_deadline:
+                self._drain_deadline = None
+                for link in list(self._links.values()):
+                    for tracked in list(link.tracked.values()):
+                        self._requeue_now(link, tracked)
+                    self._maybe_close_drained(link, now)
+            self._check_drained()
+            return
+        if self._state is not ConsumerState.RUNNING:
+            return
+        if self._backoff.handle_timer(now):
+            self._rebalance(now)
+        if self._next_redistribute is not None and now >= self._next_redistribute:
+            self._next_redistribute = now + self._config.rdy_redistribute_interval
+            self._redistribute(now)
+        if self._poller is not None:
+            requests, failures = self._poller.poll_due(now)
+            for request_id, failure in failures:
+                self._on_lookup(request_id, failure, now)
+            for request in requests:
+                self._actions.append(
+                    SendHTTPRequest(request.request_id, request.lookupd, request.data)
+                )
+        for address, retry in self._direct.items():
+            if retry.retry_at is not None and now >= retry.retry_at:
+                retry.retry_at = None
+                if address not in self._by_address:
+                    self._connect(address, now)
+        if self._pull:
+            for fetch in self._fetches.expired(now):
+                self._answer_fetch(fetch, FetchEnd.EXPIRED)
+            self._flush_buffer(now)
+            self._rebalance(now)
+
+    # --- user actions --------------------------------------------------------------------------
+
+    def mark_delivered(self, delivery: Deliver) -> None:
+        """The message is now in user code: drain will wait for its answer, not requeue it."""
+        tracked = self._current(delivery)
+        if tracked is not None:
+            tracked.delivered = True
+
+    def finish(self, delivery: Deliver, now: float) -> bool:
+        """FIN: the message was handled. False (and a TakenBack) if it was no longer ours."""
+        link, tracked = self._settle(delivery, "FIN")
+        if link is None or tracked is None:
+            return False
+        assert link.proto is not None
+        link.proto.finish(delivery.message.id)
+        self.stats["finished"] += 1
+        self._after_answer(link, Outcome.SUCCESS, now)
+        return True
+
+    def requeue(
+        self,
+        delivery: Deliver,
+        now: float,
+        delay: float | None = None,
+        *,
+        backoff: bool = True,
+    ) -> bool:
+        """REQ: hand the message back. Without ``delay``: ``default_requeue_delay * attempts``
+        capped. ``backoff=False`` keeps this failure from slowing the consumer down."""
+        if delay is not None and not (delay >= 0 and math.isfinite(delay)):
+            raise LocalProtocolError(f"requeue delay must be >= 0 seconds, got {delay!r}")
+        link, tracked = self._settle(delivery, "REQ")
+        if link is None or tracked is None:
+            return False
+        assert link.proto is not None
+        if delay is None:
+            delay = self.requeue_delay(delivery.message.attempts, link.conn_id)
+        elif link.max_req_timeout is not None:
+            delay = min(delay, link.max_req_timeout)
+        link.proto.requeue(delivery.message.id, delay)
+        self.stats["requeued"] += 1
+        failed = backoff and self._config.backoff_active
+        self._after_answer(link, Outcome.FAILURE if failed else Outcome.NEUTRAL, now)
+        return True
+
+    def touch(self, delivery: Deliver, now: float) -> float | None:
+        """TOUCH: extend the message's timeout; returns the new deadline (None if not ours).
+        The deadline never goes past received_at + the server's max_msg_timeout."""
+        tracked = self._current(delivery)
+        link = self._links.get(delivery.conn_id)
+        if tracked is None or link is None or link.proto is None:
+            self._report_gone(delivery, "TOUCH")
+            return None
+        link.proto.touch(delivery.message.id)
+        self._dirty.add(link.conn_id)
+        tracked.deadline = min(
+            now + link.msg_timeout, delivery.received_at + link.max_msg_timeout
+        )
+        return tracked.deadline
+
+    def set_max_in_flight(self, max_in_flight: int, now: float) -> None:
+        """Change max_in_flight at run time (0 pauses); RDY is redistributed at once."""
+        self._config = self._config.replace(max_in_flight=max_in_flight)
+        if self._state is ConsumerState.RUNNING:
+            self._rebalance(now)
+
+    def fetch(
+        self,
+        batch: int,
+        now: float,
+        *,
+        expires: float | None = None,
+        no_wait: bool = False,
+    ) -> int:
+        """Pull mode: ask for up to ``batch`` messages; returns the request id its
+        :class:`FetchResult` will carry. ``expires`` (seconds) ends the wait with what arrived;
+        ``no_wait`` answers at once with what is buffered."""
+        if not self._pull:
+            raise LocalProtocolError("fetch() needs a coordinator created with pull=True")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise LocalProtocolError(f"fetch batch must be an int >= 1, got {batch!r}")
+        if expires is not None and not (expires > 0 and math.isfinite(expires)):
+            raise LocalProtocolError(f"fetch expires must be > 0 seconds or None, got {expires!r}")
+        request_id = self._next_fetch_id
+        self._next_fetch_id += 1
+        request = FetchRequest(request_id, batch, None if expires is None else now + expires)
+        if self._state is not ConsumerState.RUNNING:
+            self._answer_fetch(request, FetchEnd.DRAINING)
+            return request_id
+        if not no_wait and len(self._fetches.waiting) >= self._config.max_waiting_fetches:
+            self._answer_fetch(request, FetchEnd.TOO_MANY_WAITING)
+            return request_id
+        buffer = self._fetches.buffer
+        while buffer and request.remaining:
+            _, delivery = buffer.popleft()
+            tracked = self._current(delivery)
+            if tracked is None:
+                continue
+            tracked.delivered = True
+            request.messages.append(delivery)
+            request.remaining -= 1
+        if no_wait:
+            reason = FetchEnd.NO_WAIT if request.messages else FetchEnd.NO_MESSAGES
+            self._answer_fetch(request, reason)
+        elif request.remaining == 0:
+            self._answer_fetch(request, FetchEnd.FILLED)
+        else:
+            self._fetches.add(request)
+            self._rebalance(now)
+        return request_id
+
+    # --- internals: messages -------------------------------------------------------------------
+
+    def _on_message(self, link: _Link, message: Message, now: float) -> None:
+        """The hot path: one message arrived on ``link``."""
+        link.remaining -= 1
+        link.last_message_at = now
+        self.stats["received"] += 1
+        proto = link.proto
+        assert proto is not None
+        if self._state is not ConsumerState.RUNNING or link.phase is not LinkPhase.SUBSCRIBED:
+            proto.requeue(message.id, 0.0)  # draining: give it to another consumer at once
+            self.stats["requeued"] += 1
+            return
+        max_attempts = self._config.max_attempts
+        if max_attempts and message.attempts > max_attempts:
+            proto.finish(message.id)
+            self.stats["given_up"] += 1
+            self._actions.append(GiveUp(link.conn_id, link.address, message))
+            if self._backoff.record(Outcome.NEUTRAL, now):
+                self._rebalance(now)
+            return
+        delivery = Deliver(
+            link.conn_id, message, link.address, now, now + link.msg_timeout
+        )
+        tracked = _Tracked(delivery, False)
+        previous = link.tracked.get(message.id)
+        if previous is not None:  # nsqd sent it again: the copy the user holds timed out
+            self._report_gone(previous.deliver, "TIMEOUT")
+        link.tracked[message.id] = tracked
+        if self._pull:
+            self._on_pull_message(link, tracked, now)
+            return
+        self._actions.append(delivery)
+        if not link.warm:
+            link.warm = True
+            self._rebalance(now)
+        if link.target and needs_refresh(link.remaining, link.rdy):
+            self._send_rdy(
+                link, min(link.target, self._config.max_in_flight - self._total_rdy + link.rdy), now
+            )
+
+    def _on_pull_message(self, link: _Link, tracked: _Tracked, now: float) -> None:
+        if link.alloc > 0:
+            link.alloc -= 1
+            self._alloc_total -= 1
+            if link.alloc == 0:
+                link.target = 0
+                self._send_rdy(link, 0, now)
+        fetches = self._fetches
+        if fetches.waiting:
+            tracked.delivered = True
+            filled = fetches.give(tracked.deliver)
+            if filled is not None:
+                self._answer_fetch(filled, FetchEnd.FILLED)
+        else:
+            fetches.buffer.append((now + self._config.pull_hold_timeout, tracked.deliver))
+        if self._alloc_total > fetches.outstanding:
+            self._rebalance(now)
+
+    def _current(self, delivery: Deliver) -> _Tracked | None:
+        link = self._links.get(delivery.conn_id)
+        if link is None:
+            return None
+        tracked = link.tracked.get(delivery.message.id)
+        if tracked is None or tracked.deliver is not delivery:
+            return None
+        return tracked
+
+    def _settle(self, delivery: Deliver, command: str) -> tuple[_Link | None, _Tracked | None]:
+        link = self._links.get(delivery.conn_id)
+        tracked = None
+        if link is not None:
+            tracked = link.tracked.get(delivery.message.id)
+            if tracked is not None and tracked.deliver is delivery:
+                del link.tracked[delivery.message.id]
+                self._dirty.add(link.conn_id)
+                return link, tracked
+        self._report_gone(delivery, command)
+        return None, None
+
+    def _report_gone(self, delivery: Deliver, command: str) -> None:
+        self.stats["taken_back"] += 1
+        self._actions.append(
+            TakenBack(
+                delivery.conn_id,
+                delivery.address,
+                delivery.message.id,
+                command,
+                MessageGone(
+                    f"{command} for message {delivery.message.id!r} from {delivery.address}: "
+                    "it is no longer in flight on this consumer (connection closed, requeued "
+                    "by drain, or delivered again after timing out)"
+                ),
+            )
+        )
+
+    def _after_answer(self, link: _Link, outcome: Outcome, now: float) -> None:
+        if self._state is ConsumerState.RUNNING:
+            if self._backoff.record(outcome, now):
+                self._rebalance(now)
+            elif self._pull and link.alloc > 0:
+                self._send_rdy(link, len(link.tracked) + link.alloc, now)
+        elif self._state is ConsumerState.DRAINING:
+            self._maybe_close_drained(link, now)
+            self._check_drained()
+
+    def _requeue_now(self, link: _Link, tracked: _Tracked) -> None:
+        del link.tracked[tracked.deliver.message.id]
+        assert link.proto is not None
+        link.proto.requeue(tracked.deliver.message.id, 0.0)
+        self._dirty.add(link.conn_id)
+        self.stats["requeued"] += 1
+
+    def _flush_buffer(self, now: float | None) -> None:
+        """Requeue held pull messages whose hold ended (all of them when ``now`` is None)."""
+        buffer = self._fetches.buffer
+        while buffer and (now is None or buffer[0][0] <= now):
+            _, delivery = buffer.popleft()
+            tracked = self._current(delivery)
+            link = self._links.get(delivery.conn_id)
+            if tracked is not None and link is not None:
+                self._requeue_now(link, tracked)
+
+    def _answer_fetch(self, request: FetchRequest, reason: FetchEnd) -> None:
+        messages = tuple(d for d in request.messages if self._current(d) is not None)
+        self._actions.append(FetchResult(request.request_id, messages, reason))
+
+    # --- internals: connection events ----------------------------------------------------------
+
+    def _on_event(self, link: _Link, event: object, now: float) -> None:
+        if isinstance(event, Message):
+            self._on_message(link, event, now)
+        elif isinstance(event, MessageTakenBack):
+            # FIN/REQ: already forgotten here. TOUCH: the user still holds it; their FIN/REQ
+            # goes out and nsqd answers E_*_FAILED again, harmlessly.
+            self.stats["taken_back"] += 1
+            self._actions.append(
+                TakenBack(link.conn_id, link.address, event.message_id, event.command, event.error)
+            )
+            if self._state is ConsumerState.DRAINING:
+                self._maybe_close_drained(link, now)
+                self._check_drained()
+        elif isinstance(event, TLSUpgradeRequired):
+            self._actions.append(StartTLS(link.conn_id, event.trailing_data))
+        elif isinstance(event, ConnectionReady):
+            assert link.proto is not None
+            if self._state is not ConsumerState.RUNNING:
+                self._drop(link, None, now, close=True)
+                return
+            link.proto.subscribe(self.topic, self.channel)
+            self._dirty.add(link.conn_id)
+        elif isinstance(event, Subscribed):
+            self._on_subscribed(link, now)
+        elif isinstance(event, CloseWait):
+            link.close_wait = True
+            self._maybe_close_drained(link, now)
+            self._check_drained()
+        elif isinstance(event, ConnectionClosed):
+            self._drop(link, event.error, now, close=True)
+
+    def _on_subscribed(self, link: _Link, now: float) -> None:
+        proto = link.proto
+        assert proto is not None
+        settings = proto.settings or ServerSettings.default()
+        link.phase = LinkPhase.SUBSCRIBED
+        link.handshake_deadline = None
+        link.max_rdy = max(1, settings.max_rdy_count)
+        link.msg_timeout = settings.msg_timeout / 1000
+        link.max_msg_timeout = max(settings.max_msg_timeout / 1000, link.msg_timeout)
+        max_req = settings.raw.get("max_req_timeout") if settings.raw else None
+        if isinstance(max_req, int) and not isinstance(max_req, bool) and max_req >= 0:
+            link.max_req_timeout = max_req / 1000
+        retry = self._direct.get(link.address)
+        if retry is not None:
+            retry.failures = 0
+        self._actions.append(ConnectionUp(link.conn_id, link.address, settings))
+        if self._state is not ConsumerState.RUNNING:
+            self._maybe_close_drained(link, now)
+            return
+        self._rebalance(now)
+
+    def _on_lookup(
+        self, request_id: int, outcome: LookupAnswer | LookupFailure | None, now: float
+    ) -> None:
+        if outcome is None:
+            return
+        self._actions.append(CloseHTTPRequest(request_id))
+        if isinstance(outcome, LookupFailure):
+            self._actions.append(LookupdFailed(outcome.lookupd, outcome.error))
+            return
+        if self._state is not ConsumerState.RUNNING:
+            return
+        for address in outcome.producers:
+            if address not in self._by_address:
+                self._connect(address, now)
+
+    def _connect(self, address: NSQDAddress, now: float) -> None:
+        conn_id = self._next_conn_id
+        self._next_conn_id += 1
+        link = _Link(conn_id, address, now + self._config.connect_timeout)
+        self._links[conn_id] = link
+        self._by_address[address] = link
+        self._actions.append(Connect(conn_id, address))
+
+    def _drop(self, link: _Link, error: NSQError | None, now: float, *, close: bool) -> None:
+        """Forget a connection: its RDY, its messages (nsqd requeues them), maybe reconnect."""
+        conn_id = link.conn_id
+        if self._links.pop(conn_id, None) is None:
+            return
+        if self._by_address.get(link.address) is link:
+            del self._by_address[link.address]
+        self._dirty.discard(conn_id)
+        self._total_rdy -= link.rdy
+        self._alloc_total -= link.alloc
+        link.rdy = link.alloc = link.target = 0
+        final = b""
+        if link.proto is not None:
+            final = link.proto.data_to_send()
+            link.proto.close()
+        if close:
+            self._actions.append(CloseConnection(conn_id, final))
+        unanswered = tuple(link.tracked)
+        link.tracked.clear()
+        if self._pull and unanswered:
+            self._forget_pull_messages(conn_id)
+        reconnect_at: float | None = None
+        retry = self._direct.get(link.address)
+        if retry is not None and self._state is ConsumerState.RUNNING:
+            retry.failures += 1
+            config = self._config
+            reconnect_at = now + reconnect_delay(
+                retry.failures,
+                config.reconnect_delay,
+                config.max_reconnect_delay,
+                config.reconnect_jitter,
+                self._rng,
+            )
+            retry.retry_at = reconnect_at
+        if link.phase is not LinkPhase.CONNECTING or error is not None:
+            self._actions.append(
+                Disconnected(conn_id, link.address, error, unanswered, reconnect_at)
+            )
+        if self._state is ConsumerState.RUNNING:
+            self._rebalance(now)
+        else:
+            self._check_drained()
+
+    def _forget_pull_messages(self, conn_id: int) -> None:
+        fetches = self._fetches
+        kept = [(t, d) for t, d in fetches.buffer if d.conn_id != conn_id]
+        fetches.buffer.clear()
+        fetches.buffer.extend(kept)
+        for request in fetches.waiting:
+            lost = [d for d in request.messages if d.conn_id == conn_id]
+            if lost:
+                request.messages = [d for d in request.messages if d.conn_id != conn_id]
+                request.remaining += len(lost)
+                fetches.outstanding += len(lost)
+
+    # --- internals: drain ----------------------------------------------------------------------
+
+    def _maybe_close_drained(self, link: _Link, now: float) -> None:
+        if self._state is ConsumerState.RUNNING or link.conn_id not in self._links:
+            return
+        if link.phase is LinkPhase.SUBSCRIBED and not link.tracked:
+            assert link.proto is not None
+            link.proto.close()  # CLS
+            self._dirty.add(link.conn_id)
+            link.phase = LinkPhase.CLOSING
+            base = self._drain_deadline if self._drain_deadline is not None else now
+            link.close_deadline = max(base, now) + CLOSE_WAIT_GRACE
+        elif link.phase is LinkPhase.CLOSING and link.close_wait and not link.tracked:
+            self._drop(link, None, now, close=True)
+
+    def _check_drained(self) -> None:
+        if self._state is ConsumerState.DRAINING and not self._links:
+            self._state = ConsumerState.CLOSED
+            self._drain_deadline = None
+            self._actions.append(DrainComplete())
+
+    # --- internals: RDY ------------------------------------------------------------------------
+
+    def _send_rdy(self, link: _Link, count: int, now: float) -> None:
+        proto = link.proto
+        assert proto is not None
+        count = max(0, min(count, link.max_rdy))
+        if count == 0 and link.rdy == 0:
+            return
+        proto.send_ready(count)
+        self._dirty.add(link.conn_id)
+        if count and not link.rdy:
+            link.rdy_at = now
+        self._total_rdy += count - link.rdy
+        link.rdy = count
+        link.remaining = count
+
+    def _budget(self) -> int:
+        if self._state is not ConsumerState.RUNNING:
+            return 0
+        return self._backoff.rdy_budget(self._config.max_in_flight)
+
+    def _subscribed(self) -> list[_Link]:
+        return [link for link in self._links.values() if link.phase is LinkPhase.SUBSCRIBED]
+
+    def _rebalance(self, now: float, exclude: frozenset[int] = frozenset()) -> None:
+        """Recompute every connection's RDY target and send what changed (lower ones first)."""
+        links = self._subscribed()
+        if not links:
+            return
+        budget = self._budget()
+        if self._pull:
+            in_flight = sum(len(link.tracked) for link in links)
+            wanted = max(0, min(self._fetches.outstanding, budget - in_flight))
+            caps = [max(0, link.max_rdy - len(link.tracked)) for link in links]
+            if wanted >= len(links):
+                allocs = even_shares(wanted, caps)
+            else:
+                allocs = self._pick_holders(links, wanted, now, exclude, caps)
+            self._alloc_total = sum(allocs)
+            targets = []
+            for link, alloc in zip(links, allocs, strict=True):
+                link.alloc = alloc
+                targets.append(len(link.tracked) + alloc if alloc else 0)
+        elif budget >= len(links):
+            targets = even_shares(budget, [link.max_rdy if link.warm else 1 for link in links])
+        else:
+            targets = self._pick_holders(links, budget, now, exclude, [1] * len(links))
+        for link, target in zip(links, targets, strict=True):
+            link.target = target
+        for link in links:
+            if link.rdy > link.target:
+                self._send_rdy(link, link.target, now)
+        limit = self._config.max_in_flight
+        for link in links:
+            if link.rdy < link.target:
+                self._send_rdy(link, min(link.target, limit - self._total_rdy + link.rdy), now)
+
+    def _pick_holders(
+        self,
+        links: list[_Link],
+        count: int,
+        now: float,
+        exclude: frozenset[int],
+        caps: list[int],
+    ) -> list[int]:
+        """Fewer RDY than connections: keep current holders, fill up at random, 1 each."""
+        shares = [0] * len(links)
+        if count <= 0:
+            return shares
+        held = [i for i, link in enumerate(links) if link.target > 0 and caps[i] > 0]
+        if len(held) > count:
+            held.sort(key=lambda i: links[i].last_message_at, reverse=True)
+            held = held[:count]
+        free = [
+            i
+            for i, link in enumerate(links)
+            if i not in held and caps[i] > 0 and link.conn_id not in exclude
+        ]
+        if len(held) + len(free) < count:  # not enough fresh ones: allow the excluded back
+            free += [
+                i for i, link in enumerate(links)
+                if i not in held and i not in free and caps[i] > 0
+            ]
+        chosen = held + self._rng.sample(free, min(len(free), count - len(held)))
+        for i in chosen:
+            shares[i] = 1
+        return shares
+
+    def _redistribute(self, now: float) -> None:
+        """Periodic check: warm up idle newcomers, and with fewer RDY than connections move
+        RDY away from connections that received nothing for low_rdy_idle_timeout."""
+        links = self._subscribed()
+        if not links:
+            return
+        idle_after = self._config.low_rdy_idle_timeout
+        released: set[int] = set()
+        scarce = self._budget() < len(links) or (self._pull and self._alloc_total < len(links))
+        for link in links:
+            if not link.warm and now - link.rdy_at >= self._config.rdy_redistribute_interval:
+                link.warm = True
+            if (
+                scarce
+                and link.target > 0
+                and now - max(link.last_message_at, link.rdy_at) >= idle_after
+            ):
+                released.add(link.conn_id)
+                link.target = 0
+                if self._pull:
+                    self._alloc_total -= link.alloc
+                    link.alloc = 0
+                self._send_rdy(link, 0, now)
+        self._rebalance(now, frozenset(released))

@@ -1,0 +1,123 @@
+"""Pull-mode bookkeeping (after JetStream's pull consumers, seeds/001), pure.
+
+``fetch(batch, expires, no_wait)`` registers a :class:`FetchRequest`; the coordinator keeps the
+RDY of its connections equal to what they hold plus their share of the requests' remaining
+counts, so nsqd never pushes more than was asked. Messages go to the oldest waiting request;
+one that arrives for no waiting request (a race with a lowered RDY) is held in a short buffer
+(``pull_hold_timeout``) for the next fetch and then requeued, never kept until it times out.
+A ``no_wait`` fetch answers at once with what is buffered, possibly nothing (reason
+``NO_MESSAGES``, not an error). Waiting requests are bounded (``max_waiting_fetches``).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .consumer import Deliver
+
+__all__ = ["FetchEnd", "FetchQueue", "FetchRequest", "FetchResult"]
+
+
+class FetchEnd(enum.Enum):
+    """Why a fetch answered."""
+
+    FILLED = "filled"  # the batch is complete
+    EXPIRED = "expired"  # ``expires`` passed: what arrived so far (maybe nothing)
+    NO_WAIT = "no_wait"  # no_wait fetch answered from the buffer (at least one message)
+    NO_MESSAGES = "no_messages"  # no_wait fetch and nothing was buffered
+    TOO_MANY_WAITING = "too_many_waiting"  # max_waiting_fetches requests already wait
+    DRAINING = "draining"  # the consumer is draining or closed: what arrived so far
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """The answer to fetch ``request_id``: messages (already counted as handed to the user)."""
+
+    request_id: int
+    messages: tuple[Deliver, ...]
+    reason: FetchEnd
+
+
+class FetchRequest:
+    """One waiting fetch (internal, mutable)."""
+
+    __slots__ = ("batch", "expires_at", "messages", "remaining", "request_id")
+
+    def __init__(self, request_id: int, batch: int, expires_at: float | None) -> None:
+        self.request_id = request_id
+        self.batch = batch
+        self.remaining = batch
+        self.expires_at = expires_at
+        self.messages: list[Deliver] = []
+
+
+class FetchQueue:
+    """Waiting fetches (FIFO), their expiries, and the hold buffer; tracks ``outstanding``."""
+
+    __slots__ = ("_expiries", "buffer", "outstanding", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: deque[FetchRequest] = deque()
+        self._expiries: list[tuple[float, int]] = []
+        #: Messages that arrived for no request: (hold deadline, delivery).
+        self.buffer: deque[tuple[float, Deliver]] = deque()
+        #: Sum of ``remaining`` over waiting requests.
+        self.outstanding = 0
+
+    def add(self, request: FetchRequest) -> None:
+        self.waiting.append(request)
+        self.outstanding += request.remaining
+        if request.expires_at is not None:
+            heapq.heappush(self._expiries, (request.expires_at, request.request_id))
+
+    def give(self, delivery: Deliver) -> FetchRequest | None:
+        """Hand a message to the oldest waiting request; returns it if that filled it."""
+        request = self.waiting[0]
+        request.messages.append(delivery)
+        request.remaining -= 1
+        self.outstanding -= 1
+        if request.remaining == 0:
+            self.waiting.popleft()
+            return request
+        return None
+
+    def remove(self, request: FetchRequest) -> None:
+        self.waiting.remove(request)
+        self.outstanding -= request.remaining
+
+    def take_all(self) -> list[FetchRequest]:
+        """Remove and return every waiting request (drain)."""
+        requests = list(self.waiting)
+        self.waiting.clear()
+        self._expiries.clear()
+        self.outstanding = 0
+        return requests
+
+    def expired(self, now: float) -> list[FetchRequest]:
+        """Remove and return the requests whose ``expires`` passed."""
+        done: list[FetchRequest] = []
+        while self._expiries and self._expiries[0][0] <= now:
+            _, request_id = heapq.heappop(self._expiries)
+            for request in self.waiting:
+                if request.request_id == request_id:
+                    self.remove(request)
+                    done.append(request)
+                    break
+        return done
+
+    def next_deadline(self) -> float | None:
+        best: float | None = None
+        while self._expiries:
+            expires_at, request_id = self._expiries[0]
+            if any(r.request_id == request_id for r in self.waiting):
+                best = expires_at
+                break
+            heapq.heappop(self._expiries)  # already answered
+        if self.buffer and (best is None or self.buffer[0][0] < best):
+            best = self.buffer[0][0]
+        return best
