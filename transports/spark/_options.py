@@ -1,0 +1,257 @@
+"""Parse and check the data source's options (Spark hands them over as strings).
+
+Every problem raises :class:`NSQOptionError` naming the option, the value and what is allowed,
+on the driver, before any task starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsq_sansio.config import Config
+from nsq_sansio.discovery import LookupdAddress, NSQDAddress
+from nsq_sansio.errors import ConfigError
+from nsq_sansio.names import validate_channel, validate_topic
+
+__all__ = ["NSQOptionError", "ReadOptions", "WriteOptions"]
+
+_COMMON = {
+    "topic",
+    "nsqd",
+    "lookupd",
+    "connect_timeout",
+    "auth_secret",
+    "snappy",
+    "deflate",
+    "deflate_level",
+    "heartbeat_interval",
+    "user_agent",
+    "client_id",
+    "path",  # .save(path) / .load(path) pass a "path" option; rejected with a message below
+}
+_WRITE = {"batch_size", "batch_bytes", "serialization", "max_pending", "timeout", "arrow"}
+_READ = {
+    "channel",
+    "max_in_flight",
+    "max_messages_per_trigger",
+    "wait_timeout",
+    "linger",
+    "msg_timeout",
+    "touch_interval",
+    "lookupd_poll_interval",
+    "partitions",
+}
+
+
+class NSQOptionError(ValueError):
+    """A data source option is missing, unknown or out of range."""
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in options.items()}
+
+
+def _addresses(text: str | None) -> list[str]:
+    if text is None:
+        return []
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _int(opts: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    text = opts.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise NSQOptionError(f"option {name}={text!r} must be an integer") from None
+    if not low <= value <= high:
+        raise NSQOptionError(f"option {name}={value} is out of range {low}..{high}")
+    return value
+
+
+def _float(opts: dict[str, str], name: str, default: float, low: float, high: float) -> float:
+    text = opts.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise NSQOptionError(f"option {name}={text!r} must be a number (seconds)") from None
+    if not low <= value <= high:
+        raise NSQOptionError(f"option {name}={value} is out of range {low}..{high}")
+    return value
+
+
+def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
+    text = opts.get(name)
+    if text is None:
+        return default
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise NSQOptionError(f"option {name}={text!r} must be true or false")
+
+
+@dataclass(frozen=True)
+class _Common:
+    topic: str
+    nsqd: tuple[str, ...]
+    lookupd: tuple[str, ...]
+    connect_timeout: float
+    config_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def config(self, **extra: Any) -> Config:
+        try:
+            return Config().replace(**self.config_kwargs, **extra)
+        except ConfigError as exc:
+            raise NSQOptionError(f"bad NSQ option: {exc}") from None
+
+
+def _common(opts: dict[str, str], allowed: set[str], role: str) -> dict[str, Any]:
+    unknown = sorted(set(opts) - allowed)
+    if "path" in opts:
+        raise NSQOptionError(
+            "the nsq format takes no path: give the topic with .option('topic', ...) "
+            "and call .save() / .load() / .start() without arguments"
+        )
+    if unknown:
+        raise NSQOptionError(
+            f"unknown option(s) for nsq {role}: {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(allowed - {'path'}))})"
+        )
+    topic = opts.get("topic")
+    if not topic:
+        raise NSQOptionError(f"nsq {role} needs .option('topic', '<topic name>')")
+    try:
+        validate_topic(topic)
+    except ValueError as exc:
+        raise NSQOptionError(f"option topic={topic!r}: {exc}") from None
+    nsqd = _addresses(opts.get("nsqd"))
+    lookupd = _addresses(opts.get("lookupd"))
+    if not nsqd and not lookupd:
+        raise NSQOptionError(
+            f"nsq {role} needs .option('nsqd', 'host:4150,host2:4150') (TCP addresses) or "
+            ".option('lookupd', 'http://host:4161') (nsqlookupd HTTP addresses)"
+        )
+    try:
+        nsqd = [str(NSQDAddress.parse(a)) for a in nsqd]
+        for address in lookupd:
+            LookupdAddress.parse(address)
+    except ConfigError as exc:
+        raise NSQOptionError(f"bad address option: {exc}") from None
+    kwargs: dict[str, Any] = {}
+    if "auth_secret" in opts:
+        kwargs["auth_secret"] = opts["auth_secret"].encode()
+    for name in ("snappy", "deflate"):
+        if name in opts:
+            kwargs[name] = _bool(opts, name, False)
+    if "deflate_level" in opts:
+        kwargs["deflate_level"] = _int(opts, "deflate_level", 6, 1, 9)
+    if "heartbeat_interval" in opts:
+        kwargs["heartbeat_interval"] = _float(opts, "heartbeat_interval", 30.0, 1.0, 300.0)
+    for name in ("user_agent", "client_id"):
+        if name in opts:
+            kwargs[name] = opts[name]
+    return {
+        "topic": topic,
+        "nsqd": tuple(nsqd),
+        "lookupd": tuple(lookupd),
+        "connect_timeout": _float(opts, "connect_timeout", 5.0, 0.1, 600.0),
+        "config_kwargs": kwargs,
+    }
+
+
+@dataclass(frozen=True)
+class WriteOptions(_Common):
+    """Options of ``df.write.format("nsq")`` and ``writeStream.format("nsq")``."""
+
+    batch_size: int = 1000
+    batch_bytes: int = 1 << 20
+    serialization: str = "none"
+    max_pending: int = 8
+    timeout: float = 30.0
+    arrow: bool = True
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        opts = _lower(options)
+        common = _common(opts, _COMMON | _WRITE, "sink")
+        serialization = opts.get("serialization", "none").strip().lower()
+        if serialization not in ("none", "json"):
+            raise NSQOptionError(
+                f"option serialization={serialization!r}: use 'none' (publish the 'body' column) "
+                "or 'json' (publish each row as a JSON object)"
+            )
+        result = cls(
+            **common,
+            batch_size=_int(opts, "batch_size", 1000, 1, 1_000_000),
+            batch_bytes=_int(opts, "batch_bytes", 1 << 20, 1, 1 << 30),
+            serialization=serialization,
+            max_pending=_int(opts, "max_pending", 8, 1, 10_000),
+            timeout=_float(opts, "timeout", 30.0, 0.1, 3600.0),
+            arrow=_bool(opts, "arrow", True),
+        )
+        result.config()  # check the NSQ settings now, on the driver
+        return result
+
+
+@dataclass(frozen=True)
+class ReadOptions(_Common):
+    """Options of ``spark.readStream.format("nsq")``."""
+
+    channel: str = ""
+    max_in_flight: int = 1000
+    max_messages_per_trigger: int = 1000
+    wait_timeout: float = 1.0
+    linger: float = 0.05
+    msg_timeout: float | None = None
+    touch_interval: float | None = None
+    lookupd_poll_interval: float = 60.0
+    partitions: int = 1
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        opts = _lower(options)
+        common = _common(opts, _COMMON | _READ, "source")
+        channel = opts.get("channel")
+        if not channel:
+            raise NSQOptionError("nsq source needs .option('channel', '<channel name>')")
+        try:
+            validate_channel(channel)
+        except ValueError as exc:
+            raise NSQOptionError(f"option channel={channel!r}: {exc}") from None
+        max_in_flight = _int(opts, "max_in_flight", 1000, 1, 1_000_000)
+        per_trigger = _int(opts, "max_messages_per_trigger", max_in_flight, 1, 10_000_000)
+        if per_trigger > max_in_flight:
+            raise NSQOptionError(
+                f"option max_messages_per_trigger={per_trigger} exceeds max_in_flight="
+                f"{max_in_flight}: a micro-batch holds its messages in flight until Spark "
+                "commits it, so it can never be larger than max_in_flight"
+            )
+        msg_timeout = opts.get("msg_timeout")
+        touch = opts.get("touch_interval")
+        result = cls(
+            **common,
+            channel=channel,
+            max_in_flight=max_in_flight,
+            max_messages_per_trigger=per_trigger,
+            wait_timeout=_float(opts, "wait_timeout", 1.0, 0.0, 3600.0),
+            linger=_float(opts, "linger", 0.05, 0.0, 60.0),
+            msg_timeout=None if msg_timeout is None else _float(opts, "msg_timeout", 60, 1, 3600),
+            touch_interval=None if touch is None else _float(opts, "touch_interval", 10, 0.1, 3600),
+            lookupd_poll_interval=_float(opts, "lookupd_poll_interval", 60.0, 0.1, 86400.0),
+            partitions=_int(opts, "partitions", 1, 1, 10_000),
+        )
+        result.config()
+        return result
+
+    def consumer_config(self) -> Config:
+        extra: dict[str, Any] = {"max_in_flight": self.max_in_flight}
+        if self.msg_timeout is not None:
+            extra["msg_timeout"] = self.msg_timeout
+        return self.config(**extra)
