@@ -45,6 +45,7 @@ __all__ = [
     "ProducerStats",
     "PubResponse",
     "TLSOptions",
+    "TransportOptions",
     "build_mpub_request",
     "build_pub_request",
     "build_ssl_context",
@@ -53,6 +54,7 @@ __all__ = [
     "parse_address",
     "parse_http_url",
     "parse_pub_response",
+    "split_options",
 ]
 
 DEFAULT_TCP_PORT = 4150
@@ -477,3 +479,80 @@ def build_mpub_request(
 def parse_pub_response(client: HTTPPublishClient, data: bytes) -> PubResponse | None:
     """Feed ``data`` to ``client``; the response when complete, else None."""
     return client.receive_data(data)
+
+
+# --- transport options ---------------------------------------------------------------------
+
+_TLS_FLAT = {
+    "ssl_context": "ssl_context",
+    "tls_ca_file": "ca_file",
+    "tls_ca_data": "ca_data",
+    "tls_cert_file": "cert_file",
+    "tls_key_file": "key_file",
+    "tls_key_password": "key_password",
+    "tls_server_name": "server_name",
+    "tls_verify": "verify",
+}
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """What a transport itself needs (the protocol's knobs live in :class:`Config`)."""
+
+    connect_timeout: float = 5.0
+    tls: TLSOptions = field(default_factory=TLSOptions)
+    _context: list[ssl.SSLContext] = field(default_factory=list, repr=False, compare=False)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client context (built once, shared by every connection)."""
+        if not self._context:
+            self._context.append(self.tls.context())
+        return self._context[0]
+
+
+def split_options(
+    config: Config | None, kwargs: Mapping[str, Any]
+) -> tuple[Config, TransportOptions]:
+    """Keyword arguments -> (Config, TransportOptions).
+
+    Config field names go to the config; ``connect_timeout``, ``tls=TLSOptions(...)`` or the
+    flat ``ssl_context``/``tls_ca_file``/``tls_ca_data``/``tls_cert_file``/``tls_key_file``/
+    ``tls_key_password``/``tls_server_name``/``tls_verify`` are transport options. Giving any
+    TLS option turns ``tls_v1`` on (verification stays on unless ``tls_verify=False``).
+    """
+    config_changes: dict[str, Any] = {}
+    tls_changes: dict[str, Any] = {}
+    tls: TLSOptions | None = None
+    connect_timeout = 5.0
+    for name, value in kwargs.items():
+        if name in _CONFIG_FIELDS:
+            config_changes[name] = value
+        elif name in _TLS_FLAT:
+            tls_changes[_TLS_FLAT[name]] = value
+        elif name == "tls":
+            if value is True:
+                tls = TLSOptions()
+            elif isinstance(value, TLSOptions):
+                tls = value
+            elif isinstance(value, ssl.SSLContext):
+                tls = TLSOptions(ssl_context=value)
+            else:
+                raise ConfigError(f"tls must be True, a TLSOptions or an SSLContext, got {value!r}")
+        elif name == "connect_timeout":
+            connect_timeout = float(value)
+        else:
+            raise ConfigError(
+                f"unknown option {name!r}: not a Config field nor a transport option "
+                f"(connect_timeout, tls, {', '.join(sorted(_TLS_FLAT))})"
+            )
+    if not connect_timeout > 0:
+        raise ConfigError(f"connect_timeout={connect_timeout!r} must be > 0 seconds")
+    if tls is not None and tls_changes:
+        raise ConfigError("give either tls=TLSOptions(...) or the flat tls_* options, not both")
+    if tls_changes:
+        tls = TLSOptions(**tls_changes)
+    if tls is not None:
+        config_changes.setdefault("tls_v1", True)
+    return make_config(config, **config_changes), TransportOptions(
+        connect_timeout, tls if tls is not None else TLSOptions()
+    )
