@@ -307,6 +307,7 @@ class _Channel:
         "paused",
         "ready",
         "requeue_count",
+        "spilled",
         "timeout_count",
         "topic",
     )
@@ -319,6 +320,8 @@ class _Channel:
         self.deleted = False
         self.mem: deque[_Msg] = deque()
         self.backend = backend
+        # False only when the backend is known to be empty: spares a call per message.
+        self.spilled = backend.depth > 0
         self.in_flight: dict[bytes, _Msg] = {}
         self.in_flight_heap: list[tuple[float, int, _Msg]] = []
         self.deferred_heap: list[tuple[float, int, _Msg]] = []
@@ -346,6 +349,7 @@ class _Topic:
         "message_count",
         "name",
         "paused",
+        "spilled",
         "starting",
     )
 
@@ -357,6 +361,7 @@ class _Topic:
         self.starting = False
         self.mem: deque[_Msg] = deque()
         self.backend = backend
+        self.spilled = backend.depth > 0
         self.channels: dict[str, _Channel] = {}
         self.message_count = 0
         self.message_bytes = 0
@@ -694,6 +699,7 @@ class NSQD:
         found = self._existing_topic(self._admin_topic(topic, "INVALID_TOPIC"))
         found.mem.clear()
         found.backend.empty()
+        found.spilled = found.backend.depth > 0
 
     def pause_topic(self, topic: str, now: float) -> None:
         """``POST /topic/pause``: messages wait in the topic until unpaused."""
@@ -727,6 +733,7 @@ class NSQD:
         found = self._existing_channel(topic, channel)
         found.mem.clear()
         found.backend.empty()
+        found.spilled = found.backend.depth > 0
         for msg in found.in_flight.values():
             msg.timer = -1
         found.in_flight.clear()
@@ -1586,13 +1593,14 @@ class NSQD:
         """Publish to a topic: straight to its channels, or queued while it has none or is
         paused. Raises BackendError only when the message could not be kept at all."""
         if topic.channels and not topic.paused and not topic.starting:
-            if topic.mem or topic.backend.depth:
+            if topic.mem or topic.spilled:
                 self._topic_flow(topic, now)
             self._distribute(topic, msg, now)
-        elif len(topic.mem) < self._mem_limit and not topic.backend.depth:
+        elif len(topic.mem) < self._mem_limit and not topic.spilled:
             topic.mem.append(msg)
         else:
             topic.backend.put(encode_record(msg.id, msg.timestamp, msg.attempts, msg.body))
+            topic.spilled = True
         topic.message_count += 1
         topic.message_bytes += len(msg.body)
 
@@ -1611,6 +1619,7 @@ class NSQD:
             decoded = decode_record(record)
             if decoded is not None:
                 self._distribute(topic, _record_msg(decoded), now)
+        topic.spilled = backend.depth > 0
 
     def _distribute(self, topic: _Topic, msg: _Msg, now: float) -> None:
         first = True
@@ -1630,11 +1639,12 @@ class NSQD:
                 self._pump(channel, now)
 
     def _channel_put(self, channel: _Channel, msg: _Msg) -> None:
-        if len(channel.mem) < self._mem_limit and not channel.backend.depth:
+        if len(channel.mem) < self._mem_limit and not channel.spilled:
             channel.mem.append(msg)
             return
         try:
             channel.backend.put(encode_record(msg.id, msg.timestamp, msg.attempts, msg.body))
+            channel.spilled = True
         except BackendError as exc:
             # nsqd logs and marks itself unhealthy; keep the message in memory rather than lose it.
             self._health = f"NOK - {exc}"
@@ -1669,6 +1679,8 @@ class NSQD:
         backend = channel.backend
         if mem:
             msg = mem.popleft()
+            if not channel.spilled:
+                return msg
             # Keep FIFO order: what overflowed to the backend moves up as memory frees.
             while backend.depth and len(mem) < self._mem_limit:
                 record = backend.get()
@@ -1678,15 +1690,19 @@ class NSQD:
                 if decoded is not None:
                     mem.append(_record_msg(decoded))
                     break
+            channel.spilled = backend.depth > 0
             return msg
-        while backend.depth:
+        found = None
+        while channel.spilled:
             record = backend.get()
+            channel.spilled = backend.depth > 0
             if record is None:
                 break
             decoded = decode_record(record)
             if decoded is not None:
-                return _record_msg(decoded)
-        return None
+                found = _record_msg(decoded)
+                break
+        return found
 
     def _enqueue_ready(self, channel: _Channel, conn: _Conn) -> None:
         if not conn.queued and conn.state is ClientState.SUBSCRIBED:
@@ -1695,7 +1711,7 @@ class NSQD:
 
     def _pump(self, channel: _Channel, now: float) -> None:
         """Deliver queued messages to ready clients, one each in turn, as RDY allows."""
-        if channel.paused or channel.deleted:
+        if channel.paused or channel.deleted or not (channel.mem or channel.spilled):
             return
         ready = channel.ready
         subscribed = ClientState.SUBSCRIBED
