@@ -66,6 +66,7 @@ class World:
         self.results: list[FetchResult] = []
         self.http: dict[int, SendHTTPRequest] = {}
         self.rdy_sent: list[tuple[int, int]] = []
+        self.sent: list[tuple[int, bytes]] = []  # (conn_id, command line) client -> nsqd
         for node in self.nodes.values():
             node.create_topic(TOPIC, 0.0)
             node.create_channel(TOPIC, CHANNEL, 0.0)
@@ -188,6 +189,8 @@ class World:
         for line in data.split(b"\n"):
             if line.startswith(b"RDY "):
                 self.rdy_sent.append((conn_id, int(line[4:])))
+            if line[:4] in (b"RDY ", b"FIN ", b"REQ ", b"TOUC", b"CLS", b"SUB "):
+                self.sent.append((conn_id, line))
         for event in self.nodes[address].receive_data(server_id, data, self.now):
             self._server_event(address, event)
 
@@ -236,6 +239,9 @@ class World:
             assert info is not None
             out[conn_id] = info[1]
         return out
+
+    def lines(self, prefix: bytes) -> list[bytes]:
+        return [line for _, line in self.sent if line.startswith(prefix)]
 
     def of_type(self, kind: type) -> list[object]:
         return [a for a in self.actions if isinstance(a, kind)]

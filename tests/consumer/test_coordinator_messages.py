@@ -1,0 +1,147 @@
+"""Message policy: attempts, REQ delays, late answers, deadlines and TOUCH."""
+
+from __future__ import annotations
+
+import pytest
+
+from nsq_sansio.config import Config
+from nsq_sansio.consumer import GiveUp, MessageGone, TakenBack
+from nsq_sansio.errors import LocalProtocolError, ServerError
+
+from .harness import World
+
+
+def test_message_over_max_attempts_is_finished_and_given_up() -> None:
+    w = World(1, Config(max_attempts=2, backoff_enabled=False))
+    w.start()
+    w.publish(0)
+    for attempt in (1, 2):
+        (d,) = w.inbox
+        assert d.attempts == attempt
+        w.inbox.clear()
+        assert w.coordinator.requeue(d, w.now, delay=0.0)
+        w.pump()
+    assert not w.inbox
+    (give_up,) = w.of_type(GiveUp)
+    assert isinstance(give_up, GiveUp) and give_up.message.attempts == 3
+    assert w.lines(b"FIN ") == [b"FIN " + give_up.message.id]
+    assert w.server_in_flight() == 0 and w.server_depth() == 0
+    assert w.coordinator.stats["given_up"] == 1
+
+
+def test_zero_max_attempts_means_unlimited() -> None:
+    w = World(1, Config(max_attempts=0, backoff_enabled=False))
+    w.start()
+    w.publish(0)
+    for _ in range(8):
+        (d,) = w.inbox
+        w.inbox.clear()
+        w.coordinator.requeue(d, w.now, delay=0.0)
+        w.pump()
+    assert w.inbox[0].attempts == 9
+    assert not w.of_type(GiveUp)
+
+
+def test_requeue_delay_grows_with_attempts_and_is_capped() -> None:
+    w = World(1, Config(default_requeue_delay=90.0, max_requeue_delay=200.0,
+                        backoff_enabled=False))
+    c = w.coordinator
+    assert [c.requeue_delay(a) for a in (1, 2, 3, 10)] == [90.0, 180.0, 200.0, 200.0]
+    w.start()
+    w.publish(0)
+    (d,) = w.inbox
+    c.requeue(d, w.now)
+    w.pump()
+    assert w.lines(b"REQ ") == [b"REQ " + d.id + b" 90000"]
+    assert w.server_depth() == 1  # deferred on the server, nothing lost
+
+
+def test_server_max_req_timeout_caps_the_delay_when_known() -> None:
+    w = World(1, Config(max_requeue_delay=900.0, backoff_enabled=False))
+    w.start()
+    link = w.coordinator._links[1]
+    link.max_req_timeout = 30.0  # as if nsqd announced max_req_timeout in IDENTIFY
+    assert w.coordinator.requeue_delay(5, 1) == 30.0
+    w.publish(0)
+    (d,) = w.inbox
+    w.coordinator.requeue(d, w.now, delay=100.0)
+    w.pump()
+    assert w.lines(b"REQ ") == [b"REQ " + d.id + b" 30000"]
+
+
+def test_bad_requeue_delay_is_a_local_error_before_anything_is_sent() -> None:
+    w = World(1)
+    w.start()
+    w.publish(0)
+    (d,) = w.inbox
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(LocalProtocolError):
+            w.coordinator.requeue(d, w.now, delay=bad)
+    assert w.coordinator.finish(d, w.now)  # still answerable
+
+
+def test_deadline_touch_and_max_deadline() -> None:
+    w = World(1, node_options={"msg_timeout": 60.0, "max_msg_timeout": 100.0})
+    w.start()
+    w.now = 10.0
+    w.publish(0)
+    (d,) = w.inbox
+    c = w.coordinator
+    assert d.deadline == 70.0 and c.deadline(d) == 70.0
+    assert c.max_deadline(d) == 110.0
+    w.now = 40.0
+    assert c.touch(d, w.now) == 100.0
+    w.now = 90.0
+    assert c.touch(d, w.now) == 110.0  # capped by max_msg_timeout
+    w.pump()
+    assert len(w.lines(b"TOUCH")) == 2
+    assert c.finish(d, w.now)
+    assert c.deadline(d) is None and c.touch(d, w.now) is None
+
+
+def test_late_fin_after_server_timeout_is_reported_not_raised() -> None:
+    w = World(1, Config(max_in_flight=1), node_options={"msg_timeout": 60.0})
+    w.start()
+    w.publish(0)
+    (d,) = w.inbox
+    w.coordinator.set_max_in_flight(0, w.now)  # so nsqd cannot hand it back to us at once
+    w.advance(70.0)  # nsqd times the message out and requeues it
+    assert w.coordinator.finish(d, w.now)  # we still believed it ours: FIN goes out
+    w.pump()
+    taken = [a for a in w.of_type(TakenBack) if isinstance(a, TakenBack)]
+    assert len(taken) == 1
+    assert taken[0].command == "FIN" and isinstance(taken[0].error, ServerError)
+    assert taken[0].error.code == "E_FIN_FAILED" and taken[0].message_id == d.id
+    assert len(w.coordinator.connection_ids()) == 1  # not fatal
+    assert w.server_depth() == 1
+
+
+def test_redelivery_of_a_held_message_makes_the_old_handle_stale() -> None:
+    w = World(1, Config(max_in_flight=2), node_options={"msg_timeout": 60.0})
+    w.start()
+    w.publish(0)
+    (old,) = w.inbox
+    w.advance(61.0)  # timed out on nsqd and sent to us again (RDY allows it)
+    assert len(w.inbox) == 2 and w.inbox[1].id == old.id
+    assert not w.coordinator.finish(old, w.now)  # stale: reported, nothing sent
+    w.pump()
+    gone = [a for a in w.of_type(TakenBack) if isinstance(a, TakenBack)]
+    assert [g.command for g in gone] == ["TIMEOUT", "FIN"]
+    assert isinstance(gone[1].error, MessageGone)
+    assert w.coordinator.finish(w.inbox[1], w.now)
+    w.pump()
+    assert w.server_in_flight() == 0 and w.server_depth() == 0
+
+
+def test_answers_after_the_connection_died_are_reported() -> None:
+    w = World(1)
+    w.start()
+    w.publish(0)
+    (d,) = w.inbox
+    w.kill(0)
+    assert not w.coordinator.finish(d, w.now)
+    assert not w.coordinator.requeue(d, w.now)
+    assert w.coordinator.touch(d, w.now) is None
+    w.pump()
+    gone = [a for a in w.of_type(TakenBack) if isinstance(a, TakenBack)]
+    assert [g.command for g in gone] == ["FIN", "REQ", "TOUCH"]
