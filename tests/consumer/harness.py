@@ -44,7 +44,7 @@ class World:
         node_options: dict[str, object] | None = None,
     ) -> None:
         self.now = 0.0
-        self.addresses = [NSQDAddress("10.0.0.%d" % (i + 1), 4150) for i in range(n_nodes)]
+        self.addresses = [NSQDAddress(f"10.0.0.{i + 1}", 4150) for i in range(n_nodes)]
         options = NSQDOptions(**(node_options or {}))  # type: ignore[arg-type]
         self.nodes: dict[NSQDAddress, NSQD] = {
             a: NSQD(options, random.Random(seed + i), now=0.0)

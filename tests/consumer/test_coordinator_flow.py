@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -116,7 +117,7 @@ def test_direct_mode_reconnects_with_capped_exponential_backoff() -> None:
         w.advance(deadline - w.now)
         assert len(w.of_type(Connect)) == before + 1
         attempts.append(w.now)
-    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert gaps == [2.0, 4.0, 8.0, 8.0, 8.0]
     w.revive(0)
     w.advance(8.0)
