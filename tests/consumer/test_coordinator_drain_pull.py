@@ -1,0 +1,207 @@
+"""Drain (graceful shutdown) and pull mode (fetch)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nsq_sansio.config import Config
+from nsq_sansio.consumer import (
+    CloseConnection,
+    ConsumerCoordinator,
+    ConsumerState,
+    DrainComplete,
+    TakenBack,
+)
+from nsq_sansio.errors import LocalProtocolError
+from nsq_sansio.pull import FetchEnd
+
+from .harness import World
+
+
+def test_drain_requeues_unseen_waits_for_held_then_cls_and_close() -> None:
+    w = World(2, Config(max_in_flight=10))
+    w.start()
+    w.publish(0, 3)
+    w.publish(1, 3)
+    held = w.inbox[:2]
+    unseen = w.inbox[2:]
+    w.inbox.clear()
+    c = w.coordinator
+    # The transport only handed two messages to user code.
+    for d in unseen:
+        c._links[d.conn_id].tracked[d.id].delivered = False
+    c.drain(w.now, timeout=30.0)
+    w.pump()
+    assert c.state is ConsumerState.DRAINING
+    assert c.total_rdy == 0
+    req_lines = w.lines(b"REQ ")
+    assert sorted(req_lines) == sorted(b"REQ " + d.id + b" 0" for d in unseen)
+    assert not w.of_type(DrainComplete)
+    for d in held:
+        assert c.finish(d, w.now)
+        w.pump()
+    assert len(w.lines(b"CLS")) == 2
+    assert w.of_type(DrainComplete)
+    assert c.state is ConsumerState.CLOSED
+    assert w.server_in_flight() == 0
+    assert w.server_depth() == 4  # 6 published, 2 finished, 4 back for other consumers
+    assert not w.wire  # every socket closed
+
+
+def test_drain_deadline_requeues_what_the_user_still_holds() -> None:
+    w = World(1, Config(max_in_flight=5))
+    w.start()
+    w.publish(0, 2)
+    c = w.coordinator
+    c.drain(w.now, timeout=10.0)
+    w.pump()
+    assert not w.lines(b"CLS")
+    w.advance(9.9)
+    assert not w.of_type(DrainComplete)
+    w.advance(0.1)
+    assert len(w.lines(b"REQ ")) == 2
+    assert w.of_type(DrainComplete)
+    assert w.server_in_flight() == 0 and w.server_depth() == 2
+    assert not c.finish(w.inbox[0], w.now)  # too late: reported
+    w.pump()
+    assert w.of_type(TakenBack)
+
+
+def test_messages_arriving_during_drain_go_back_at_once() -> None:
+    w = World(1, Config(max_in_flight=5))
+    w.start()
+    w.publish(0, 1)
+    c = w.coordinator
+    c.drain(w.now)
+    # Simulate a message that was already on the wire when RDY 0 left.
+    link = c._links[1]
+    from nsq_sansio.frames import encode_message_frame
+
+    c.receive_data(1, encode_message_frame(b"f" * 16, 0, 1, b"late"), w.now)
+    assert link.proto is not None
+    assert b"REQ " + b"f" * 16 + b" 0\n" in link.proto.data_to_send()
+
+
+def test_drain_before_start_and_twice() -> None:
+    c = ConsumerCoordinator("t", "c", rng=random.Random(0), nsqd=["n:1"])
+    c.drain(0.0)
+    assert isinstance(c.take_actions()[0], DrainComplete)
+    c.drain(1.0)
+    assert c.take_actions() == []
+
+
+def test_drain_server_that_never_answers_cls_is_cut_after_grace() -> None:
+    w = World(1)
+    w.start()
+    c = w.coordinator
+    c.drain(w.now, timeout=1.0)
+    # Swallow CLS: disconnect the wire so CLOSE_WAIT never comes back.
+    w.wire.clear()
+    w.pump()
+    w.advance(1.0 + 5.0)
+    assert w.of_type(DrainComplete)
+    assert w.of_type(CloseConnection)
+
+
+# --- pull mode ---------------------------------------------------------------------------------
+
+
+def test_fetch_rdy_follows_the_request_and_nsqd_never_pushes_more() -> None:
+    w = World(1, Config(max_in_flight=100), pull=True)
+    w.start()
+    c = w.coordinator
+    assert c.total_rdy == 0  # nothing asked yet
+    w.publish(0, 20)
+    rid = c.fetch(5, w.now, expires=10.0)
+    w.pump()
+    (result,) = w.results
+    assert result.request_id == rid and result.reason is FetchEnd.FILLED
+    assert len(result.messages) == 5
+    assert w.server_in_flight() == 5  # exactly what was asked
+    assert c.total_rdy == 0
+    for d in result.messages:
+        c.finish(d, w.now)
+    w.pump()
+    assert w.server_in_flight() == 0 and w.server_depth() == 15
+
+
+def test_fetch_spread_over_connections_and_partial_expiry() -> None:
+    w = World(2, Config(max_in_flight=100), pull=True)
+    w.start()
+    c = w.coordinator
+    c.fetch(6, w.now, expires=5.0)
+    w.pump()
+    assert sorted(w.rdy_by_conn().values()) == [3, 3]
+    w.publish(0, 2)
+    assert not w.results
+    w.advance(5.0)
+    (result,) = w.results
+    assert result.reason is FetchEnd.EXPIRED and len(result.messages) == 2
+    assert c.total_rdy == 0
+
+
+def test_no_wait_answers_at_once_possibly_empty() -> None:
+    w = World(1, Config(max_in_flight=10), pull=True)
+    w.start()
+    c = w.coordinator
+    c.fetch(3, w.now, no_wait=True)
+    w.pump()
+    assert w.results[-1].reason is FetchEnd.NO_MESSAGES and w.results[-1].messages == ()
+
+
+def test_message_for_no_waiting_request_is_held_briefly_then_requeued() -> None:
+    w = World(1, Config(max_in_flight=10, pull_hold_timeout=1.0), pull=True)
+    w.start()
+    c = w.coordinator
+    from nsq_sansio.frames import encode_message_frame
+
+    # A message already on the wire when the fetch ended (RDY lowered too late).
+    c.receive_data(1, encode_message_frame(b"a" * 16, 0, 1, b"x"), w.now)
+    c.receive_data(1, encode_message_frame(b"b" * 16, 0, 1, b"y"), w.now)
+    c.fetch(1, w.now, no_wait=True)
+    w.pump()
+    assert w.results[-1].reason is FetchEnd.NO_WAIT
+    assert [d.id for d in w.results[-1].messages] == [b"a" * 16]
+    w.advance(1.0)
+    assert b"REQ " + b"b" * 16 + b" 0" in w.lines(b"REQ ")
+
+
+def test_waiting_requests_are_bounded() -> None:
+    w = World(1, Config(max_in_flight=10, max_waiting_fetches=2), pull=True)
+    w.start()
+    c = w.coordinator
+    c.fetch(1, w.now)
+    c.fetch(1, w.now)
+    c.fetch(1, w.now)
+    w.pump()
+    assert [r.reason for r in w.results] == [FetchEnd.TOO_MANY_WAITING]
+    w.publish(0, 2)
+    assert [r.reason for r in w.results][1:] == [FetchEnd.FILLED, FetchEnd.FILLED]
+
+
+def test_fetch_misuse_and_drain_answers_waiting_requests() -> None:
+    push = World(1)
+    with pytest.raises(LocalProtocolError):
+        push.coordinator.fetch(1, 0.0)
+    w = World(1, Config(max_in_flight=10), pull=True)
+    w.start()
+    c = w.coordinator
+    for bad in (0, -1, True):
+        with pytest.raises(LocalProtocolError):
+            c.fetch(bad, w.now)
+    with pytest.raises(LocalProtocolError):
+        c.fetch(1, w.now, expires=-1.0)
+    c.fetch(4, w.now)
+    w.publish(0, 1)
+    c.drain(w.now)
+    w.pump()
+    assert w.results[-1].reason is FetchEnd.DRAINING
+    assert len(w.results[-1].messages) == 1
+    c.finish(w.results[-1].messages[0], w.now)
+    w.pump()
+    assert w.of_type(DrainComplete)
+    c.fetch(1, w.now)
+    w.pump()
+    assert w.results[-1].reason is FetchEnd.DRAINING
