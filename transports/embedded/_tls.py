@@ -1,0 +1,57 @@
+"""Server-side TLS upgrade at exactly the byte the core says (after the IDENTIFY answer)."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.tls import TLSStream
+
+__all__ = ["PrefixedStream", "server_ssl_context", "start_server_tls"]
+
+
+class PrefixedStream(anyio.abc.ByteStream):
+    """A byte stream that first yields ``prefix`` (bytes already read), then the inner stream."""
+
+    def __init__(self, inner: anyio.abc.ByteStream, prefix: bytes) -> None:
+        self._inner = inner
+        self._prefix = prefix
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._prefix:
+            data, self._prefix = self._prefix[:max_bytes], self._prefix[max_bytes:]
+            return data
+        return await self._inner.receive(max_bytes)
+
+    async def send(self, item: bytes) -> None:
+        await self._inner.send(item)
+
+    async def send_eof(self) -> None:
+        await self._inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    @property
+    def extra_attributes(self) -> Any:
+        return self._inner.extra_attributes
+
+
+def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    """A TLS server context from PEM files (TLS 1.2+)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+async def start_server_tls(
+    stream: anyio.abc.ByteStream, trailing: bytes, context: ssl.SSLContext
+) -> TLSStream:
+    """Run the server handshake on ``stream``, feeding ``trailing`` bytes to it first."""
+    inner: anyio.abc.ByteStream = PrefixedStream(stream, trailing) if trailing else stream
+    return await TLSStream.wrap(
+        inner, server_side=True, ssl_context=context, standard_compatible=False
+    )

@@ -1,0 +1,200 @@
+"""Command-line entry points for the embedded servers, with nsqd's and nsqlookupd's flag names.
+
+``nsqd_main(argv)`` and ``lookupd_main(argv)`` parse flags (both ``--flag`` and Go's
+``-flag`` spelling), start the server, print where it listens and serve until SIGINT or
+SIGTERM. Durations take Go's syntax (``60s``, ``1m30s``, ``250ms``) or plain seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from nsq_sansio.server.lookupd import LOOKUPD_VERSION
+
+__all__ = ["lookupd_main", "nsqd_main", "parse_duration"]
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Go's ``time.ParseDuration`` subset -> seconds; a bare number is seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    while pos < len(text):
+        match = _DURATION_PART.match(text, pos)
+        if match is None:
+            raise argparse.ArgumentTypeError(f"invalid duration {text!r} (e.g. 60s, 1m30s, 250ms)")
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if not text:
+        raise argparse.ArgumentTypeError("empty duration")
+    return total
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """Add ``--name`` and Go's ``-name`` spelling."""
+    parser.add_argument(f"--{name}", f"-{name}", **kwargs)
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "t", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "f", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
+
+
+def _nsqd_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nsq-sansio nsqd", description="embedded nsqd")
+    _flag(p, "tcp-address", default="0.0.0.0:4150", help="<addr>:<port> for TCP clients")
+    _flag(p, "http-address", default="0.0.0.0:4151", help="<addr>:<port> for HTTP clients")
+    _flag(p, "broadcast-address", default=None, help="address registered with lookupd")
+    _flag(
+        p,
+        "lookupd-tcp-address",
+        action="append",
+        default=[],
+        help="lookupd TCP address (may be given multiple times)",
+    )
+    _flag(p, "data-path", default=None, help="directory for durable message storage")
+    _flag(p, "mem-queue-size", type=int, default=10000, help="messages kept in memory per queue")
+    _flag(p, "max-msg-size", type=int, default=1048576)
+    _flag(p, "max-body-size", type=int, default=5242880)
+    _flag(p, "max-rdy-count", type=int, default=2500)
+    _flag(p, "max-channel-consumers", type=int, default=0)
+    _flag(p, "msg-timeout", type=parse_duration, default=60.0)
+    _flag(p, "max-msg-timeout", type=parse_duration, default=900.0)
+    _flag(p, "max-req-timeout", type=parse_duration, default=3600.0)
+    _flag(p, "client-timeout", type=parse_duration, default=60.0)
+    _flag(p, "max-heartbeat-interval", type=parse_duration, default=60.0)
+    _flag(p, "snappy", type=_bool, default=True, nargs="?", const=True)
+    _flag(p, "deflate", type=_bool, default=True, nargs="?", const=True)
+    _flag(p, "max-deflate-level", type=int, default=6)
+    _flag(p, "node-id", type=int, default=0)
+    _flag(p, "tls-cert", default=None, help="path to a PEM certificate file")
+    _flag(p, "tls-key", default=None, help="path to a PEM private key file")
+    _flag(p, "tls-required", type=_bool, default=False, nargs="?", const=True)
+    _flag(p, "version", action="store_true", help="print version and exit")
+    return p
+
+
+def _lookupd_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nsq-sansio lookupd", description="embedded nsqlookupd")
+    _flag(p, "tcp-address", default="0.0.0.0:4160", help="<addr>:<port> for TCP (nsqd) clients")
+    _flag(p, "http-address", default="0.0.0.0:4161", help="<addr>:<port> for HTTP clients")
+    _flag(p, "broadcast-address", default=None, help="address of this lookupd node")
+    _flag(p, "inactive-producer-timeout", type=parse_duration, default=300.0)
+    _flag(p, "tombstone-lifetime", type=parse_duration, default=45.0)
+    _flag(p, "version", action="store_true", help="print version and exit")
+    return p
+
+
+def nsqd_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~transports.embedded.nsqd.EmbeddedNSQD` keyword arguments for parsed flags."""
+    return {
+        "tcp_address": args.tcp_address,
+        "http_address": args.http_address,
+        "broadcast_address": args.broadcast_address,
+        "lookupd_tcp_addresses": list(args.lookupd_tcp_address),
+        "data_path": args.data_path,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "tls_required": args.tls_required,
+        "mem_queue_size": args.mem_queue_size,
+        "max_msg_size": args.max_msg_size,
+        "max_body_size": args.max_body_size,
+        "max_rdy_count": args.max_rdy_count,
+        "max_channel_consumers": args.max_channel_consumers,
+        "msg_timeout": args.msg_timeout,
+        "max_msg_timeout": args.max_msg_timeout,
+        "max_req_timeout": args.max_req_timeout,
+        "client_timeout": args.client_timeout,
+        "max_heartbeat_interval": args.max_heartbeat_interval,
+        "snappy": args.snappy,
+        "deflate": args.deflate,
+        "max_deflate_level": args.max_deflate_level,
+        "node_id": args.node_id,
+    }
+
+
+async def _serve_until_signal(server: Any, announce: Callable[[Any], None]) -> None:
+    async with server:
+        announce(server)
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                return
+
+
+def nsqd_main(argv: Sequence[str] | None = None) -> int:
+    """``nsq-sansio nsqd [flags]``: run an embedded nsqd until interrupted."""
+    from nsq_sansio.server.options import DEFAULT_VERSION
+
+    from .nsqd import EmbeddedNSQD
+
+    args = _nsqd_parser().parse_args(argv)
+    if args.version:
+        print(f"nsqd v{DEFAULT_VERSION} (nsq-sansio embedded)")
+        return 0
+    try:
+        server = EmbeddedNSQD(**nsqd_options_from_args(args))
+    except (ValueError, OSError) as err:
+        print(f"nsqd: {err}", file=sys.stderr)
+        return 2
+
+    def announce(s: EmbeddedNSQD) -> None:
+        print(f"nsqd: TCP {s.tcp_address} HTTP {s.http_address}", file=sys.stderr, flush=True)
+
+    try:
+        anyio.run(_serve_until_signal, server, announce)
+    except OSError as err:
+        print(f"nsqd: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def lookupd_main(argv: Sequence[str] | None = None) -> int:
+    """``nsq-sansio lookupd [flags]``: run an embedded nsqlookupd until interrupted."""
+    from .lookupd import EmbeddedLookupd
+
+    args = _lookupd_parser().parse_args(argv)
+    if args.version:
+        print(f"nsqlookupd v{LOOKUPD_VERSION} (nsq-sansio embedded)")
+        return 0
+    try:
+        server = EmbeddedLookupd(
+            tcp_address=args.tcp_address,
+            http_address=args.http_address,
+            broadcast_address=args.broadcast_address,
+            inactive_producer_timeout=args.inactive_producer_timeout,
+            tombstone_lifetime=args.tombstone_lifetime,
+        )
+    except ValueError as err:
+        print(f"nsqlookupd: {err}", file=sys.stderr)
+        return 2
+
+    def announce(s: EmbeddedLookupd) -> None:
+        print(f"nsqlookupd: TCP {s.tcp_address} HTTP {s.http_address}", file=sys.stderr, flush=True)
+
+    try:
+        anyio.run(_serve_until_signal, server, announce)
+    except OSError as err:
+        print(f"nsqlookupd: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,109 @@
+"""An nsqlookupd plus N nsqds registered with it, started and stopped together."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from .lookupd import EmbeddedLookupd
+from .nsqd import EmbeddedNSQD
+
+__all__ = ["Cluster"]
+
+
+class Cluster:
+    """A small NSQ cluster for tests: ``async with Cluster(nsqd_count=2) as c: ...``."""
+
+    def __init__(
+        self,
+        *,
+        nsqd_count: int = 1,
+        with_lookupd: bool = True,
+        nsqd_options: dict[str, Any] | None = None,
+        lookupd_options: dict[str, Any] | None = None,
+    ) -> None:
+        if nsqd_count < 0:
+            raise ValueError(f"nsqd_count must be >= 0, got {nsqd_count}")
+        self._nsqd_count = nsqd_count
+        self._nsqd_options = dict(nsqd_options or {})
+        self.lookupd: EmbeddedLookupd | None = (
+            EmbeddedLookupd(**(lookupd_options or {})) if with_lookupd else None
+        )
+        self.nsqds: list[EmbeddedNSQD] = []
+        self._task_group: anyio.abc.TaskGroup | None = None
+
+    @property
+    def nsqd(self) -> EmbeddedNSQD:
+        """The first nsqd."""
+        if not self.nsqds:
+            raise RuntimeError("the cluster has no running nsqd")
+        return self.nsqds[0]
+
+    @property
+    def lookupd_http_urls(self) -> list[str]:
+        return [self.lookupd.http_url] if self.lookupd is not None else []
+
+    @property
+    def nsqd_tcp_addresses(self) -> list[str]:
+        return [n.tcp_address for n in self.nsqds]
+
+    async def wait_registered(self, topic: str, timeout: float = 5.0) -> None:
+        """Wait until every nsqd that has ``topic`` is listed by the lookupd's ``/lookup``."""
+        if self.lookupd is None:
+            return
+        lookupd = self.lookupd
+        with anyio.fail_after(timeout):
+            while True:
+                expected = sum(1 for n in self.nsqds if n.core_has_topic(topic))
+                try:
+                    found = len(lookupd.core.lookup(topic, anyio.current_time())["producers"])
+                except Exception:
+                    found = 0
+                if found >= expected:
+                    return
+                await anyio.sleep(0.01)
+
+    async def __aenter__(self) -> Cluster:
+        self._task_group = tg = anyio.create_task_group()
+        await tg.__aenter__()
+        try:
+            lookupd_tcp: list[str] = []
+            if self.lookupd is not None:
+                await self.lookupd.start(tg)
+                lookupd_tcp.append(self.lookupd.tcp_address)
+            for _ in range(self._nsqd_count):
+                options = dict(self._nsqd_options)
+                options.setdefault("lookupd_tcp_addresses", lookupd_tcp)
+                nsqd = EmbeddedNSQD(**options)
+                await nsqd.start(tg)
+                self.nsqds.append(nsqd)
+        except BaseException as exc:
+            tg.cancel_scope.cancel()
+            await self._shutdown()
+            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def _shutdown(self) -> None:
+        for nsqd in self.nsqds:
+            await nsqd.aclose()
+        if self.lookupd is not None:
+            await self.lookupd.aclose()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tg, self._task_group = self._task_group, None
+        if tg is None:
+            raise RuntimeError("Cluster.__aexit__ without __aenter__")
+        tg.cancel_scope.cancel()
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        finally:
+            await self._shutdown()

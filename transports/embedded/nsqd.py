@@ -1,0 +1,730 @@
+"""An embedded nsqd: the pure :class:`~nsq_sansio.server.nsqd.NSQD` over anyio sockets.
+
+Protocol V2 on one TCP port, the HTTP API (h11) on another, optional TLS upgrade at the byte
+the core asks for, and registration with every configured nsqlookupd. One reader and one
+writer task per client; a publish on one connection wakes the writers of the consumers it
+fed (``NSQD.connections_with_output``); one timer task serves ``next_deadline``::
+
+    async with EmbeddedNSQD(lookupd_tcp_addresses=[lookupd.tcp_address]) as nsqd:
+        print(nsqd.tcp_address, nsqd.http_address)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import socket
+import ssl
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from nsq_sansio.errors import InvalidName
+from nsq_sansio.names import validate_topic
+from nsq_sansio.server.events import (
+    AdminError,
+    ChannelCreated,
+    ChannelDeleted,
+    CloseConnection,
+    ServerEvent,
+    StartTLS,
+    TopicCreated,
+    TopicDeleted,
+)
+from nsq_sansio.server.lookupd_client import (
+    LookupPeer,
+    LookupPeerState,
+    NodeIdentity,
+    sync_registrations,
+)
+from nsq_sansio.server.nsqd import NSQD, ClientState
+from nsq_sansio.server.options import NSQDOptions
+
+from ._net import bind, format_address, local_port, parse_address, remote_address
+from ._tls import server_ssl_context, start_server_tls
+from .http import (
+    HTTPRequest,
+    HTTPResponse,
+    empty_response,
+    error_response,
+    json_response,
+    serve_http_connection,
+    text_response,
+)
+
+__all__ = ["EmbeddedNSQD"]
+
+_IO_ERRORS = (
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    OSError,
+    ssl.SSLError,
+)
+_OPTION_NAMES = {f.name for f in dataclasses.fields(NSQDOptions)}
+_I32 = struct.Struct(">i")
+_METADATA_FILE = "nsqd.dat"
+
+
+class _Client:
+    """Transport-side state of one TCP client."""
+
+    __slots__ = (
+        "closing",
+        "conn_id",
+        "drained",
+        "scope",
+        "send_lock",
+        "stream",
+        "wake",
+        "writer_done",
+    )
+
+    def __init__(self, conn_id: int, stream: anyio.abc.ByteStream) -> None:
+        self.conn_id = conn_id
+        self.stream = stream
+        self.wake = anyio.Event()
+        self.drained = anyio.Event()
+        self.writer_done = anyio.Event()
+        self.send_lock = anyio.Lock()
+        self.closing = False
+        self.scope: anyio.CancelScope | None = None
+
+
+class EmbeddedNSQD:
+    """A runnable nsqd for tests, demos and local development.
+
+    Keyword arguments not listed are :class:`~nsq_sansio.server.options.NSQDOptions` fields
+    (``mem_queue_size``, ``max_rdy_count``, ``msg_timeout`` ...), with nsqd's defaults.
+    """
+
+    def __init__(
+        self,
+        *,
+        tcp_address: str = "127.0.0.1:0",
+        http_address: str = "127.0.0.1:0",
+        broadcast_address: str | None = None,
+        hostname: str | None = None,
+        lookupd_tcp_addresses: list[str] | tuple[str, ...] = (),
+        data_path: str | os.PathLike[str] | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_required: bool = False,
+        seed: int | None = None,
+        lookupd_ping_interval: float = 15.0,
+        **options: Any,
+    ) -> None:
+        unknown = set(options) - _OPTION_NAMES
+        if unknown:
+            raise TypeError(f"unknown nsqd option(s): {', '.join(sorted(unknown))}")
+        for reserved in ("tcp_port", "http_port", "tls_available", "tls_required"):
+            if reserved in options:
+                raise TypeError(f"{reserved} is set from the addresses / TLS arguments")
+        if bool(tls_cert) != bool(tls_key):
+            raise ValueError("tls_cert and tls_key must be given together")
+        self._tcp_address = tcp_address
+        self._http_address = http_address
+        self._broadcast_address = broadcast_address
+        self._hostname = hostname or socket.gethostname()
+        self._lookupd_addresses = list(lookupd_tcp_addresses)
+        self._data_path = Path(data_path) if data_path is not None else None
+        self._ssl_context = server_ssl_context(tls_cert, tls_key) if tls_cert and tls_key else None
+        self._tls_required = tls_required
+        self._seed = seed
+        self._lookupd_ping_interval = lookupd_ping_interval
+        self._options = options
+        # validate now, so a bad option fails at construction, not inside the event loop
+        NSQDOptions(
+            tls_available=self._ssl_context is not None, tls_required=tls_required, **options
+        )
+        self._core: NSQD | None = None
+        self._tcp_listener: anyio.abc.SocketListener | None = None
+        self._http_listener: anyio.abc.SocketListener | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._clients: dict[int, _Client] = {}
+        self._timer_wake = anyio.Event()
+        self._timer_target = math.inf
+        self._peers: list[tuple[LookupPeer, list[anyio.Event]]] = []
+        self._tcp_port = 0
+        self._http_port = 0
+        self._host = "127.0.0.1"
+        self._closed = False
+
+    # -- addresses ------------------------------------------------------------------------------
+
+    @property
+    def core(self) -> NSQD:
+        """The pure nsqd role, for inspection (call it only from the server's event loop)."""
+        if self._core is None:
+            raise RuntimeError("EmbeddedNSQD is not running (use 'async with')")
+        return self._core
+
+    @property
+    def tcp_port(self) -> int:
+        return self._tcp_port
+
+    @property
+    def http_port(self) -> int:
+        return self._http_port
+
+    @property
+    def tcp_address(self) -> str:
+        """``host:port`` for protocol V2 clients (producers and consumers)."""
+        return format_address(self._connect_host(), self._tcp_port)
+
+    @property
+    def http_address(self) -> str:
+        return format_address(self._connect_host(), self._http_port)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.http_address}"
+
+    @property
+    def lookupd_peers(self) -> list[LookupPeer]:
+        """The nsqd-side state of each configured nsqlookupd connection."""
+        return [peer for peer, _ in self._peers]
+
+    def core_has_topic(self, topic: str) -> bool:
+        return self._core is not None and topic in self._core.topic_names()
+
+    def _connect_host(self) -> str:
+        if self._host in ("0.0.0.0", ""):
+            return "127.0.0.1"
+        if self._host == "::":
+            return "::1"
+        return self._host
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Bind both ports, build the core and serve in ``task_group``."""
+        self._tcp_listener = await bind(self._tcp_address)
+        try:
+            self._http_listener = await bind(self._http_address)
+        except BaseException:
+            await self._tcp_listener.aclose()
+            raise
+        self._tcp_port = local_port(self._tcp_listener)
+        self._http_port = local_port(self._http_listener)
+        self._host = parse_address(self._tcp_address)[0]
+        options = NSQDOptions(
+            tcp_port=self._tcp_port,
+            http_port=self._http_port,
+            broadcast_address=self._broadcast_address or self._connect_host(),
+            hostname=self._hostname,
+            tls_available=self._ssl_context is not None,
+            tls_required=self._tls_required,
+            **self._options,
+        )
+        now = anyio.current_time()
+        rng = random.Random(self._seed)
+        backend_factory = self._backend_factory()
+        self._core = NSQD(
+            options,
+            rng,
+            backend_factory=backend_factory,
+            epoch_offset=time.time() - now,
+            now=now,
+        )
+        self._load_metadata(now)
+        identity = NodeIdentity(
+            broadcast_address=options.broadcast_address,
+            tcp_port=self._tcp_port,
+            http_port=self._http_port,
+            hostname=self._hostname,
+            version=options.version,
+        )
+        for address in self._lookupd_addresses:
+            peer = LookupPeer(address, identity, ping_interval=self._lookupd_ping_interval)
+            wake: list[anyio.Event] = [anyio.Event()]
+            self._peers.append((peer, wake))
+            task_group.start_soon(self._lookupd_loop, peer, wake)
+        task_group.start_soon(self._tcp_listener.serve, self._handle_tcp)
+        task_group.start_soon(self._http_listener.serve, self._handle_http)
+        task_group.start_soon(self._timer_loop)
+
+    def _backend_factory(self) -> Any:
+        if self._data_path is None:
+            return None
+        self._data_path.mkdir(parents=True, exist_ok=True)
+        import importlib
+
+        file_backend = importlib.import_module(f"{__package__}.file_backend")
+        factory: Callable[..., Any] | None = getattr(file_backend, "file_backend_factory", None)
+        if factory is None:
+            raise RuntimeError("transports.embedded.file_backend has no file_backend_factory")
+        return factory(self._data_path)
+
+    def _load_metadata(self, now: float) -> None:
+        if self._data_path is None:
+            return
+        path = self._data_path / _METADATA_FILE
+        try:
+            metadata = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        self.core.load_metadata(metadata, now)
+        self.core.take_registry_events()  # announced by the resync when lookupd connects
+
+    def _save_metadata(self) -> None:
+        if self._data_path is None or self._core is None:
+            return
+        path = self._data_path / _METADATA_FILE
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(self._core.metadata()))
+            tmp.replace(path)
+        except OSError:
+            pass
+
+    async def aclose(self) -> None:
+        """Stop listening, close every client, flush queues to the backends."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for listener in (self._tcp_listener, self._http_listener):
+                if listener is not None:
+                    with contextlib.suppress(Exception):
+                        await listener.aclose()
+            if self._core is not None:
+                self._core.close(anyio.current_time())
+                self._save_metadata()
+            for peer, _ in self._peers:
+                peer.close()
+
+    async def __aenter__(self) -> EmbeddedNSQD:
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        try:
+            await self.start(self._task_group)
+        except BaseException as exc:
+            self._task_group.cancel_scope.cancel()
+            await self.aclose()
+            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tg, self._task_group = self._task_group, None
+        if tg is None:
+            raise RuntimeError("EmbeddedNSQD.__aexit__ without __aenter__")
+        tg.cancel_scope.cancel()
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        finally:
+            await self.aclose()
+
+    # -- driving the core -----------------------------------------------------------------------
+
+    def _after(self, events: list[ServerEvent]) -> None:
+        """Wake whatever the last core call gave work to."""
+        core = self.core
+        for conn_id in core.connections_with_output():
+            client = self._clients.get(conn_id)
+            if client is not None:
+                client.wake.set()
+        for event in events:
+            if isinstance(event, CloseConnection):
+                client = self._clients.get(event.conn_id)
+                if client is not None:
+                    client.closing = True
+                    client.wake.set()
+        registry = core.take_registry_events()
+        if registry:
+            now = anyio.current_time()
+            for peer, wake in self._peers:
+                for reg in registry:
+                    if isinstance(reg, TopicCreated):
+                        peer.register(now, reg.topic)
+                    elif isinstance(reg, ChannelCreated):
+                        peer.register(now, reg.topic, reg.channel)
+                    elif isinstance(reg, TopicDeleted):
+                        peer.unregister(now, reg.topic)
+                    elif isinstance(reg, ChannelDeleted):
+                        peer.unregister(now, reg.topic, reg.channel)
+                wake[0].set()
+            self._save_metadata()
+        deadline = core.next_deadline()
+        if deadline is not None and deadline < self._timer_target:
+            self._timer_wake.set()
+
+    async def _timer_loop(self) -> None:
+        core = self.core
+        while True:
+            now = anyio.current_time()
+            deadline = core.next_deadline()
+            if deadline is not None and deadline <= now:
+                self._after(core.handle_timer(now))
+                continue
+            self._timer_target = math.inf if deadline is None else deadline
+            with anyio.move_on_after(self._timer_target - now):
+                await self._timer_wake.wait()
+            self._timer_wake = anyio.Event()
+            self._timer_target = -math.inf  # while awake, nobody needs to wake us
+
+    # -- TCP clients ----------------------------------------------------------------------------
+
+    async def _handle_tcp(self, stream: anyio.abc.SocketStream) -> None:
+        core = self.core
+        try:
+            conn_id = core.connect(anyio.current_time(), remote_address(stream))
+        except Exception:  # shutting down
+            await _aclose_quietly(stream)
+            return
+        client = _Client(conn_id, stream)
+        self._clients[conn_id] = client
+        try:
+            async with anyio.create_task_group() as tg:
+                client.scope = tg.cancel_scope
+                tg.start_soon(self._writer, client)
+                await self._reader(client)
+                # reader is done (EOF or close requested): let the writer flush, bounded
+                client.closing = True
+                client.wake.set()
+                with anyio.move_on_after(5.0):
+                    await client.writer_done.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            self._clients.pop(conn_id, None)
+            if self._core is not None and not self._closed:
+                self._after(core.connection_lost(conn_id, anyio.current_time()))
+            await _aclose_quietly(client.stream)
+
+    async def _reader(self, client: _Client) -> None:
+        core = self.core
+        conn_id = client.conn_id
+        limit = max(core.options.max_output_buffer_size, 64 * 1024) * 4
+        while not client.closing:
+            if core.output_pending(conn_id) > limit:
+                # back-pressure: a client that does not read its answers is not read either
+                client.drained = anyio.Event()
+                client.wake.set()
+                await client.drained.wait()
+                continue
+            try:
+                data = await client.stream.receive(65536)
+            except _IO_ERRORS:
+                data = b""
+            events = core.receive_data(conn_id, data, anyio.current_time())
+            self._after(events)
+            for event in events:
+                if isinstance(event, StartTLS):
+                    await self._upgrade_tls(client, event.trailing_data)
+            if not data or core.connection_state(conn_id) is ClientState.CLOSED:
+                return
+
+    async def _upgrade_tls(self, client: _Client, trailing: bytes) -> None:
+        core = self.core
+        if self._ssl_context is None:  # the core only asks when tls_available
+            client.closing = True
+            return
+        async with client.send_lock:
+            data = core.data_to_send(client.conn_id)
+            try:
+                if data:
+                    await client.stream.send(data)
+                with anyio.fail_after(10.0):
+                    client.stream = await start_server_tls(
+                        client.stream, trailing, self._ssl_context
+                    )
+            except (TimeoutError, *_IO_ERRORS):
+                client.closing = True
+                self._after(core.connection_lost(client.conn_id, anyio.current_time()))
+                return
+        self._after(core.tls_established(client.conn_id, anyio.current_time()))
+
+    async def _writer(self, client: _Client) -> None:
+        core = self.core
+        conn_id = client.conn_id
+        send_timeout = core.options.client_timeout
+        try:
+            while True:
+                await client.wake.wait()
+                client.wake = anyio.Event()
+                async with client.send_lock:
+                    data = core.data_to_send(conn_id)
+                    if data:
+                        with anyio.fail_after(send_timeout):
+                            await client.stream.send(data)
+                if not client.drained.is_set():
+                    client.drained.set()
+                if client.closing and core.output_pending(conn_id) == 0:
+                    if client.scope is not None:
+                        client.scope.cancel()  # the reader may be blocked in receive
+                    return
+        except (TimeoutError, *_IO_ERRORS):
+            client.closing = True
+            if client.scope is not None:
+                client.scope.cancel()
+        finally:
+            client.writer_done.set()
+            client.drained.set()
+
+    # -- lookupd registration -------------------------------------------------------------------
+
+    async def _lookupd_loop(self, peer: LookupPeer, wake: list[anyio.Event]) -> None:
+        core = self.core
+        host, port = parse_address(peer.address, 4160)
+        while peer.state is not LookupPeerState.CLOSED:
+            now = anyio.current_time()
+            if not peer.wants_connect(now):
+                deadline = peer.next_deadline()
+                with anyio.move_on_after(max(0.0, (deadline or now + 1.0) - now)):
+                    await wake[0].wait()
+                wake[0] = anyio.Event()
+                continue
+            try:
+                with anyio.fail_after(2.0):
+                    stream = await anyio.connect_tcp(host, port)
+            except (TimeoutError, OSError):
+                peer.connection_failed(anyio.current_time())
+                continue
+            topics = [(t, core.channel_names(t)) for t in core.topic_names()]
+            peer.connection_made(anyio.current_time(), sync_registrations(topics))
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._lookupd_reader, peer, stream, tg.cancel_scope, wake)
+                    await self._lookupd_writer(peer, stream, wake)
+                    tg.cancel_scope.cancel()
+            finally:
+                if peer.state is LookupPeerState.CONNECTED:
+                    peer.connection_lost(anyio.current_time())
+                await _aclose_quietly(stream)
+
+    async def _lookupd_reader(
+        self,
+        peer: LookupPeer,
+        stream: anyio.abc.SocketStream,
+        scope: anyio.CancelScope,
+        wake: list[anyio.Event],
+    ) -> None:
+        while peer.state is LookupPeerState.CONNECTED:
+            try:
+                data = await stream.receive(65536)
+            except _IO_ERRORS:
+                data = b""
+            peer.receive_data(data, anyio.current_time())
+            wake[0].set()
+        scope.cancel()
+
+    async def _lookupd_writer(
+        self, peer: LookupPeer, stream: anyio.abc.SocketStream, wake: list[anyio.Event]
+    ) -> None:
+        while peer.state is LookupPeerState.CONNECTED:
+            data = peer.data_to_send()
+            if data:
+                try:
+                    await stream.send(data)
+                except _IO_ERRORS:
+                    peer.connection_lost(anyio.current_time())
+                    return
+            now = anyio.current_time()
+            deadline = peer.next_deadline()
+            if deadline is not None and deadline <= now:
+                peer.handle_timer(now)
+                continue
+            with anyio.move_on_after((deadline or now + 1.0) - now):
+                await wake[0].wait()
+            wake[0] = anyio.Event()
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
+        core = self.core
+        await serve_http_connection(stream, self._route, max_body=core.options.max_body_size)
+
+    async def _route(self, request: HTTPRequest) -> HTTPResponse:
+        core = self.core
+        now = anyio.current_time()
+        try:
+            response, events = route_nsqd(core, request, now)
+        except AdminError as err:
+            self._after([])
+            return error_response(err.status, err.code)
+        self._after(events)
+        return response
+
+
+_GET = {"/ping", "/info", "/stats"}
+_POST = {
+    "/pub",
+    "/mpub",
+    "/topic/create",
+    "/topic/delete",
+    "/topic/empty",
+    "/topic/pause",
+    "/topic/unpause",
+    "/channel/create",
+    "/channel/delete",
+    "/channel/empty",
+    "/channel/pause",
+    "/channel/unpause",
+}
+
+
+def route_nsqd(
+    core: NSQD, request: HTTPRequest, now: float
+) -> tuple[HTTPResponse, list[ServerEvent]]:
+    """Answer one nsqd HTTP API request from the pure core; raises ``AdminError``."""
+    path = request.path
+    if path in _GET:
+        if request.method not in ("GET", "HEAD"):
+            return error_response(405, "METHOD_NOT_ALLOWED"), []
+    elif path in _POST:
+        if request.method != "POST":
+            return error_response(405, "METHOD_NOT_ALLOWED"), []
+    else:
+        return error_response(404, "NOT_FOUND"), []
+    opts = core.options
+    if path == "/ping":
+        health = core.health
+        return text_response(health, 200 if health == "OK" else 500), []
+    if path == "/info":
+        return json_response(core.info()), []
+    if path == "/stats":
+        stats = core.stats(
+            now,
+            topic=request.arg("topic") or None,
+            channel=request.arg("channel") or None,
+            include_clients=request.arg("include_clients") not in ("false", "0"),
+        )
+        if request.arg("format") == "json":
+            return json_response(stats), []
+        return text_response(_stats_text(stats)), []
+    if path == "/pub":
+        if request.body_too_large or len(request.body) > opts.max_msg_size:
+            raise AdminError(413, "MSG_TOO_BIG")
+        if not request.body:
+            raise AdminError(400, "MSG_EMPTY")
+        core.publish(_required_topic(request), request.body, now, defer_ms=_defer_ms(request))
+        return text_response("OK"), []
+    if path == "/mpub":
+        if request.body_too_large:
+            raise AdminError(413, "BODY_TOO_BIG")
+        topic = _required_topic(request)
+        if request.has_arg("binary"):
+            bodies = _split_binary_mpub(request.body, opts.max_msg_size)
+        else:
+            bodies = [line for line in request.body.split(b"\n") if line]
+            if any(len(b) > opts.max_msg_size for b in bodies):
+                raise AdminError(413, "MSG_TOO_BIG")
+        if bodies:
+            core.multi_publish(topic, bodies, now)
+        else:
+            core.create_topic(topic, now)
+        return text_response("OK"), []
+    topic = _required_topic(request)
+    channel = request.arg("channel")
+    if path.startswith("/channel/") and channel is None:
+        try:
+            validate_topic(topic)
+        except InvalidName:
+            raise AdminError(400, "INVALID_ARG_TOPIC") from None
+        raise AdminError(400, "MISSING_ARG_CHANNEL")
+    events: list[ServerEvent] = []
+    if path == "/topic/create":
+        core.create_topic(topic, now)
+    elif path == "/topic/delete":
+        events = core.delete_topic(topic, now)
+    elif path == "/topic/empty":
+        core.empty_topic(topic, now)
+    elif path == "/topic/pause":
+        core.pause_topic(topic, now)
+    elif path == "/topic/unpause":
+        core.unpause_topic(topic, now)
+    elif path == "/channel/create":
+        core.create_channel(topic, channel or "", now)
+    elif path == "/channel/delete":
+        events = core.delete_channel(topic, channel or "", now)
+    elif path == "/channel/empty":
+        core.empty_channel(topic, channel or "", now)
+    elif path == "/channel/pause":
+        core.pause_channel(topic, channel or "", now)
+    elif path == "/channel/unpause":
+        core.unpause_channel(topic, channel or "", now)
+    return empty_response(), events
+
+
+def _required_topic(request: HTTPRequest) -> str:
+    topic = request.arg("topic")
+    if topic is None:
+        raise AdminError(400, "MISSING_ARG_TOPIC")
+    return topic
+
+
+def _defer_ms(request: HTTPRequest) -> int:
+    raw = request.arg("defer")
+    if raw is None:
+        return 0
+    try:
+        return int(raw, 10)
+    except ValueError:
+        raise AdminError(400, "INVALID_DEFER") from None
+
+
+def _split_binary_mpub(body: bytes, max_msg_size: int) -> list[bytes]:
+    """``[4-byte count]([4-byte size][body])*``, with nsqd's HTTP error codes."""
+    if len(body) < 4:
+        raise AdminError(413, "BAD_BODY", "MPUB failed to read message count")
+    (count,) = _I32.unpack_from(body, 0)
+    if count <= 0 or count > len(body):
+        raise AdminError(413, "BAD_BODY", f"MPUB invalid message count {count}")
+    pos = 4
+    bodies: list[bytes] = []
+    for i in range(count):
+        if pos + 4 > len(body):
+            raise AdminError(413, "BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
+        (size,) = _I32.unpack_from(body, pos)
+        pos += 4
+        if size <= 0 or size > max_msg_size:
+            raise AdminError(413, "BAD_MESSAGE", f"MPUB invalid message({i}) body size {size}")
+        if pos + size > len(body):
+            raise AdminError(413, "BAD_MESSAGE", f"MPUB failed to read message({i}) body")
+        bodies.append(body[pos : pos + size])
+        pos += size
+    return bodies
+
+
+def _stats_text(stats: dict[str, Any]) -> str:
+    """A short human-readable form of ``/stats`` (nsqd's text format, abridged)."""
+    lines = [f"nsqd v{stats['version']} (nsq-sansio embedded)", f"Health: {stats['health']}", ""]
+    if not stats["topics"]:
+        lines.append("NO_TOPICS")
+    for topic in stats["topics"]:
+        paused = " *P" if topic["paused"] else ""
+        lines.append(
+            f"[{topic['topic_name']:<15}] depth: {topic['depth']:<5} "
+            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8}{paused}"
+        )
+        for ch in topic["channels"]:
+            paused = " *P" if ch["paused"] else ""
+            lines.append(
+                f"    [{ch['channel_name']:<25}] depth: {ch['depth']:<5} "
+                f"be-depth: {ch['backend_depth']:<5} inflt: {ch['in_flight_count']:<4} "
+                f"def: {ch['deferred_count']:<4} re-q: {ch['requeue_count']:<5} "
+                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8}{paused}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+async def _aclose_quietly(stream: anyio.abc.AsyncResource) -> None:
+    with anyio.CancelScope(shield=True):
+        with contextlib.suppress(Exception):
+            await stream.aclose()
