@@ -1,0 +1,77 @@
+"""Socket helpers for the anyio transport: connect with a timeout, and the TLS upgrade."""
+
+from __future__ import annotations
+
+import ssl
+
+import anyio
+import anyio.abc
+from anyio.streams.tls import TLSStream
+
+from nsq_sansio.errors import ConnectionLost
+
+__all__ = ["PrefixedStream", "connect", "start_tls"]
+
+
+async def connect(host: str, port: int, timeout: float) -> anyio.abc.SocketStream:
+    """TCP connect (TCP_NODELAY is set by anyio); a timeout or refusal -> ConnectionLost."""
+    try:
+        with anyio.fail_after(timeout):
+            return await anyio.connect_tcp(host, port)
+    except TimeoutError:
+        raise ConnectionLost(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
+    except OSError as exc:
+        raise ConnectionLost(f"connecting to {host}:{port} failed: {exc}") from exc
+
+
+class PrefixedStream(anyio.abc.ByteStream):
+    """A byte stream that first returns ``prefix`` (bytes already read for the next layer)."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, prefix: bytes) -> None:
+        self._stream = stream
+        self._prefix = prefix
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._prefix:
+            data, self._prefix = self._prefix[:max_bytes], self._prefix[max_bytes:]
+            return data
+        return await self._stream.receive(max_bytes)
+
+    async def send(self, item: bytes) -> None:
+        await self._stream.send(item)
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    @property
+    def extra_attributes(self):  # type: ignore[no-untyped-def]
+        return self._stream.extra_attributes
+
+
+async def start_tls(
+    stream: anyio.abc.ByteStream,
+    context: ssl.SSLContext,
+    server_hostname: str | None,
+    trailing_data: bytes,
+    timeout: float,
+) -> TLSStream:
+    """Run the client handshake over ``stream`` (after nsqd's IDENTIFY answer)."""
+    transport: anyio.abc.ByteStream = stream
+    if trailing_data:
+        transport = PrefixedStream(stream, trailing_data)
+    try:
+        with anyio.fail_after(timeout):
+            return await TLSStream.wrap(
+                transport,
+                server_side=False,
+                hostname=server_hostname,
+                ssl_context=context,
+                standard_compatible=False,
+            )
+    except TimeoutError:
+        raise ConnectionLost(f"TLS handshake timed out after {timeout:g}s") from None
+    except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+        raise ConnectionLost(f"TLS handshake failed: {exc}") from exc

@@ -1,0 +1,896 @@
+"""The anyio consumer: a thin driver of :class:`nsq_sansio.consumer.ConsumerCoordinator`.
+
+It reads sockets in 64 KiB chunks, feeds the coordinator, writes what it returns (one write
+per connection per loop iteration: every FIN decided since the last write goes out at once),
+sleeps until the coordinator's next deadline and hands messages to user code. The coordinator
+decides everything else (RDY, backoff, attempts, discovery, reconnection, drain, pull).
+
+Tasks (all inside the consumer's task group; none outlive ``async with``):
+
+* one per connection: connect, then read (a separate writer task flushes its output);
+* one per lookupd request;
+* the pump: timers, and flushing what user code decided (FIN/REQ/TOUCH/fetch/drain).
+
+User code never runs in those tasks, so a slow handler never delays heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from time import monotonic
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from nsq_sansio.config import Config
+from nsq_sansio.consumer import (
+    CloseConnection,
+    CloseHTTPRequest,
+    Connect,
+    ConnectionUp,
+    ConsumerCoordinator,
+    ConsumerState,
+    Deliver,
+    Disconnected,
+    DrainComplete,
+    FetchResult,
+    GiveUp,
+    LookupdFailed,
+    SendHTTPRequest,
+    StartTLS,
+    TakenBack,
+)
+from nsq_sansio.discovery import LookupdAddress, NSQDAddress
+from nsq_sansio.errors import ConnectionLost, LocalProtocolError, NSQError
+from transports._common import (
+    READ_SIZE,
+    ConnectionLogger,
+    ConnectionStats,
+    ConsumerStats,
+    TransportOptions,
+    split_options,
+)
+
+from ._net import connect, start_tls
+
+__all__ = ["Consumer", "KeepaliveExpired", "Message", "drain_on_signals"]
+
+_log = logging.getLogger("nsq_sansio.anyio.consumer")
+
+_SOCKET_ERRORS = (
+    OSError,
+    ssl.SSLError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+    ConnectionLost,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KeepaliveExpired:
+    """``msg.keepalive()`` reached the server's ``max_msg_timeout``: TOUCH cannot extend the
+    message any further and nsqd will take it back (give it to another consumer) at
+    ``deadline`` (monotonic seconds). Reported to ``on_event`` and logged as a warning."""
+
+    message_id: bytes
+    address: NSQDAddress
+    deadline: float
+
+
+class Message:
+    """A message handed to user code, and the way to answer it.
+
+    ``finish()`` / ``requeue(delay=None, backoff=True)`` answer it once (later calls return
+    False); ``touch()`` extends its timeout; ``keepalive()`` touches while a block runs.
+    Answers return False when the message was no longer ours (its connection closed, or nsqd
+    had already taken it back); that is also reported as a ``TakenBack`` event.
+    """
+
+    __slots__ = ("_consumer", "_delivery", "answered", "attempts", "body", "id", "timestamp")
+
+    def __init__(self, consumer: Consumer, delivery: Deliver) -> None:
+        self._consumer = consumer
+        self._delivery = delivery
+        message = delivery.message
+        self.id: bytes = message.id
+        self.body: bytes = message.body
+        self.attempts: int = message.attempts
+        self.timestamp: int = message.timestamp
+        self.answered = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message id={self.id.decode()} attempts={self.attempts} "
+            f"from {self._delivery.address} {len(self.body)} bytes>"
+        )
+
+    @property
+    def address(self) -> str:
+        """The nsqd this message came from."""
+        return str(self._delivery.address)
+
+    @property
+    def delivery(self) -> Deliver:
+        """The coordinator's handle (for the low-level API)."""
+        return self._delivery
+
+    @property
+    def deadline(self) -> float | None:
+        """When nsqd times the message out (monotonic seconds), None if no longer ours."""
+        return self._consumer._coord.deadline(self._delivery)
+
+    def finish_nowait(self) -> bool:
+        """FIN without awaiting (it is queued and written with the next batch)."""
+        if self.answered:
+            return False
+        self.answered = True
+        consumer = self._consumer
+        ok = consumer._coord.finish(self._delivery, monotonic())
+        consumer._kick()
+        return ok
+
+    async def finish(self) -> bool:
+        """FIN: the message was handled."""
+        return self.finish_nowait()
+
+    def requeue_nowait(self, delay: float | None = None, *, backoff: bool = True) -> bool:
+        """REQ without awaiting; see :meth:`requeue`."""
+        if self.answered:
+            return False
+        self.answered = True
+        consumer = self._consumer
+        ok = consumer._coord.requeue(self._delivery, monotonic(), delay, backoff=backoff)
+        consumer._kick()
+        return ok
+
+    async def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
+        """REQ: deliver again after ``delay`` seconds (default: the config's delay times the
+        attempts, capped). ``backoff=False`` does not slow the consumer down."""
+        return self.requeue_nowait(delay, backoff=backoff)
+
+    async def touch(self) -> float | None:
+        """TOUCH: reset the message's timeout; returns the new deadline (None if gone)."""
+        if self.answered:
+            return None
+        consumer = self._consumer
+        deadline = consumer._coord.touch(self._delivery, monotonic())
+        consumer._kick()
+        return deadline
+
+    @asynccontextmanager
+    async def keepalive(self, fraction: float = 0.5) -> AsyncIterator[Message]:
+        """TOUCH every ``fraction`` of the message timeout while the block runs (seeds/002).
+
+        TOUCH cannot extend a message past the server's ``max_msg_timeout``; when that limit is
+        reached a :class:`KeepaliveExpired` event is reported (and logged) before nsqd takes
+        the message back. Nothing is touched outside such a block.
+        """
+        if not 0 < fraction < 1:
+            raise ValueError(f"keepalive fraction must be between 0 and 1, got {fraction!r}")
+        scope = anyio.CancelScope()
+        self._consumer._spawn(self._keepalive, scope, fraction)
+        try:
+            yield self
+        finally:
+            scope.cancel()
+
+    async def _keepalive(self, scope: anyio.CancelScope, fraction: float) -> None:
+        consumer = self._consumer
+        coord = consumer._coord
+        delivery = self._delivery
+        timeout = max(delivery.deadline - delivery.received_at, 0.01)
+        with scope:
+            while not self.answered:
+                deadline = coord.deadline(delivery)
+                limit = coord.max_deadline(delivery)
+                if deadline is None or limit is None:
+                    return
+                # Touch when `fraction` of the timeout is left... of the window since the last
+                # TOUCH: i.e. at deadline - (1 - fraction) * timeout.
+                await anyio.sleep(max(deadline - (1 - fraction) * timeout - monotonic(), 0))
+                if self.answered:
+                    return
+                new = coord.touch(delivery, monotonic())
+                consumer._kick()
+                if new is None:
+                    return
+                if new >= limit:
+                    event = KeepaliveExpired(delivery.message.id, delivery.address, new)
+                    consumer._log_for(delivery.address).warning(
+                        "message %s: keepalive reached nsqd's max_msg_timeout; it will be taken "
+                        "back in %.1fs unless answered",
+                        delivery.message.id.decode(),
+                        new - monotonic(),
+                    )
+                    consumer._emit(event)
+                    return
+
+
+class _Conn:
+    __slots__ = (
+        "address",
+        "bytes_in",
+        "bytes_out",
+        "closing",
+        "conn_id",
+        "finished",
+        "log",
+        "out",
+        "received",
+        "requeued",
+        "scope",
+        "send_lock",
+        "stream",
+        "tls_pending",
+        "wake",
+    )
+
+    def __init__(self, conn_id: int, address: NSQDAddress, log: ConnectionLogger) -> None:
+        self.conn_id = conn_id
+        self.address = address
+        self.log = log
+        self.stream: anyio.abc.ByteStream | None = None
+        self.out: list[bytes] = []
+        self.wake = anyio.Event()
+        self.closing = False
+        self.scope = anyio.CancelScope()
+        self.send_lock = anyio.Lock()
+        self.tls_pending: bytes | None = None
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.received = 0
+        self.finished = 0
+        self.requeued = 0
+
+
+EventCallback = Callable[[object], None]
+
+
+class Consumer:
+    """Consume ``topic``/``channel`` from nsqd (``nsqd=[...]``) or via lookupd (``lookupd=[...]``).
+
+    Keyword arguments are :class:`~nsq_sansio.config.Config` fields (``max_in_flight=200``,
+    ``max_attempts``, ``snappy=True``, ``auth_secret``, ``heartbeat_interval``...) or transport
+    options (``connect_timeout``, ``tls=TLSOptions(...)`` / ``tls_ca_file=...`` etc.).
+    ``pull=True`` makes a pull consumer (:meth:`fetch`). ``on_event`` receives the
+    coordinator's reports (ConnectionUp, Disconnected, GiveUp, TakenBack, LookupdFailed,
+    KeepaliveExpired) synchronously; it must not block.
+
+    Use it as ``async with``; leaving the block drains quickly (messages not answered are
+    requeued), closes every connection and ends every task.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        *,
+        nsqd: str | Iterable[str] = (),
+        lookupd: str | Iterable[str] = (),
+        config: Config | None = None,
+        pull: bool = False,
+        on_event: EventCallback | None = None,
+        logger: logging.Logger | None = None,
+        rng: random.Random | None = None,
+        close_timeout: float = 10.0,
+        **options: Any,
+    ) -> None:
+        self._config, self._options = split_options(config, options)
+        nsqd_list = [nsqd] if isinstance(nsqd, str) else list(nsqd)
+        lookupd_list = [lookupd] if isinstance(lookupd, str) else list(lookupd)
+        self._coord = ConsumerCoordinator(
+            topic,
+            channel,
+            self._config,
+            rng=rng or random.Random(),
+            nsqd=nsqd_list,
+            lookupd=lookupd_list,
+            pull=pull,
+        )
+        self.topic = topic
+        self.channel = channel
+        self._pull = pull
+        self._on_event = on_event
+        self._logger = logger or _log
+        self._close_timeout = close_timeout
+        self._conns: dict[int, _Conn] = {}
+        self._http: dict[int, anyio.CancelScope] = {}
+        self._inbox: deque[Deliver] = deque()
+        self._inbox_event = anyio.Event()
+        self._waiting = 0
+        self._kick_event = anyio.Event()
+        self._kicked = False
+        self._pump_target = math.inf
+        self._fetches: dict[int, list[Any]] = {}
+        self._drained = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._seen: set[NSQDAddress] = set()
+        self._reconnects = 0
+        self._connection_errors = 0
+        self._closed = False
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start (``async with`` does it); connections open in the background."""
+        if self._tg is not None:
+            raise LocalProtocolError("Consumer already started")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._coord.start(monotonic())
+        self._tg.start_soon(self._pump)
+        self._dispatch()
+
+    async def __aenter__(self) -> Consumer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tg = self._tg
+        if tg is None:
+            return None
+        try:
+            await self._shutdown()
+        finally:
+            tg.cancel_scope.cancel()
+            self._closed = True
+            self._wake_readers()
+        return await tg.__aexit__(exc_type, exc, tb)
+
+    async def close(self) -> None:
+        """Drain at once (unanswered messages are requeued) and close every connection."""
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_timeout):
+            if self._coord.state is ConsumerState.RUNNING:
+                self._start_drain(0.0)
+            elif self._coord.state is ConsumerState.DRAINING:
+                # Answer what is left at once rather than waiting for a long drain timeout.
+                self._coord.drain(monotonic(), 0.0)
+            self._kick()
+            if self._coord.state is not ConsumerState.CREATED:
+                await self._drained.wait()
+
+    def _start_drain(self, timeout: float | None) -> None:
+        self._coord.drain(monotonic(), timeout)
+        # Messages not handed to user code were requeued by the coordinator.
+        self._inbox.clear()
+        self._wake_readers()
+        self._dispatch()
+        self._kick()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Graceful shutdown (seeds/003): no new messages (RDY 0), those not yet handed out are
+        requeued, handlers still running may answer for up to ``timeout`` seconds (default
+        ``drain_timeout``); then whatever is left is requeued and every connection closed."""
+        if self._tg is None:
+            raise LocalProtocolError("drain() before the consumer was started")
+        if self._coord.state is ConsumerState.RUNNING:
+            self._start_drain(timeout)
+        await self._drained.wait()
+
+    @property
+    def draining(self) -> bool:
+        return self._coord.state is not ConsumerState.RUNNING
+
+    @property
+    def coordinator(self) -> ConsumerCoordinator:
+        return self._coord
+
+    @property
+    def config(self) -> Config:
+        return self._coord.config
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change max_in_flight at run time (0 pauses); RDY is redistributed at once."""
+        self._coord.set_max_in_flight(max_in_flight, monotonic())
+        self._kick()
+
+    def is_starved(self) -> bool:
+        return self._coord.is_starved()
+
+    # --- consuming -----------------------------------------------------------------------------
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        message = await self._next_message()
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    async def _next_message(self) -> Message | None:
+        inbox = self._inbox
+        conns = self._conns
+        coord = self._coord
+        while True:
+            while inbox:
+                delivery = inbox.popleft()
+                if delivery.conn_id in conns:
+                    coord.mark_delivered(delivery)
+                    return Message(self, delivery)
+            if self._closed or coord.state is not ConsumerState.RUNNING:
+                return None
+            event = self._inbox_event
+            if event.is_set():
+                event = self._inbox_event = anyio.Event()
+            self._waiting += 1
+            try:
+                await event.wait()
+            finally:
+                self._waiting -= 1
+
+    async def run(
+        self,
+        handler: Callable[[Message], Awaitable[object]],
+        *,
+        concurrency: int | None = None,
+    ) -> None:
+        """Call ``handler(msg)`` for every message with up to ``concurrency`` running at once
+        (default: max_in_flight, at most 256). Returning FINs the message, raising REQs it
+        (with backoff), unless the handler answered it itself. Returns once drained."""
+        if self._pull:
+            raise LocalProtocolError("run() is for push consumers; this one has pull=True")
+        if concurrency is None:
+            concurrency = max(1, min(self._coord.max_in_flight, 256))
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+        logger = self._logger
+
+        async def worker() -> None:
+            while True:
+                msg = await self._next_message()
+                if msg is None:
+                    return
+                try:
+                    await handler(msg)
+                except Exception:
+                    logger.exception("handler failed for message %s; requeueing", msg.id.decode())
+                    if not msg.answered:
+                        msg.requeue_nowait()
+                else:
+                    if not msg.answered:
+                        msg.finish_nowait()
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(worker)
+
+    async def fetch(
+        self, batch: int, timeout: float | None = None, *, no_wait: bool = False
+    ) -> list[Message]:
+        """Pull mode: wait for up to ``batch`` messages, at most ``timeout`` seconds (then
+        return what arrived, maybe nothing); ``no_wait`` returns at once what is buffered."""
+        if not self._pull:
+            raise LocalProtocolError("fetch() needs Consumer(..., pull=True)")
+        if self._tg is None:
+            raise LocalProtocolError("fetch() before the consumer was started")
+        slot: list[Any] = [anyio.Event(), None]
+        request_id = self._coord.fetch(batch, monotonic(), expires=timeout, no_wait=no_wait)
+        self._fetches[request_id] = slot
+        self._dispatch()
+        self._kick()
+        try:
+            await slot[0].wait()
+        except BaseException:
+            # Cancelled: whatever this request receives goes back to nsqd.
+            if slot[1] is None:
+                slot[1] = "abandoned"
+            else:
+                self._requeue_all(slot[1].messages)
+            raise
+        result: FetchResult = slot[1]
+        return [Message(self, d) for d in result.messages]
+
+    # --- signals -------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def drain_on_signals(
+        self, *signals: int, timeout: float | None = None
+    ) -> AsyncIterator[None]:
+        """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start :meth:`drain`."""
+        scope = anyio.CancelScope()
+        self._spawn(self._signal_loop, scope, signals or _default_signals(), timeout)
+        try:
+            yield
+        finally:
+            scope.cancel()
+
+    async def _signal_loop(
+        self, scope: anyio.CancelScope, signals: Sequence[int], timeout: float | None
+    ) -> None:
+        with scope, anyio.open_signal_receiver(*signals) as receiver:
+            async for signum in receiver:
+                self._logger.warning("signal %s received: draining the consumer", signum)
+                if self._coord.state is ConsumerState.RUNNING:
+                    self._start_drain(timeout)
+                return
+
+    # --- stats ---------------------------------------------------------------------------------
+
+    def stats(self) -> ConsumerStats:
+        """A snapshot: totals, RDY, backoff, reconnects and one entry per connection."""
+        coord = self._coord
+        counters = coord.stats
+        connections = []
+        for conn in self._conns.values():
+            info = coord.link_info(conn.conn_id)
+            phase, rdy, in_flight = info if info is not None else (None, 0, 0)
+            connections.append(
+                ConnectionStats(
+                    address=str(conn.address),
+                    state=phase.value if phase is not None else "closed",
+                    connected=phase is not None and phase.value == "subscribed",
+                    rdy=rdy,
+                    in_flight=in_flight,
+                    received=conn.received,
+                    finished=conn.finished,
+                    requeued=conn.requeued,
+                    bytes_received=conn.bytes_in,
+                    bytes_sent=conn.bytes_out,
+                )
+            )
+        return ConsumerStats(
+            topic=self.topic,
+            channel=self.channel,
+            received=counters["received"],
+            finished=counters["finished"],
+            requeued=counters["requeued"],
+            given_up=counters["given_up"],
+            taken_back=counters["taken_back"],
+            in_flight=coord.in_flight_count(),
+            rdy=coord.total_rdy,
+            max_in_flight=coord.max_in_flight,
+            backoff_level=coord.backoff_level,
+            backoff_phase=coord.backoff_phase.value,
+            reconnects=self._reconnects,
+            connection_errors=self._connection_errors,
+            connections=tuple(connections),
+        )
+
+    # --- internals: plumbing -------------------------------------------------------------------
+
+    def _spawn(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._tg is None:
+            raise LocalProtocolError("the consumer is not running")
+        self._tg.start_soon(func, *args)
+
+    def _kick(self) -> None:
+        if not self._kicked:
+            self._kicked = True
+            self._kick_event.set()
+
+    def _wake_readers(self) -> None:
+        self._inbox_event.set()
+
+    def _emit(self, event: object) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(event)
+            except Exception:
+                self._logger.exception("on_event callback failed for %r", event)
+
+    def _log_for(self, address: object) -> ConnectionLogger:
+        return ConnectionLogger(self._logger, str(address))
+
+    async def _pump(self) -> None:
+        """Timers, and writes decided by user code (FIN/REQ/TOUCH), batched per iteration."""
+        coord = self._coord
+        while True:
+            if not self._kicked:
+                deadline = coord.next_deadline()
+                self._pump_target = math.inf if deadline is None else deadline
+                if deadline is None:
+                    await self._kick_event.wait()
+                else:
+                    delay = deadline - monotonic()
+                    if delay > 0:
+                        with anyio.move_on_after(delay):
+                            await self._kick_event.wait()
+            self._kick_event = anyio.Event()
+            self._kicked = False
+            self._pump_target = -math.inf  # running: dispatch need not wake us
+            now = monotonic()
+            deadline = coord.next_deadline()
+            if deadline is not None and now >= deadline:
+                coord.handle_timer(now)
+            self._dispatch()
+            # Let readers and user code run between iterations (batches the next writes).
+            await anyio.lowlevel.checkpoint()
+
+    def _dispatch(self) -> None:
+        """Act on everything the coordinator decided; queue its bytes for the writers."""
+        coord = self._coord
+        actions = coord.take_actions()
+        if actions:
+            inbox = self._inbox
+            delivered = False
+            other = False
+            for action in actions:
+                if type(action) is Deliver:
+                    inbox.append(action)
+                    delivered = True
+                else:
+                    other = True
+                    self._act(action)
+            if delivered and self._waiting:
+                self._inbox_event.set()
+            if other:
+                deadline = coord.next_deadline()
+                if deadline is not None and deadline < self._pump_target:
+                    self._kick()
+        conns = self._conns
+        for conn_id, data in coord.pending_data():
+            conn = conns.get(conn_id)
+            if conn is not None and not conn.closing:
+                conn.out.append(data)
+                conn.wake.set()
+
+    def _act(self, action: object) -> None:
+        if isinstance(action, Connect):
+            self._open_connection(action)
+        elif isinstance(action, CloseConnection):
+            conn = self._conns.get(action.conn_id)
+            if conn is not None:
+                if action.final_data:
+                    conn.out.append(action.final_data)
+                conn.closing = True
+                conn.wake.set()
+                if conn.stream is None:  # still connecting: nothing to flush
+                    conn.scope.cancel()
+        elif isinstance(action, StartTLS):
+            conn = self._conns.get(action.conn_id)
+            if conn is not None:
+                conn.tls_pending = action.trailing_data
+        elif isinstance(action, SendHTTPRequest):
+            scope = anyio.CancelScope()
+            self._http[action.request_id] = scope
+            self._spawn(self._http_request, action, scope)
+        elif isinstance(action, CloseHTTPRequest):
+            http_scope = self._http.pop(action.request_id, None)
+            if http_scope is not None:
+                http_scope.cancel()
+        elif isinstance(action, FetchResult):
+            self._on_fetch_result(action)
+        elif isinstance(action, DrainComplete):
+            self._drained.set()
+            self._wake_readers()
+        elif isinstance(action, ConnectionUp):
+            self._log_for(action.address).info(
+                "subscribed to %s/%s (max_rdy_count %d, msg_timeout %ds)",
+                self.topic,
+                self.channel,
+                action.settings.max_rdy_count,
+                action.settings.msg_timeout // 1000,
+            )
+            self._emit(action)
+        elif isinstance(action, Disconnected):
+            log = self._log_for(action.address)
+            if action.error is not None:
+                self._connection_errors += 1
+                retry = (
+                    f"; retrying in {action.reconnect_at - monotonic():.1f}s"
+                    if action.reconnect_at is not None
+                    else ""
+                )
+                log.warning("connection lost: %s%s", action.error, retry)
+            else:
+                log.info("connection closed")
+            self._emit(action)
+        elif isinstance(action, GiveUp):
+            self._log_for(action.address).warning(
+                "giving up on message %s after %d attempts (FIN'd)",
+                action.message.id.decode(),
+                action.message.attempts,
+            )
+            self._emit(action)
+        elif isinstance(action, TakenBack):
+            self._log_for(action.address).warning(
+                "%s for message %s came too late: %s",
+                action.command,
+                action.message_id.decode() if action.message_id else "?",
+                action.error,
+            )
+            self._emit(action)
+        elif isinstance(action, LookupdFailed):
+            self._log_for(action.lookupd).warning("lookupd query failed: %s", action.error)
+            self._emit(action)
+        else:  # pragma: no cover - a new action kind
+            self._emit(action)
+
+    def _on_fetch_result(self, result: FetchResult) -> None:
+        slot = self._fetches.pop(result.request_id, None)
+        if slot is None or slot[1] == "abandoned":
+            self._requeue_all(result.messages)
+            return
+        slot[1] = result
+        slot[0].set()
+
+    def _requeue_all(self, deliveries: Iterable[Deliver]) -> None:
+        now = monotonic()
+        for delivery in deliveries:
+            self._coord.requeue(delivery, now, 0.0, backoff=False)
+        self._kick()
+
+    # --- internals: connections ----------------------------------------------------------------
+
+    def _open_connection(self, action: Connect) -> None:
+        address = action.address
+        if address in self._seen:
+            self._reconnects += 1
+        self._seen.add(address)
+        conn = _Conn(action.conn_id, address, self._log_for(address))
+        self._conns[action.conn_id] = conn
+        self._spawn(self._connection, conn)
+
+    async def _connection(self, conn: _Conn) -> None:
+        coord = self._coord
+        options: TransportOptions = self._options
+        try:
+            with conn.scope:
+                try:
+                    stream = await connect(
+                        conn.address.host, conn.address.port, options.connect_timeout
+                    )
+                except ConnectionLost as exc:
+                    coord.connection_failed(conn.conn_id, exc, monotonic())
+                    self._dispatch()
+                    return
+                conn.stream = stream
+                coord.connection_made(conn.conn_id, monotonic())
+                conn.log.debug("connected")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._writer, conn, tg.cancel_scope)
+                    self._dispatch()
+                    try:
+                        await self._reader(conn)
+                    except _SOCKET_ERRORS as exc:
+                        if conn.conn_id in self._conns and not conn.closing:
+                            coord.connection_failed(conn.conn_id, exc, monotonic())
+                            self._dispatch()
+                        tg.cancel_scope.cancel()
+        finally:
+            self._conns.pop(conn.conn_id, None)
+            if conn.stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.aclose_forcefully(conn.stream)
+
+    async def _reader(self, conn: _Conn) -> None:
+        coord = self._coord
+        conn_id = conn.conn_id
+        dispatch = self._dispatch
+        stream = conn.stream
+        assert stream is not None
+        receive = stream.receive
+        while True:
+            if conn.tls_pending is not None:
+                trailing, conn.tls_pending = conn.tls_pending, None
+                tls = self._options.tls
+                async with conn.send_lock:
+                    stream = await start_tls(
+                        stream,
+                        self._options.ssl_context(),
+                        tls.server_hostname(conn.address.host),
+                        trailing,
+                        self._options.connect_timeout,
+                    )
+                conn.stream = stream
+                receive = stream.receive
+                coord.tls_established(conn_id, monotonic())
+                dispatch()
+            try:
+                data = await receive(READ_SIZE)
+            except anyio.EndOfStream:
+                data = b""
+            conn.bytes_in += len(data)
+            coord.receive_data(conn_id, data, monotonic())
+            dispatch()
+            if not data:
+                # The coordinator has closed it (CloseConnection); the writer flushes and ends
+                # the task, even if nothing was decided.
+                conn.closing = True
+                conn.wake.set()
+                await anyio.sleep_forever()
+
+    async def _writer(self, conn: _Conn, scope: anyio.CancelScope) -> None:
+        coord = self._coord
+        try:
+            while True:
+                await conn.wake.wait()
+                conn.wake = anyio.Event()
+                out = conn.out
+                while out:
+                    data = out[0] if len(out) == 1 else b"".join(out)
+                    out.clear()
+                    stream = conn.stream
+                    assert stream is not None
+                    async with conn.send_lock:
+                        await conn.stream.send(data)  # type: ignore[union-attr]
+                    conn.bytes_out += len(data)
+                if conn.closing:
+                    scope.cancel()
+                    return
+        except _SOCKET_ERRORS as exc:
+            if conn.conn_id in self._conns and not conn.closing:
+                coord.connection_failed(conn.conn_id, exc, monotonic())
+                self._dispatch()
+            scope.cancel()
+
+    # --- internals: lookupd --------------------------------------------------------------------
+
+    async def _http_request(self, action: SendHTTPRequest, scope: anyio.CancelScope) -> None:
+        coord = self._coord
+        lookupd: LookupdAddress = action.lookupd
+        request_id = action.request_id
+        stream: anyio.abc.ByteStream | None = None
+        try:
+            with scope:
+                try:
+                    stream = await connect(
+                        lookupd.host, lookupd.port, self._options.connect_timeout
+                    )
+                    if lookupd.tls:
+                        stream = await start_tls(
+                            stream,
+                            self._options.ssl_context(),
+                            self._options.tls.server_hostname(lookupd.host),
+                            b"",
+                            self._options.connect_timeout,
+                        )
+                    await stream.send(action.data)
+                    while True:
+                        try:
+                            data = await stream.receive(READ_SIZE)
+                        except anyio.EndOfStream:
+                            data = b""
+                        coord.http_data(request_id, data, monotonic())
+                        self._dispatch()
+                        if not data:
+                            break
+                except (*_SOCKET_ERRORS, NSQError) as exc:
+                    coord.http_failed(request_id, exc, monotonic())
+                    self._dispatch()
+        finally:
+            self._http.pop(request_id, None)
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.aclose_forcefully(stream)
+
+
+def _default_signals() -> tuple[int, ...]:
+    import signal
+
+    names = ("SIGTERM", "SIGHUP", "SIGINT")
+    return tuple(getattr(signal, n) for n in names if hasattr(signal, n))
+
+
+@asynccontextmanager
+async def drain_on_signals(
+    consumer: Consumer, *signals: int, timeout: float | None = None
+) -> AsyncIterator[None]:
+    """Opt-in: while the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) drain ``consumer``.
+
+    ::
+
+        async with Consumer(...) as c, drain_on_signals(c):
+            await c.run(handler)        # returns once the drain finished
+    """
+    async with consumer.drain_on_signals(*signals, timeout=timeout):
+        yield
