@@ -1,0 +1,375 @@
+"""Invariants of a simulated cluster, checked after every step and at the end of a run.
+
+Per step (from the wire, independently of the state machines' own bookkeeping):
+
+* ``RDY_SUM``: the RDY a consumer last sent, summed over its live connections, never exceeds
+  its ``max_in_flight``.
+* ``RDY_IN_FLIGHT``: nsqd never pushes a message on a connection that already holds as many
+  un-answered, un-expired messages as the RDY it last received there (so a consumer never has
+  more in flight than its RDY allowed).
+* ``BACKOFF_RDY``: while a consumer backs off (waiting or testing) it never sends RDY > 1.
+
+At the end:
+
+* ``AT_LEAST_ONCE``: every message a broker accepted (acknowledged PUB/MPUB, or an HTTP publish)
+  was finished by some consumer of each channel, or given up after ``max_attempts``, unless the
+  broker holding it crashed without it on (durable) disk.
+* ``DRAIN``: a drained consumer answered (FIN or REQ) every message it received before closing,
+  so nothing it had is left to time out.
+* ``DISCOVERY``: after partitions heal, each lookupd consumer is connected to exactly the live
+  nsqd nodes.
+* ``BROKER_EMPTY``: live brokers hold nothing for the channels (nothing stuck).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..backoff import BackoffPhase
+from .network import CLIENT_TO_SERVER, SimConn
+from .wire import (
+    ChunkQueue,
+    ClientCommand,
+    CommandParser,
+    FrameParser,
+    ServerFrame,
+    identify_answer,
+)
+
+if TYPE_CHECKING:
+    from ..consumer import Deliver
+    from .nodes import ConsumerNode
+    from .simulator import Simulator
+
+__all__ = ["Invariant", "InvariantViolation", "Monitor", "Violation"]
+
+
+class Invariant(enum.Enum):
+    RDY_SUM = "rdy_sum"
+    RDY_IN_FLIGHT = "rdy_in_flight"
+    BACKOFF_RDY = "backoff_rdy"
+    AT_LEAST_ONCE = "at_least_once"
+    DRAIN = "drain"
+    DISCOVERY = "discovery"
+    BROKER_EMPTY = "broker_empty"
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    invariant: Invariant
+    time: float
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.invariant.value} @ {self.time:.3f}s] {self.detail}"
+
+
+class InvariantViolation(AssertionError):
+    """Raised when an invariant fails; the message ends with the line that replays the run."""
+
+    def __init__(self, violations: list[Violation], replay: str) -> None:
+        shown = "\n  ".join(str(v) for v in violations[:10])
+        more = f"\n  ... and {len(violations) - 10} more" if len(violations) > 10 else ""
+        super().__init__(f"{len(violations)} invariant violation(s):\n  {shown}{more}\n"
+                         f"replay: {replay}")
+        self.violations = violations
+        self.replay = replay
+
+
+class _Pipe:
+    """What one client<->nsqd connection carried, as parsed from the wire."""
+
+    __slots__ = ("client", "client_rdy", "commands", "conn", "frames", "held", "max_msg_timeout",
+                 "monitor", "msg_timeout", "nsqd", "opaque", "outstanding", "parser",
+                 "server_rdy", "topic_channel")
+
+    def __init__(self, monitor: Monitor, conn: SimConn) -> None:
+        self.monitor = monitor
+        self.conn = conn
+        self.client = conn.client.name
+        self.nsqd = conn.server.name if conn.server is not None else "?"
+        self.parser = CommandParser()
+        self.frames = FrameParser()
+        self.commands = ChunkQueue()
+        self.opaque = False
+        self.client_rdy = 0
+        self.server_rdy = 0
+        self.msg_timeout = 60.0
+        self.max_msg_timeout = 900.0
+        #: message id -> (server timeout deadline, first delivery time), the server's view
+        self.outstanding: dict[bytes, tuple[float, float]] = {}
+        #: ids the client received and has not answered (FIN/REQ) yet
+        self.held: set[bytes] = set()
+        self.topic_channel: tuple[str, str] | None = None
+
+    def sent(self, direction: int, data: bytes, now: float) -> None:
+        if self.opaque:
+            return
+        if direction == CLIENT_TO_SERVER:
+            commands = self.parser.feed(data)
+            self.commands.push(commands)
+            for command in commands:
+                self._client_command(command, now)
+        else:
+            self.frames.feed(data, lambda frame: self._server_frame(frame, now))
+
+    def delivered(self, direction: int, data: bytes, now: float) -> None:
+        if self.opaque or direction != CLIENT_TO_SERVER:
+            return
+        for command in self.commands.pop():
+            verb = command.verb
+            if verb == b"RDY":
+                self.server_rdy = int(command.args[0])
+            elif verb == b"FIN" or verb == b"REQ":
+                self.outstanding.pop(command.args[0], None)
+            elif verb == b"TOUCH":
+                entry = self.outstanding.get(command.args[0])
+                if entry is not None and entry[0] > now:
+                    first = entry[1]
+                    self.outstanding[command.args[0]] = (
+                        min(now + self.msg_timeout, first + self.max_msg_timeout), first
+                    )
+
+    def closed(self, now: float) -> None:
+        self.monitor.pipe_closed(self, now)
+
+    def _client_command(self, command: ClientCommand, now: float) -> None:
+        verb = command.verb
+        monitor = self.monitor
+        if verb == b"RDY":
+            count = int(command.args[0])
+            self.client_rdy = count
+            monitor.rdy_sent(self, count, now)
+        elif verb == b"FIN":
+            self.held.discard(command.args[0])
+            monitor.fin_sent(self, command.args[0], now)
+        elif verb == b"REQ":
+            self.held.discard(command.args[0])
+        elif verb == b"SUB":
+            self.topic_channel = (command.args[0].decode(), command.args[1].decode())
+            monitor.subscribed(self)
+
+    def _server_frame(self, frame: ServerFrame, now: float) -> None:
+        if frame.message is not None:
+            message_id, attempts, body = frame.message
+            live = 0
+            for deadline, _ in self.outstanding.values():
+                if deadline > now:
+                    live += 1
+            if live >= self.server_rdy:
+                self.monitor.violate(
+                    Invariant.RDY_IN_FLIGHT, now,
+                    f"{self.nsqd} pushed a message to {self.client} (conn {self.conn.id}) holding "
+                    f"{live} un-expired messages with RDY {self.server_rdy}",
+                )
+            self.outstanding[message_id] = (now + self.msg_timeout, now)
+            self.held.add(message_id)
+            self.monitor.message_sent(self, message_id, attempts, body, now)
+            return
+        if frame.frame_type == 0:
+            answer = identify_answer(frame.data)
+            if answer is not None:
+                timeout = answer.get("msg_timeout")
+                if isinstance(timeout, int) and timeout > 0:
+                    self.msg_timeout = timeout / 1000
+                max_timeout = answer.get("max_msg_timeout")
+                if isinstance(max_timeout, int) and max_timeout > 0:
+                    self.max_msg_timeout = max_timeout / 1000
+                if answer.get("snappy") or answer.get("deflate") or answer.get("tls_v1"):
+                    self.opaque = True
+
+
+class Monitor:
+    """Collects what happened in a run and checks the invariants."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.violations: list[Violation] = []
+        self._pipes: dict[int, _Pipe] = {}
+        self._consumer_pipes: dict[str, dict[int, _Pipe]] = {}
+        # ledger: (topic, channel, body) -> home nsqd ; outcome sets
+        self.expected: dict[tuple[str, str, bytes], str] = {}
+        self.accepted_at: dict[bytes, float] = {}
+        self.finished: set[tuple[str, str, bytes]] = set()
+        self.given_up: set[tuple[str, str, bytes]] = set()
+        self.excused: set[tuple[str, str, bytes]] = set()
+        self.handled: dict[tuple[str, str, bytes], int] = {}
+        self.deliveries: dict[tuple[str, str, bytes], int] = {}
+        self.first_handled_at: dict[tuple[str, str, bytes], float] = {}
+        self._id_body: dict[tuple[str, bytes], bytes] = {}
+        self.lookup_requests: list[tuple[float, str, str]] = []
+        self.draining: set[str] = set()
+        self.drain_leftovers: dict[str, int] = {}
+        self.messages_sent = 0
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def observe(self, conn: SimConn) -> _Pipe | None:
+        """Observer factory for the network: V2 connections from clients to nsqd."""
+        from .nodes import NsqdNode
+
+        server = conn.server
+        if isinstance(server, NsqdNode) and conn.port == server.options.tcp_port:
+            pipe = _Pipe(self, conn)
+            self._pipes[conn.id] = pipe
+            self._consumer_pipes.setdefault(conn.client.name, {})[conn.id] = pipe
+            return pipe
+        return None
+
+    def violate(self, invariant: Invariant, now: float, detail: str) -> None:
+        self.violations.append(Violation(invariant, now, detail))
+
+    # -- wire events ------------------------------------------------------------------------
+
+    def rdy_sent(self, pipe: _Pipe, count: int, now: float) -> None:
+        from .nodes import ConsumerNode
+
+        node = self.sim.nodes.get(pipe.client)
+        if not isinstance(node, ConsumerNode):
+            return
+        limit = node.coord.max_in_flight
+        total = sum(p.client_rdy for p in self._consumer_pipes.get(pipe.client, {}).values())
+        if total > limit:
+            self.violate(Invariant.RDY_SUM, now,
+                         f"{pipe.client} RDY sum {total} > max_in_flight {limit} "
+                         f"(RDY {count} to {pipe.nsqd})")
+        if count > 1 and node.coord.backoff_phase is not BackoffPhase.NORMAL:
+            self.violate(Invariant.BACKOFF_RDY, now,
+                         f"{pipe.client} sent RDY {count} to {pipe.nsqd} while backing off "
+                         f"({node.coord.backoff_phase.name}, level {node.coord.backoff_level})")
+
+    def subscribed(self, pipe: _Pipe) -> None:
+        """A SUB went out on ``pipe``."""
+
+    def message_sent(self, pipe: _Pipe, message_id: bytes, attempts: int, body: bytes,
+                     now: float) -> None:
+        self.messages_sent += 1
+        self._id_body[(pipe.nsqd, message_id)] = body
+        if pipe.topic_channel is not None:
+            key = (pipe.topic_channel[0], pipe.topic_channel[1], body)
+            self.deliveries[key] = self.deliveries.get(key, 0) + 1
+
+    def fin_sent(self, pipe: _Pipe, message_id: bytes, now: float) -> None:
+        body = self._id_body.get((pipe.nsqd, message_id))
+        if body is not None and pipe.topic_channel is not None:
+            self.finished.add((pipe.topic_channel[0], pipe.topic_channel[1], body))
+
+    def pipe_closed(self, pipe: _Pipe, now: float) -> None:
+        self._consumer_pipes.get(pipe.client, {}).pop(pipe.conn.id, None)
+        self._pipes.pop(pipe.conn.id, None)
+
+    def on_client_conn_ended(self, conn: SimConn, *, by_client: bool) -> None:
+        """The client closed its connection (``by_client``) or learnt it is gone: its RDY is
+        released. A draining consumer that closes must have answered everything it got."""
+        pipe = self._pipes.get(conn.id)
+        if pipe is None:
+            return
+        self._consumer_pipes.get(pipe.client, {}).pop(conn.id, None)
+        pipe.client_rdy = 0
+        if by_client and pipe.client in self.draining and pipe.held:
+            now = self.sim.now
+            self.drain_leftovers[pipe.client] = (
+                self.drain_leftovers.get(pipe.client, 0) + len(pipe.held)
+            )
+            self.violate(Invariant.DRAIN, now,
+                         f"draining {pipe.client} closed its connection to {pipe.nsqd} with "
+                         f"{len(pipe.held)} message(s) never answered (they wait for timeouts)")
+
+    # -- node events ------------------------------------------------------------------------
+
+    def on_accepted(self, nsqd: str, topic: str, bodies: Iterable[bytes], now: float) -> None:
+        channels = self.sim.spec.channels_of(topic)
+        for body in bodies:
+            self.accepted_at.setdefault(body, now)
+            for channel in channels:
+                self.expected.setdefault((topic, channel, body), nsqd)
+
+    def on_handled(self, consumer: str, delivery: Deliver, now: float) -> None:
+        node = self.sim.nodes[consumer]
+        key = (node.topic, node.channel, delivery.body)  # type: ignore[attr-defined]
+        self.handled[key] = self.handled.get(key, 0) + 1
+        self.first_handled_at.setdefault(key, now)
+
+    def on_give_up(self, consumer: str, topic: str, channel: str, body: bytes,
+                   now: float) -> None:
+        self.given_up.add((topic, channel, body))
+
+    def on_nsqd_down(self, nsqd: str, on_disk: set[bytes], now: float) -> None:
+        """Messages homed on a crashed nsqd and not on its disk are excused from delivery."""
+        for key, home in self.expected.items():
+            if home != nsqd or key in self.finished or key in self.given_up:
+                continue
+            if key[2] not in on_disk:
+                self.excused.add(key)
+
+    def on_drain_started(self, consumer: str, now: float) -> None:
+        self.draining.add(consumer)
+
+    def on_drain_complete(self, consumer: str, now: float) -> None:
+        pass
+
+    def on_consumer_killed(self, consumer: str, now: float) -> None:
+        self.draining.discard(consumer)
+
+    def on_lookup_request(self, lookupd: str, client: str, now: float) -> None:
+        self.lookup_requests.append((now, lookupd, client))
+
+    def on_consumer_step(self, node: ConsumerNode, now: float) -> None:
+        """Hook after each consumer step (the wire checks run as bytes are written)."""
+
+    # -- end checks -------------------------------------------------------------------------
+
+    def outstanding(self) -> list[tuple[str, str, bytes]]:
+        """Expected messages neither finished, given up nor excused (yet)."""
+        done = self.finished | self.given_up | self.excused
+        return [key for key in self.expected if key not in done]
+
+    def check_final(self, now: float, *, discovery: bool = True) -> None:
+        missing = self.outstanding()
+        if missing:
+            sample = ", ".join(repr(k[2]) for k in missing[:5])
+            self.violate(Invariant.AT_LEAST_ONCE, now,
+                         f"{len(missing)} accepted message(s) never finished nor given up "
+                         f"(e.g. {sample})")
+        self._check_brokers(now)
+        if discovery:
+            self.check_discovery(now)
+
+    def _check_brokers(self, now: float) -> None:
+        from .nodes import NsqdNode
+
+        for node in self.sim.nodes.values():
+            if not isinstance(node, NsqdNode) or not node.alive:
+                continue
+            stats = node.nsqd.stats(now, include_clients=False)
+            for topic in stats["topics"]:
+                for chan in topic["channels"]:
+                    if chan["channel_name"] not in self.sim.spec.channels_of(topic["topic_name"]):
+                        continue
+                    held = chan["depth"] + chan["in_flight_count"] + chan["deferred_count"]
+                    if held:
+                        self.violate(Invariant.BROKER_EMPTY, now,
+                                     f"{node.name} still holds {held} message(s) on "
+                                     f"{topic['topic_name']}/{chan['channel_name']} "
+                                     f"(depth {chan['depth']}, in flight "
+                                     f"{chan['in_flight_count']}, deferred "
+                                     f"{chan['deferred_count']})")
+
+    def check_discovery(self, now: float) -> None:
+        from .nodes import ConsumerNode, NsqdNode
+
+        live = {n.address for n in self.sim.nodes.values() if isinstance(n, NsqdNode) and n.alive}
+        for node in self.sim.nodes.values():
+            if not isinstance(node, ConsumerNode) or not node.alive or not node.lookupd_addresses:
+                continue
+            if node.drain_started_at is not None:
+                continue
+            connected = {conn.address for conn in node.conn_of.values()
+                         if conn.state.name == "OPEN"}
+            if connected != live:
+                self.violate(Invariant.DISCOVERY, now,
+                             f"{node.name} is connected to {sorted(connected)}, live nsqd are "
+                             f"{sorted(live)}")

@@ -1,0 +1,511 @@
+"""The cluster simulator: nsqd, nsqlookupd, producers and consumers on one virtual clock.
+
+Everything is deterministic: a :class:`Scenario` (cluster shape, workload, faults) and a seed
+give exactly one run, so a failure is replayed from the one line printed with it::
+
+    python -m nsq_sansio.testing replay <blob>
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import json
+import random
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import Config
+from ..server.lookupd import LookupdOptions
+from ..server.options import NSQDOptions
+from .clock import Scheduler
+from .invariants import InvariantViolation, Monitor
+from .network import LinkSpec, Network
+from .nodes import ConsumerNode, Handler, LookupdNode, NsqdNode, ProducerNode, SimNode
+
+__all__ = [
+    "ClusterSpec",
+    "ConsumerSpec",
+    "Fault",
+    "FaultKind",
+    "RunResult",
+    "Scenario",
+    "Simulator",
+    "Workload",
+    "replay_line",
+    "run_scenario",
+    "scenario_from_blob",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSpec:
+    """``count`` consumers of ``channel`` with one :class:`Config` and one handler."""
+
+    count: int = 1
+    channel: str = "archive"
+    config: Config = field(default_factory=lambda: Config(
+        max_in_flight=10, default_requeue_delay=1.0, max_requeue_delay=10.0,
+        backoff_multiplier=0.5, max_backoff_duration=4.0, lookupd_poll_interval=5.0,
+        reconnect_delay=0.5, max_reconnect_delay=5.0, heartbeat_interval=5.0,
+    ))
+    handler: Handler = field(default_factory=Handler)
+    #: Discover nsqd through lookupd (True) or connect to every nsqd directly (False).
+    use_lookupd: bool = True
+    start_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """The shape of a cluster: how many nodes of each kind and how they are configured."""
+
+    nsqd: int = 1
+    lookupd: int = 1
+    topic: str = "events"
+    consumers: tuple[ConsumerSpec, ...] = (ConsumerSpec(),)
+    #: nsqd's backends survive a crash (written to disk, and ``mem_queue_size`` 0 so every
+    #: message is on disk until delivered), like ``--mem-queue-size=0`` with a disk queue.
+    durable: bool = True
+    nsqd_options: NSQDOptions = field(default_factory=lambda: NSQDOptions(
+        msg_timeout=10.0, max_msg_timeout=60.0, client_timeout=10.0, max_req_timeout=60.0,
+    ))
+    lookupd_options: LookupdOptions = field(default_factory=lambda: LookupdOptions(
+        inactive_producer_timeout=30.0, tombstone_lifetime=10.0,
+    ))
+    link: LinkSpec = field(default_factory=LinkSpec)
+    lookup_ping_interval: float = 5.0
+
+    def channels_of(self, topic: str) -> tuple[str, ...]:
+        if topic != self.topic:
+            return ()
+        seen: dict[str, None] = {}
+        for consumer in self.consumers:
+            seen.setdefault(consumer.channel, None)
+        return tuple(seen)
+
+    def topics_channels(self) -> list[tuple[str, tuple[str, ...]]]:
+        return [(self.topic, self.channels_of(self.topic))]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """``messages`` bodies published at ``rate`` per second from ``start``, ``batch`` per
+    publish (MPUB when > 1), spread round-robin over the nsqd; over TCP producers when
+    ``via_tcp``, else through nsqd's HTTP API (accepted at once)."""
+
+    messages: int = 100
+    rate: float = 100.0
+    batch: int = 1
+    start: float = 1.0
+    via_tcp: bool = True
+
+
+class FaultKind(enum.Enum):
+    DROP_CONNECTIONS = "drop"  # reset every connection of a node
+    PARTITION = "partition"  # cut a node off from everyone for ``duration``
+    CRASH = "crash"  # kill a node (nsqd loses what is not on disk), restart after ``duration``
+    STOP = "stop"  # clean shutdown of an nsqd (everything to disk), restart after ``duration``
+    KILL_CONSUMER = "kill_consumer"  # a consumer dies; a new one replaces it after ``duration``
+    DRAIN_CONSUMER = "drain_consumer"  # a consumer drains; a new one replaces it after ``duration``
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    at: float
+    kind: FaultKind
+    target: str
+    duration: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """Everything a run depends on (with the seed)."""
+
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    workload: Workload = field(default_factory=Workload)
+    faults: tuple[Fault, ...] = ()
+    #: Faults happen before this; then everything heals and the run settles.
+    duration: float = 30.0
+    #: Longest settle phase after ``duration`` (simulated seconds).
+    settle: float = 600.0
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What a run did: final simulated time, counters, and the monitor with everything."""
+
+    end_time: float
+    events: int
+    messages_expected: int
+    messages_finished: int
+    deliveries: int
+    monitor: Monitor = field(repr=False)
+    replay: str = ""
+
+
+class Simulator:
+    """A cluster on a virtual clock. Build it from a :class:`ClusterSpec`, schedule things,
+    run. ``strict`` raises :class:`InvariantViolation` at the first violated step."""
+
+    def __init__(self, spec: ClusterSpec | None = None, *, seed: int = 0, strict: bool = True,
+                 replay: str = "") -> None:
+        self.spec = spec if spec is not None else ClusterSpec()
+        self.seed = seed
+        self.strict = strict
+        self.replay = replay
+        self.rng = random.Random(seed)
+        self.scheduler = Scheduler()
+        self.net = Network(self.scheduler, random.Random(self.rng.getrandbits(64)), self.spec.link)
+        self.net.after = self.after
+        self.monitor = Monitor(self)
+        self.net.observer_factories.append(self.monitor.observe)
+        self.nodes: dict[str, SimNode] = {}
+        self.nsqds: list[NsqdNode] = []
+        self.lookupds: list[LookupdNode] = []
+        self.consumers: list[ConsumerNode] = []
+        self.producers: list[ProducerNode] = []
+        self._generation: dict[str, int] = {}
+        self._hooks: list[Callable[[Simulator], None]] = []
+        self._build()
+
+    @property
+    def now(self) -> float:
+        return self.scheduler.now
+
+    # -- building -------------------------------------------------------------------------------
+
+    def _add(self, node: SimNode) -> None:
+        self.nodes[node.name] = node
+        self.net.add_node(node)
+
+    def _build(self) -> None:
+        spec = self.spec
+        for i in range(spec.lookupd):
+            lookupd_options = dataclasses.replace(
+                spec.lookupd_options, broadcast_address=f"lookupd{i}", hostname=f"lookupd{i}"
+            )
+            lookupd = LookupdNode(self, f"lookupd{i}", lookupd_options)
+            self.lookupds.append(lookupd)
+            self._add(lookupd)
+        durable = spec.durable
+        for i in range(spec.nsqd):
+            options = dataclasses.replace(
+                spec.nsqd_options, node_id=i, broadcast_address=f"nsqd{i}", hostname=f"nsqd{i}",
+                mem_queue_size=0 if durable else spec.nsqd_options.mem_queue_size,
+            )
+            nsqd = NsqdNode(self, f"nsqd{i}", options, [lk.tcp_address for lk in self.lookupds],
+                            durable=durable, seed=self.rng.getrandbits(32))
+            self.nsqds.append(nsqd)
+            self._add(nsqd)
+            nsqd.restart_topics(self.now)
+        for group, cspec in enumerate(spec.consumers):
+            for i in range(cspec.count):
+                self.add_consumer(cspec, f"c{group}.{i}", start_at=cspec.start_at)
+        for each in list(self.nodes.values()):
+            self.after(each)
+
+    def add_consumer(self, cspec: ConsumerSpec, base: str, *, start_at: float | None = None
+                     ) -> ConsumerNode:
+        """A new consumer named ``base`` (``base~1``, ``base~2``... for replacements)."""
+        generation = self._generation.get(base, 0)
+        self._generation[base] = generation + 1
+        name = base if generation == 0 else f"{base}~{generation}"
+        node = ConsumerNode(
+            self, name, self.spec.topic, cspec.channel, cspec.config, cspec.handler,
+            nsqd=[] if cspec.use_lookupd and self.lookupds else [n.address for n in self.nsqds],
+            lookupd=[lk.http_address for lk in self.lookupds] if cspec.use_lookupd else [],
+            seed=self.rng.getrandbits(32),
+        )
+        node.spec = cspec  # type: ignore[attr-defined]
+        node.base = base  # type: ignore[attr-defined]
+        self.consumers.append(node)
+        self._add(node)
+        when = self.now if start_at is None else max(start_at, self.now)
+        self.scheduler.call_at(when, self._start_consumer, node)
+        return node
+
+    def _start_consumer(self, node: ConsumerNode) -> None:
+        if node.alive and not node.started:
+            node.start(self.now)
+            self.after(node)
+
+    def add_producer(self, nsqd: NsqdNode) -> ProducerNode:
+        node = ProducerNode(self, f"p{len(self.producers)}", nsqd.address, self.spec.topic)
+        self.producers.append(node)
+        self._add(node)
+        return node
+
+    # -- timers ---------------------------------------------------------------------------------
+
+    def after(self, node: SimNode) -> None:
+        """Re-arm ``node``'s timer after anything touched it."""
+        if not node.alive:
+            return
+        deadline = node.next_deadline()
+        if deadline is None:
+            return
+        current = node.timer_at
+        if current is not None and current <= deadline:
+            return
+        now = self.scheduler.now
+        if deadline <= now:
+            deadline = now
+        node.timer_token += 1
+        node.timer_at = deadline
+        self.scheduler.call_at(deadline, self._fire, (node, node.timer_token))
+
+    def _fire(self, item: tuple[SimNode, int]) -> None:
+        node, token = item
+        if token != node.timer_token:
+            return
+        node.timer_at = None
+        if not node.alive:
+            return
+        now = self.scheduler.now
+        node.handle_timer(now)
+        deadline = node.next_deadline()
+        if deadline is not None and deadline <= now:
+            # no progress at this instant: look again a little later instead of spinning
+            node.timer_token += 1
+            node.timer_at = now + 0.001
+            self.scheduler.call_at(now + 0.001, self._fire, (node, node.timer_token))
+            return
+        self.after(node)
+
+    # -- scheduling work and faults -------------------------------------------------------------
+
+    def schedule_workload(self, workload: Workload) -> None:
+        """Publish ``workload.messages`` unique bodies (``b"m<n>"``)."""
+        if not self.nsqds or workload.messages <= 0:
+            return
+        producers = [self.add_producer(n) for n in self.nsqds] if workload.via_tcp else []
+        interval = workload.batch / workload.rate if workload.rate > 0 else 0.0
+        count = 0
+        index = 0
+        while count < workload.messages:
+            size = min(workload.batch, workload.messages - count)
+            bodies = [b"m%d" % (count + k) for k in range(size)]
+            count += size
+            target = index % len(self.nsqds)
+            at = workload.start + index * interval
+            if workload.via_tcp:
+                self.scheduler.call_at(at, self._publish_tcp, (producers[target], bodies))
+            else:
+                self.scheduler.call_at(at, self._publish_http, (self.nsqds[target], bodies))
+            index += 1
+
+    def _publish_tcp(self, item: tuple[ProducerNode, list[bytes]]) -> None:
+        producer, bodies = item
+        producer.publish(bodies, self.now)
+        self.after(producer)
+
+    def _publish_http(self, item: tuple[NsqdNode, list[bytes]]) -> None:
+        nsqd, bodies = item
+        if not nsqd.publish(self.spec.topic, bodies, self.now):
+            # refused (down): try again later, as an HTTP publisher with retries would
+            self.scheduler.call_at(self.now + 1.0, self._publish_http, item)
+        self.after(nsqd)
+
+    def schedule_fault(self, fault: Fault) -> None:
+        self.scheduler.call_at(fault.at, self._apply_fault, fault)
+
+    def _apply_fault(self, fault: Fault) -> None:
+        node = self.nodes.get(fault.target)
+        if node is None:
+            return
+        now = self.now
+        kind = fault.kind
+        if kind is FaultKind.DROP_CONNECTIONS:
+            for conn in list(self.net.conns.values()):
+                if conn.client is node or conn.server is node:
+                    self.net.drop(conn)
+        elif kind is FaultKind.PARTITION:
+            others = [name for name in self.nodes if name != node.name]
+            self.net.partition([[node.name], others])
+            self.scheduler.call_at(now + fault.duration, self._heal, None)
+        elif kind is FaultKind.CRASH or kind is FaultKind.STOP:
+            if isinstance(node, NsqdNode):
+                node.crash(now, clean=kind is FaultKind.STOP)
+            elif isinstance(node, LookupdNode):
+                node.crash(now)
+            else:
+                return
+            self.scheduler.call_at(now + fault.duration, self._restart, node)
+        elif kind is FaultKind.KILL_CONSUMER or kind is FaultKind.DRAIN_CONSUMER:
+            if not isinstance(node, ConsumerNode) or not node.alive:
+                return
+            if node.drain_started_at is not None:
+                return
+            if kind is FaultKind.KILL_CONSUMER:
+                node.kill(now)
+            else:
+                node.drain(now)
+                self.after(node)
+            cspec: ConsumerSpec = node.spec  # type: ignore[attr-defined]
+            self.add_consumer(cspec, node.base,  # type: ignore[attr-defined]
+                              start_at=now + fault.duration)
+
+    def _heal(self, _: object) -> None:
+        self.net.heal()
+
+    def _restart(self, node: SimNode) -> None:
+        if isinstance(node, (NsqdNode, LookupdNode)):
+            node.restart(self.now)
+        self.after(node)
+
+    def heal_all(self) -> None:
+        """End partitions and restart every crashed broker (the settle phase begins)."""
+        self.net.heal()
+        for node in self.nodes.values():
+            if not node.alive and isinstance(node, (NsqdNode, LookupdNode)):
+                self._restart(node)
+
+    def add_hook(self, hook: Callable[[Simulator], None]) -> None:
+        """Call ``hook(sim)`` after every event (user invariants)."""
+        self._hooks.append(hook)
+
+    # -- running --------------------------------------------------------------------------------
+
+    def run_until(self, deadline: float) -> None:
+        """Advance the clock to ``deadline``; strict mode raises at the first violation."""
+        monitor = self.monitor
+        hooks = self._hooks
+
+        def stop() -> bool:
+            for hook in hooks:
+                hook(self)
+            return bool(monitor.violations) and self.strict
+
+        self.scheduler.run_until(deadline, stop)
+        self.raise_if_violated()
+
+    def run_for(self, seconds: float) -> None:
+        self.run_until(self.now + seconds)
+
+    def settle(self, limit: float, step: float = 5.0) -> bool:
+        """Run until every accepted message is finished, given up or excused and the brokers
+        are empty (or ``limit`` simulated seconds pass); True when it settled."""
+        end = self.now + limit
+        while self.now < end:
+            self.run_until(min(end, self.now + step))
+            if not self.monitor.outstanding() and self._brokers_empty():
+                return True
+        return False
+
+    def _brokers_empty(self) -> bool:
+        for node in self.nsqds:
+            if not node.alive:
+                continue
+            stats = node.nsqd.stats(self.now, include_clients=False)
+            for topic in stats["topics"]:
+                for chan in topic["channels"]:
+                    if chan["depth"] or chan["in_flight_count"] or chan["deferred_count"]:
+                        return False
+        return True
+
+    def raise_if_violated(self) -> None:
+        if self.monitor.violations:
+            raise InvariantViolation(list(self.monitor.violations), self.replay)
+
+    def result(self) -> RunResult:
+        monitor = self.monitor
+        done = monitor.finished | monitor.given_up
+        return RunResult(
+            end_time=self.now,
+            events=self.scheduler.events_run,
+            messages_expected=len(monitor.expected),
+            messages_finished=sum(1 for key in monitor.expected if key in done),
+            deliveries=monitor.messages_sent,
+            monitor=monitor,
+            replay=self.replay,
+        )
+
+
+# --- scenarios: run, serialise, replay ---------------------------------------------------------
+
+
+def run_scenario(scenario: Scenario, *, check_discovery: bool = True) -> RunResult:
+    """Run a scenario to the end: faults until ``duration``, then heal and settle, then the
+    final invariants. Raises :class:`InvariantViolation` (with the replay line) on failure."""
+    line = replay_line(scenario)
+    sim = Simulator(scenario.cluster, seed=scenario.seed, replay=line)
+    sim.schedule_workload(scenario.workload)
+    for fault in scenario.faults:
+        sim.schedule_fault(fault)
+    sim.run_until(scenario.duration)
+    sim.heal_all()
+    sim.settle(scenario.settle)
+    if check_discovery:
+        # discovery needs a poll after the last change: give every consumer a few intervals
+        longest = max((c.config.lookupd_poll_interval * (1 + c.config.lookupd_poll_jitter)
+                       for c in scenario.cluster.consumers), default=0.0)
+        sim.run_for(3 * longest + scenario.cluster.lookupd_options.tombstone_lifetime)
+    sim.monitor.check_final(sim.now, discovery=check_discovery)
+    sim.raise_if_violated()
+    return sim.result()
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {"__type__": type(value).__name__}
+        for f in dataclasses.fields(value):
+            out[f.name] = _encode(getattr(value, f.name))
+        return out
+    if isinstance(value, enum.Enum):
+        return {"__enum__": type(value).__name__, "value": value.value}
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    if isinstance(value, bytes):
+        return {"__bytes__": value.hex()}
+    if callable(value):
+        raise TypeError(f"cannot serialise {value!r}: replay needs handlers without functions")
+    return value
+
+
+def _types() -> dict[str, type]:
+    from ..server.lookupd import LookupdOptions as LO
+
+    return {
+        t.__name__: t
+        for t in (ClusterSpec, ConsumerSpec, Workload, Fault, Scenario, Config, NSQDOptions,
+                  LO, LinkSpec, Handler, FaultKind)
+    }
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_decode(v) for v in value)
+    if isinstance(value, dict):
+        types = _types()
+        if "__enum__" in value:
+            return types[value["__enum__"]](value["value"])
+        if "__bytes__" in value:
+            return bytes.fromhex(value["__bytes__"])
+        kind = types[value["__type__"]]
+        kwargs = {k: _decode(v) for k, v in value.items() if k != "__type__"}
+        return kind(**kwargs)
+    return value
+
+
+def scenario_blob(scenario: Scenario) -> str:
+    raw = json.dumps(_encode(scenario), separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode()
+
+
+def scenario_from_blob(blob: str) -> Scenario:
+    raw = zlib.decompress(base64.urlsafe_b64decode(blob.encode()))
+    scenario = _decode(json.loads(raw))
+    assert isinstance(scenario, Scenario)
+    return scenario
+
+
+def replay_line(scenario: Scenario) -> str:
+    """The one line that replays ``scenario`` (empty when it holds functions)."""
+    try:
+        return f"python -m nsq_sansio.testing replay {scenario_blob(scenario)}"
+    except TypeError:
+        return f"(not replayable from one line: it holds user functions; seed={scenario.seed})"
