@@ -84,7 +84,7 @@ class _Pipe:
 
     __slots__ = ("client", "client_rdy", "commands", "conn", "frames", "held", "max_msg_timeout",
                  "monitor", "msg_timeout", "nsqd", "opaque", "outstanding", "parser",
-                 "server_rdy", "topic_channel")
+                 "server_rdy", "step_rdy", "step_time", "topic_channel")
 
     def __init__(self, monitor: Monitor, conn: SimConn) -> None:
         self.monitor = monitor
@@ -97,6 +97,8 @@ class _Pipe:
         self.opaque = False
         self.client_rdy = 0
         self.server_rdy = 0
+        self.step_rdy = 0
+        self.step_time = -1.0
         self.msg_timeout = 60.0
         self.max_msg_timeout = 900.0
         #: message id -> (server timeout deadline, first delivery time), the server's view
@@ -119,10 +121,17 @@ class _Pipe:
     def delivered(self, direction: int, data: bytes, now: float) -> None:
         if self.opaque or direction != CLIENT_TO_SERVER:
             return
+        # nsqd runs a chunk's commands one by one and may push messages between them (a REQ
+        # frees a slot before a later RDY 0 is read): during this step the highest RDY counts.
+        if self.step_time != now:
+            self.step_time = now
+            self.step_rdy = self.server_rdy
         for command in self.commands.pop():
             verb = command.verb
             if verb == b"RDY":
                 self.server_rdy = int(command.args[0])
+                if self.server_rdy > self.step_rdy:
+                    self.step_rdy = self.server_rdy
             elif verb == b"FIN" or verb == b"REQ":
                 self.outstanding.pop(command.args[0], None)
             elif verb == b"TOUCH":
@@ -159,11 +168,12 @@ class _Pipe:
             for deadline, _ in self.outstanding.values():
                 if deadline > now:
                     live += 1
-            if live >= self.server_rdy:
+            allowed = self.step_rdy if now == self.step_time else self.server_rdy
+            if live >= allowed:
                 self.monitor.violate(
                     Invariant.RDY_IN_FLIGHT, now,
                     f"{self.nsqd} pushed a message to {self.client} (conn {self.conn.id}) holding "
-                    f"{live} un-expired messages with RDY {self.server_rdy}",
+                    f"{live} un-expired messages with RDY {allowed}",
                 )
             self.outstanding[message_id] = (now + self.msg_timeout, now)
             self.held.add(message_id)
@@ -227,16 +237,10 @@ class Monitor:
     def rdy_sent(self, pipe: _Pipe, count: int, now: float) -> None:
         from .nodes import ConsumerNode
 
-        node = self.sim.nodes.get(pipe.client)
-        if not isinstance(node, ConsumerNode):
+        if count <= 1:
             return
-        limit = node.coord.max_in_flight
-        total = sum(p.client_rdy for p in self._consumer_pipes.get(pipe.client, {}).values())
-        if total > limit:
-            self.violate(Invariant.RDY_SUM, now,
-                         f"{pipe.client} RDY sum {total} > max_in_flight {limit} "
-                         f"(RDY {count} to {pipe.nsqd})")
-        if count > 1 and node.coord.backoff_phase is not BackoffPhase.NORMAL:
+        node = self.sim.nodes.get(pipe.client)
+        if isinstance(node, ConsumerNode) and node.coord.backoff_phase is not BackoffPhase.NORMAL:
             self.violate(Invariant.BACKOFF_RDY, now,
                          f"{pipe.client} sent RDY {count} to {pipe.nsqd} while backing off "
                          f"({node.coord.backoff_phase.name}, level {node.coord.backoff_level})")
@@ -318,7 +322,18 @@ class Monitor:
         self.lookup_requests.append((now, lookupd, client))
 
     def on_consumer_step(self, node: ConsumerNode, now: float) -> None:
-        """Hook after each consumer step (the wire checks run as bytes are written)."""
+        """After each consumer step: the RDY it has sent, summed over its live connections."""
+        pipes = self._consumer_pipes.get(node.name)
+        if not pipes:
+            return
+        total = 0
+        for pipe in pipes.values():
+            total += pipe.client_rdy
+        limit = node.coord.max_in_flight
+        if total > limit:
+            detail = ", ".join(f"{p.nsqd}={p.client_rdy}" for p in pipes.values())
+            self.violate(Invariant.RDY_SUM, now,
+                         f"{node.name} RDY sum {total} > max_in_flight {limit} ({detail})")
 
     # -- end checks -------------------------------------------------------------------------
 
