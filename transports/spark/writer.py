@@ -61,7 +61,6 @@ class NSQCommitMessage(WriterCommitMessage):
     partition_id: int
     messages: int
     batches: int
-    nsqd: tuple[str, ...]
 
 
 def check_write_schema(schema: StructType, serialization: str) -> None:
@@ -186,12 +185,7 @@ class _Publisher:
             raise self._error(exc) from exc
         finally:
             self._producer.close(timeout=options.timeout)
-        return NSQCommitMessage(
-            self.partition_id,
-            self.messages,
-            self.batches,
-            tuple(n.address for n in self._producer.stats().nodes if n.published),
-        )
+        return NSQCommitMessage(self.partition_id, self.messages, self.batches)
 
     def _check_done(self, block: bool) -> None:
         while self._pending and (block or self._pending[0][0].done()):

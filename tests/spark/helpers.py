@@ -1,0 +1,73 @@
+"""Helpers for the Spark tests: publish, read back and count over real sockets."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from transports.spark._consumer import SourceConsumer
+from transports.sync import Producer
+
+
+def stats(server: Any, topic: str) -> dict[str, Any]:
+    """The topic's entry of nsqd's ``/stats?format=json`` (empty when it does not exist)."""
+    url = f"http://{server.http_address}/stats?format=json&topic={topic}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        document = json.load(response)
+    for entry in document.get("topics", []):
+        if entry["topic_name"] == topic:
+            return dict(entry)
+    return {}
+
+
+def channel_stats(server: Any, topic: str, channel: str) -> dict[str, Any]:
+    for entry in stats(server, topic).get("channels", []):
+        if entry["channel_name"] == channel:
+            return dict(entry)
+    return {}
+
+
+def message_count(servers: Sequence[Any], topic: str) -> int:
+    return sum(int(stats(s, topic).get("message_count", 0)) for s in servers)
+
+
+def publish(servers: Sequence[Any], topic: str, bodies: Sequence[bytes]) -> None:
+    """Publish ``bodies`` spread over ``servers`` (MPUB of 500)."""
+    for index, server in enumerate(servers):
+        mine = list(bodies[index :: len(servers)])
+        with Producer(server.tcp_address) as producer:
+            for start in range(0, len(mine), 500):
+                producer.multi_publish(topic, mine[start : start + 500])
+
+
+def drain(servers: Sequence[Any], topic: str, channel: str, idle: float = 1.0) -> list[bytes]:
+    """Read and FIN everything queued on ``channel`` until it stays empty for ``idle`` s."""
+    consumer = SourceConsumer(
+        topic, channel, nsqd=[s.tcp_address for s in servers], max_in_flight=2000
+    )
+    consumer.start()
+    bodies: list[bytes] = []
+    try:
+        while True:
+            got = consumer.take(2000, idle, 0.01)
+            if not got:
+                return bodies
+            bodies += [h.message.body for h in got]
+            consumer.finish(got)
+    finally:
+        consumer.close()
+
+
+def wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def as_set(values: Iterable[bytes]) -> set[bytes]:
+    return set(values)
