@@ -1,0 +1,101 @@
+"""The core does no IO and reads no clock: checked statically and in a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nsq_sansio
+
+PACKAGE = Path(nsq_sansio.__file__).parent
+IO_MODULES = {
+    "socket", "ssl", "select", "selectors", "asyncio", "anyio", "trio", "threading",
+    "subprocess", "signal", "multiprocessing", "concurrent", "urllib.request", "http.client",
+    "requests", "httpx", "mmap",
+}
+CLOCK_MODULES = {"time", "datetime"}
+
+
+def _forbidden(modules: set[str], forbidden: set[str]) -> set[str]:
+    """Names in ``modules`` that are a forbidden module or inside one."""
+    return {m for m in modules if any(m == f or m.startswith(f + ".") for f in forbidden)}
+
+
+def _imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
+            names.add("__import__")
+    return names
+
+
+def test_no_core_module_imports_io_or_clock_modules() -> None:
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        bad = _forbidden(_imported(path), IO_MODULES | CLOCK_MODULES | {"__import__", "importlib"})
+        if bad:
+            offenders[str(path.relative_to(PACKAGE))] = sorted(bad)
+    assert offenders == {}
+
+
+# Run in a fresh interpreter without site (so nothing preloads threading), with the clock
+# functions replaced by tripwires *before* the core is imported (catches `from time import ...`).
+_PROBE = r"""
+import sys, json
+sys.path[:0] = json.loads(sys.argv[1])
+import time
+calls = []
+def tripwire(name):
+    def read(*args, **kwargs):
+        calls.append(name)
+        return 0
+    return read
+for name in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter",
+             "perf_counter_ns", "process_time", "sleep", "localtime", "gmtime"):
+    setattr(time, name, tripwire(name))
+before = set(sys.modules)
+import importlib, pkgutil, nsq_sansio
+for info in pkgutil.walk_packages(nsq_sansio.__path__, "nsq_sansio."):
+    importlib.import_module(info.name)
+
+# exercise the core: handshake with deflate, subscribe, messages, heartbeat, timers, CLS
+import zlib
+from nsq_sansio import ClientConnection
+from nsq_sansio.frames import encode_frame, encode_message_frame
+z = zlib.compressobj(6, zlib.DEFLATED, -15)
+comp = lambda b: z.compress(b) + z.flush(zlib.Z_SYNC_FLUSH)
+conn = ClientConnection({"deflate": True, "heartbeat_interval": 1000})
+conn.receive_data(encode_frame(0, b'{"deflate": true}') + comp(encode_frame(0, b"OK")), now=1.0)
+conn.subscribe("t", "c")
+conn.receive_data(comp(encode_frame(0, b"OK")))
+conn.send_ready(5)
+events = conn.receive_data(comp(encode_message_frame(b"0123456789abcdef", 1, 1, b"x")
+                                + encode_frame(0, b"_heartbeat_")), now=2.0)
+conn.finish(events[0].id)
+conn.next_deadline(); conn.handle_timer(3.0)
+conn.close(); conn.data_to_send()
+conn.receive_data(comp(encode_frame(0, b"CLOSE_WAIT"))); conn.receive_data(b"")
+print(json.dumps({"new": sorted(set(sys.modules) - before), "clock_calls": calls,
+                  "state": conn.state.name}))
+"""
+
+
+def test_fresh_interpreter_imports_no_io_module_and_reads_no_clock() -> None:
+    paths = [str(PACKAGE.parent), *[p for p in sys.path if p]]
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", _PROBE, json.dumps(paths)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert _forbidden(set(report["new"]), IO_MODULES) == set()
+    assert report["clock_calls"] == []
+    assert report["state"] == "CLOSED"
