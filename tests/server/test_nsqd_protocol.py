@@ -467,7 +467,8 @@ def test_messages_carry_nsqd_frame_layout() -> None:
 def test_connection_events_name_their_connection() -> None:
     node = make_node()
     client = Client(node)
-    events = client.send(b"BAD\n")
-    assert events == [
-        CloseConnection(client.id, "fatal error: E_INVALID invalid command BAD", events[0].error)
-    ]
+    (event,) = client.send(b"BAD\n")
+    assert isinstance(event, CloseConnection)
+    assert event.conn_id == client.id
+    assert event.reason == "fatal error: E_INVALID invalid command BAD"
+    assert event.error is not None and event.error.code == "E_INVALID" and event.error.fatal
