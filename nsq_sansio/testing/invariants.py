@@ -19,6 +19,9 @@ At the end:
 * ``DISCOVERY``: after partitions heal, each lookupd consumer is connected to exactly the live
   nsqd nodes.
 * ``BROKER_EMPTY``: live brokers hold nothing for the channels (nothing stuck).
+
+Any time: ``CLIENT_API``: answering a delivery (finish/requeue/touch) never raises; a stale one
+returns False and reports ``TakenBack``, as the coordinator promises.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Invariant(enum.Enum):
     DRAIN = "drain"
     DISCOVERY = "discovery"
     BROKER_EMPTY = "broker_empty"
+    CLIENT_API = "client_api"
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +218,8 @@ class Monitor:
         self.draining: set[str] = set()
         self.drain_leftovers: dict[str, int] = {}
         self.messages_sent = 0
+        #: (body, consumer, start, planned end) of every job user code ran
+        self.jobs: list[tuple[bytes, str, float, float]] = []
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -317,6 +323,10 @@ class Monitor:
 
     def on_consumer_killed(self, consumer: str, now: float) -> None:
         self.draining.discard(consumer)
+
+    def on_job(self, consumer: str, body: bytes, start: float, end: float) -> None:
+        """User code started on ``body`` (planned to end at ``end``)."""
+        self.jobs.append((body, consumer, start, end))
 
     def on_lookup_request(self, lookupd: str, client: str, now: float) -> None:
         self.lookup_requests.append((now, lookupd, client))

@@ -43,6 +43,7 @@ from ..server.lookupd_client import (
 )
 from ..server.nsqd import NSQD
 from ..server.options import NSQDOptions
+from .invariants import Invariant
 from .network import ConnState, SimConn
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ __all__ = [
     "ProducerNode",
     "SimDisk",
     "SimNode",
-    "Verdict",
 ]
 
 
@@ -489,22 +489,6 @@ class LookupdNode(SimNode):
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
-    """What a simulated handler did with a message: ``finish`` it or not (REQ), after how long
-    (``duration`` in simulated seconds); ``hang`` means it never answers (a stuck worker)."""
-
-    finish: bool
-    duration: float = 0.0
-    requeue_delay: float | None = None
-    backoff: bool = True
-    hang: bool = False
-
-
-#: ``handler(delivery, rng) -> Verdict``: the simulated user code.
-HandlerFn = Callable[[Deliver, random.Random], Verdict]
-
-
-@dataclass(frozen=True, slots=True)
 class Handler:
     """A user handler as a plain function plus simulated timing and failures.
 
@@ -523,6 +507,9 @@ class Handler:
     requeue_delay: float | None = None
     backoff: bool = True
     hang_rate: float = 0.0
+    #: Jobs run at once; more deliveries wait in a local buffer, not yet in user code (a drain
+    #: requeues those at once). ``None``: every delivery starts at once.
+    concurrency: int | None = None
 
     def decide(self, delivery: Deliver, rng: random.Random) -> tuple[float, bool]:
         """(duration, hang) for one delivery; the outcome is decided when the work ends."""
@@ -590,6 +577,7 @@ class ConsumerNode(SimNode):
         self.http_of: dict[int, SimConn] = {}  # request id -> SimConn
         self.http_req: dict[int, tuple[int, bytes]] = {}  # SimConn.id -> (request id, data)
         self.jobs: dict[bytes, _Job] = {}
+        self.waiting: deque[Deliver] = deque()
 
     def start(self, now: float) -> None:
         self.started = True
@@ -612,6 +600,7 @@ class ConsumerNode(SimNode):
         for job in self.jobs.values():
             job.cancelled = True
         self.jobs.clear()
+        self.waiting.clear()
 
     # network
     def on_accept(self, conn: SimConn, now: float) -> None:  # pragma: no cover - never listens
@@ -732,11 +721,27 @@ class ConsumerNode(SimNode):
         if self.coord.state is not ConsumerState.RUNNING and self.coord.state is not \
                 ConsumerState.DRAINING:
             return
+        limit = self.handler.concurrency
+        if limit is not None and len(self.jobs) >= limit:
+            self.waiting.append(delivery)
+            return
+        self._start_job(delivery, now)
+
+    def _start_next(self, now: float) -> None:
+        limit = self.handler.concurrency
+        while self.waiting and (limit is None or len(self.jobs) < limit):
+            delivery = self.waiting.popleft()
+            if self.coord.deadline(delivery) is None:
+                continue  # requeued by a drain, or its connection is gone: not ours any more
+            self._start_job(delivery, now)
+
+    def _start_job(self, delivery: Deliver, now: float) -> None:
         self.coord.mark_delivered(delivery)
         duration, hang = self.handler.decide(delivery, self.rng)
         if hang:
             return
         job = _Job(delivery, now + duration)
+        self.sim.monitor.on_job(self.name, delivery.body, now, now + duration)
         old = self.jobs.get(delivery.id)
         if old is not None:
             old.cancelled = True
@@ -762,7 +767,12 @@ class ConsumerNode(SimNode):
         current = self.coord.deadline(job.delivery)
         if limit is None or current is None or current >= limit:
             return
-        self.coord.touch(job.delivery, now)
+        try:
+            self.coord.touch(job.delivery, now)
+        except NSQError as exc:
+            self.sim.monitor.violate(Invariant.CLIENT_API, now,
+                                     f"{self.name}: touch({job.delivery.id!r}) raised {exc!r}")
+            return
         self.stats.touches += 1
         self._pump(now)
         self.sim.after(self)
@@ -775,13 +785,21 @@ class ConsumerNode(SimNode):
             del self.jobs[job.delivery.id]
         now = self.sim.now
         handler = self.handler
-        if handler.outcome(job.delivery, self.rng):
-            if self.coord.finish(job.delivery, now):
-                self.stats.finished += 1
-                self.sim.monitor.on_handled(self.name, job.delivery, now)
-        elif self.coord.requeue(job.delivery, now, handler.requeue_delay,
-                                backoff=handler.backoff):
-            self.stats.requeued += 1
+        try:
+            if handler.outcome(job.delivery, self.rng):
+                if self.coord.finish(job.delivery, now):
+                    self.stats.finished += 1
+                    self.sim.monitor.on_handled(self.name, job.delivery, now)
+            elif self.coord.requeue(job.delivery, now, handler.requeue_delay,
+                                    backoff=handler.backoff):
+                self.stats.requeued += 1
+        except NSQError as exc:
+            self.sim.monitor.violate(
+                Invariant.CLIENT_API, now,
+                f"{self.name}: answering message {job.delivery.id!r} (attempt "
+                f"{job.delivery.attempts}) raised {exc!r}",
+            )
+        self._start_next(now)
         self._pump(now)
         self.sim.after(self)
 

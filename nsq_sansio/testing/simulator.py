@@ -101,6 +101,8 @@ class Workload:
     batch: int = 1
     start: float = 1.0
     via_tcp: bool = True
+    #: Indexes of the nsqd to publish to (round-robin); empty: all of them.
+    targets: tuple[int, ...] = ()
 
 
 class FaultKind(enum.Enum):
@@ -282,7 +284,8 @@ class Simulator:
         """Publish ``workload.messages`` unique bodies (``b"m<n>"``)."""
         if not self.nsqds or workload.messages <= 0:
             return
-        producers = [self.add_producer(n) for n in self.nsqds] if workload.via_tcp else []
+        nsqds = [self.nsqds[i] for i in workload.targets] if workload.targets else self.nsqds
+        producers = [self.add_producer(n) for n in nsqds] if workload.via_tcp else []
         interval = workload.batch / workload.rate if workload.rate > 0 else 0.0
         count = 0
         index = 0
@@ -290,12 +293,12 @@ class Simulator:
             size = min(workload.batch, workload.messages - count)
             bodies = [b"m%d" % (count + k) for k in range(size)]
             count += size
-            target = index % len(self.nsqds)
+            target = index % len(nsqds)
             at = workload.start + index * interval
             if workload.via_tcp:
                 self.scheduler.call_at(at, self._publish_tcp, (producers[target], bodies))
             else:
-                self.scheduler.call_at(at, self._publish_http, (self.nsqds[target], bodies))
+                self.scheduler.call_at(at, self._publish_http, (nsqds[target], bodies))
             index += 1
 
     def _publish_tcp(self, item: tuple[ProducerNode, list[bytes]]) -> None:
