@@ -12,16 +12,21 @@ from __future__ import annotations
 
 from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 
+from .consumer import Consumer, Message
 from .http import HTTPProducer, HTTPPublishError
 from .producer import NoNSQDAvailable, Producer
+from .signals import drain_on_signals
 
 __all__ = [
     "ConnectionStats",
+    "Consumer",
     "ConsumerStats",
     "HTTPProducer",
     "HTTPPublishError",
+    "Message",
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",
     "TLSOptions",
+    "drain_on_signals",
 ]

@@ -6,7 +6,7 @@ wake-up socketpair and a queue of calls handed over by other threads. Each itera
 1. waits in ``select()`` until a socket is ready, a call is queued, or the owner's deadline;
 2. feeds what it read to the owner (``on_data``), and runs the queued calls;
 3. fires the owner's timer when its deadline passed;
-4. writes what the owner has to send on each link (``data_to_send``).
+4. lets the owner write what it has to send (``write_pending``, which calls :meth:`IOLoop.write`).
 
 Everything the owner does happens on this thread, so the sans-IO objects it drives need no
 locks. TLS runs through :class:`ssl.SSLObject` over memory BIOs, so the upgrade happens at exactly
@@ -71,7 +71,8 @@ class LoopOwner(Protocol):
 
     def on_tls_established(self, link: Link, now: float) -> None: ...
 
-    def data_to_send(self, link: Link) -> bytes: ...
+    def write_pending(self) -> None:
+        """End of an iteration: write pending output with :meth:`IOLoop.write`."""
 
     def next_deadline(self) -> float | None: ...
 
@@ -89,6 +90,7 @@ class Link:
         "_incoming",
         "_interest",
         "_outgoing",
+        "_plain",
         "_ssl",
         "address",
         "closed",
@@ -114,6 +116,7 @@ class Link:
         self._ssl: ssl.SSLObject | None = None
         self._incoming: ssl.MemoryBIO | None = None
         self._outgoing: ssl.MemoryBIO | None = None
+        self._plain = bytearray()  # written during the TLS handshake, sent after it
         self._interest = 0
 
     @property
@@ -252,28 +255,44 @@ class IOLoop:
             self._connecting.remove(link)
 
     def close_link_when_flushed(self, link: Link) -> None:
-        """Write what is pending for ``link``, then close its socket."""
+        """Close the socket once what was written to ``link`` is sent."""
         if link.closed:
             return
         link._close_when_flushed = True
-        self.flush_link(link)
-        if not link.out or link._connecting:
+        if not link.out or link._connecting or link._handshaking:
             self.close_link(link)
 
-    def flush_link(self, link: Link) -> None:
-        """Take the owner's output for ``link`` and write what the socket accepts."""
-        if link.closed or link._connecting or link._handshaking:
+    def write(self, link: Link, data: bytes) -> None:
+        """Send ``data`` (encrypted when TLS is on); what the socket refuses waits for it."""
+        if link.closed or not data:
             return
-        data = self._owner.data_to_send(link)
-        if data:
-            if link._ssl is not None:
-                link._ssl.write(data)
-                assert link._outgoing is not None
-                link.out += link._outgoing.read()
-            else:
-                link.out += data
+        if link._handshaking:
+            link._plain += data
+            return
+        if link._ssl is not None:
+            assert link._outgoing is not None
+            link._ssl.write(data)
+            data = link._outgoing.read()
+        if link._connecting:
+            link.out += data
+            return
         if link.out:
+            link.out += data
             self._write(link)
+            return
+        # Fast path: nothing queued, try to send it all now.
+        sock = link.sock
+        assert sock is not None
+        try:
+            sent = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._fail(link, exc)
+            return
+        if sent < len(data):
+            link.out += memoryview(data)[sent:]
+            self._set_interest(link, _READ | _WRITE)
 
     @property
     def links(self) -> list[Link]:
@@ -331,9 +350,7 @@ class IOLoop:
             deadline = owner.next_deadline()
             if deadline is not None and monotonic() >= deadline:
                 owner.handle_timer(monotonic())
-            for link in list(self._links.values()):
-                if not link.closed:
-                    self.flush_link(link)
+            owner.write_pending()
 
     def _check_connect_timeouts(self, now: float) -> None:
         for link in list(self._connecting):
@@ -361,9 +378,8 @@ class IOLoop:
                 return
             link._connecting = False
             self._connecting.remove(link)
-            self._set_interest(link, _READ)
+            self._set_interest(link, _READ | _WRITE if link.out else _READ)
             self._owner.on_connected(link, now)
-            self.flush_link(link)
             return
         if link.out:
             self._write(link)
@@ -463,10 +479,12 @@ class IOLoop:
         if link.closed or not done:
             return
         link._handshaking = False
+        if link._plain:
+            plain, link._plain = bytes(link._plain), bytearray()
+            self.write(link, plain)
         self._owner.on_tls_established(link, now)
         if not link.closed:
             self._read_tls(link, now)  # application data that came with the last flight
-            self.flush_link(link)
 
     def _fail(self, link: Link, error: BaseException) -> None:
         self.close_link(link)

@@ -460,11 +460,12 @@ class Producer:
         for request in waiting:
             self._dispatch(request)
 
-    def data_to_send(self, link: Link) -> bytes:
-        node = self._node_of(link)
-        if node.link is not link or node.conn is None:
-            return b""
-        return node.conn.data_to_send()
+    def write_pending(self) -> None:
+        for node in self._nodes:
+            if node.conn is not None and node.link is not None:
+                data = node.conn.data_to_send()
+                if data:
+                    self._loop.write(node.link, data)
 
     def next_deadline(self) -> float | None:
         deadlines: list[float] = []
