@@ -1,0 +1,171 @@
+"""Hypothesis strategies for simulated clusters: shapes, workloads, fault schedules, scenarios.
+
+Needs ``hypothesis`` (the ``test`` extra); nothing else in :mod:`nsq_sansio` imports this module.
+Every scenario drawn here is replayable from the one line an :class:`InvariantViolation` prints::
+
+    from hypothesis import given
+    from nsq_sansio.testing import run_scenario
+    from nsq_sansio.testing.strategies import scenarios
+
+    @given(scenarios())
+    def test_cluster(scenario):
+        run_scenario(scenario)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from ..config import Config
+from .network import LinkSpec
+from .nodes import Handler
+from .simulator import ClusterSpec, ConsumerSpec, Fault, FaultKind, Scenario, Workload
+
+__all__ = [
+    "cluster_specs",
+    "consumer_configs",
+    "consumer_specs",
+    "fault_schedules",
+    "handlers",
+    "link_specs",
+    "scenarios",
+    "workloads",
+]
+
+SearchStrategy = st.SearchStrategy
+
+
+def link_specs() -> SearchStrategy[LinkSpec]:
+    """Latency from LAN to WAN, jitter (reorders connections), optional bandwidth limits."""
+    return st.builds(
+        LinkSpec,
+        latency=st.sampled_from([0.0001, 0.0005, 0.005, 0.05]),
+        jitter=st.sampled_from([0.0, 0.0005, 0.01, 0.05]),
+        bandwidth=st.sampled_from([None, None, 1e6, 1e8]),
+        connect_timeout=st.sampled_from([0.5, 2.0]),
+    )
+
+
+def handlers(*, max_duration: float = 2.0) -> SearchStrategy[Handler]:
+    """Simulated user code: durations up to ``max_duration``, failures, concurrency limits,
+    keepalive. Keep ``max_duration`` under the cluster's msg_timeout for jobs that finish."""
+    return st.builds(
+        Handler,
+        duration=st.sampled_from([0.0, 0.001, 0.05, 0.5, max_duration]),
+        jitter=st.sampled_from([0.0, 0.01, 0.2]),
+        failure_rate=st.sampled_from([0.0, 0.0, 0.05, 0.3]),
+        keepalive=st.booleans(),
+        backoff=st.booleans(),
+        concurrency=st.sampled_from([None, 1, 4]),
+    )
+
+
+def consumer_configs() -> SearchStrategy[Config]:
+    """Consumer configurations that exercise RDY spreading, backoff and discovery."""
+    return st.builds(
+        Config,
+        max_in_flight=st.sampled_from([1, 2, 3, 5, 10, 50]),
+        max_attempts=st.sampled_from([0, 3, 5]),
+        default_requeue_delay=st.sampled_from([0.0, 0.5, 2.0]),
+        max_requeue_delay=st.just(10.0),
+        backoff_enabled=st.booleans(),
+        backoff_multiplier=st.sampled_from([0.1, 0.5]),
+        max_backoff_duration=st.sampled_from([1.0, 4.0]),
+        lookupd_poll_interval=st.sampled_from([1.0, 5.0]),
+        lookupd_poll_jitter=st.sampled_from([0.0, 0.3]),
+        lookupd_poll_timeout=st.just(5.0),
+        reconnect_delay=st.sampled_from([0.1, 1.0]),
+        max_reconnect_delay=st.just(5.0),
+        low_rdy_idle_timeout=st.sampled_from([1.0, 3.0]),
+        rdy_redistribute_interval=st.sampled_from([0.5, 2.0]),
+        drain_timeout=st.sampled_from([2.0, 10.0]),
+        heartbeat_interval=st.just(5.0),
+    )
+
+
+def consumer_specs(*, max_count: int = 3) -> SearchStrategy[ConsumerSpec]:
+    return st.builds(
+        ConsumerSpec,
+        count=st.integers(1, max_count),
+        channel=st.sampled_from(["archive", "audit"]),
+        config=consumer_configs(),
+        handler=handlers(),
+        use_lookupd=st.booleans(),
+        start_at=st.sampled_from([0.0, 0.0, 3.0]),
+    )
+
+
+def cluster_specs(*, max_nsqd: int = 4, max_lookupd: int = 2) -> SearchStrategy[ClusterSpec]:
+    """1..max_nsqd nsqd, 1..max_lookupd lookupd, one or two consumer groups."""
+    return st.builds(
+        ClusterSpec,
+        nsqd=st.integers(1, max_nsqd),
+        lookupd=st.integers(1, max_lookupd),
+        consumers=st.lists(consumer_specs(), min_size=1, max_size=2).map(tuple),
+        durable=st.booleans(),
+        link=link_specs(),
+    )
+
+
+def workloads(*, max_messages: int = 200) -> SearchStrategy[Workload]:
+    return st.builds(
+        Workload,
+        messages=st.integers(0, max_messages),
+        rate=st.sampled_from([10.0, 100.0, 1000.0]),
+        batch=st.sampled_from([1, 1, 5, 20]),
+        start=st.sampled_from([0.5, 2.0]),
+        via_tcp=st.booleans(),
+    )
+
+
+_BROKER_FAULTS = [FaultKind.DROP_CONNECTIONS, FaultKind.PARTITION, FaultKind.CRASH, FaultKind.STOP]
+_CONSUMER_FAULTS = [FaultKind.DROP_CONNECTIONS, FaultKind.PARTITION, FaultKind.KILL_CONSUMER,
+                    FaultKind.DRAIN_CONSUMER]
+
+
+def fault_schedules(cluster: ClusterSpec, *, duration: float = 30.0, max_faults: int = 4
+                    ) -> SearchStrategy[tuple[Fault, ...]]:
+    """Faults on the nodes of ``cluster`` at times within ``duration``."""
+    nsqds = [f"nsqd{i}" for i in range(cluster.nsqd)]
+    lookupds = [f"lookupd{i}" for i in range(cluster.lookupd)]
+    consumers = [f"c{g}.{i}" for g, spec in enumerate(cluster.consumers) for i in range(spec.count)]
+
+    @st.composite
+    def one(draw: Any) -> Fault:
+        at = draw(st.floats(0.5, duration - 0.5, allow_nan=False).map(lambda x: round(x, 3)))
+        length = draw(st.sampled_from([0.5, 3.0, 15.0]))
+        group = draw(st.sampled_from(["nsqd", "lookupd", "consumer"]))
+        if group == "nsqd":
+            return Fault(at, draw(st.sampled_from(_BROKER_FAULTS)), draw(st.sampled_from(nsqds)),
+                         length)
+        if group == "lookupd":
+            kind = draw(st.sampled_from([FaultKind.DROP_CONNECTIONS, FaultKind.PARTITION,
+                                         FaultKind.CRASH]))
+            return Fault(at, kind, draw(st.sampled_from(lookupds)), length)
+        return Fault(at, draw(st.sampled_from(_CONSUMER_FAULTS)), draw(st.sampled_from(consumers)),
+                     length)
+
+    return st.lists(one(), max_size=max_faults).map(lambda faults: tuple(sorted(
+        faults, key=lambda f: f.at)))
+
+
+@st.composite
+def _scenarios(draw: Any, max_nsqd: int, max_messages: int, max_faults: int,
+               duration: float) -> Scenario:
+    cluster = draw(cluster_specs(max_nsqd=max_nsqd))
+    return Scenario(
+        cluster=cluster,
+        workload=draw(workloads(max_messages=max_messages)),
+        faults=draw(fault_schedules(cluster, duration=duration, max_faults=max_faults)),
+        duration=duration,
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def scenarios(*, max_nsqd: int = 4, max_messages: int = 200, max_faults: int = 4,
+              duration: float = 30.0) -> SearchStrategy[Scenario]:
+    """Whole runs: a cluster, a workload, a fault schedule and a seed."""
+    result: SearchStrategy[Scenario] = _scenarios(max_nsqd, max_messages, max_faults, duration)
+    return result
