@@ -166,7 +166,7 @@ def _sansio_publish(backend: str, batch: int) -> Runner:
                 body = meter.body
                 if batch == 1:
                     async with anyio.create_task_group() as tg:
-                        for _ in range(8):  # pipelining: 8 publishers on one connection
+                        for _ in range(100):  # pipelining: 100 PUBs in flight on one connection
 
                             async def pub() -> None:
                                 while meter.left > 0:

@@ -22,14 +22,18 @@ from transports._common import (
 )
 
 from .consumer import Consumer, KeepaliveExpired, Message, drain_on_signals
+from .producer import HTTPProducer, NoNSQDAvailable, Producer
 
 __all__ = [
     "ConnectionStats",
     "Consumer",
     "ConsumerStats",
+    "HTTPProducer",
     "HTTPPublishError",
     "KeepaliveExpired",
     "Message",
+    "NoNSQDAvailable",
+    "Producer",
     "ProducerStats",
     "TLSOptions",
     "drain_on_signals",

@@ -96,17 +96,31 @@ class Message:
     had already taken it back); that is also reported as a ``TakenBack`` event.
     """
 
-    __slots__ = ("_consumer", "_delivery", "answered", "attempts", "body", "id", "timestamp")
+    __slots__ = ("_consumer", "_delivery", "answered")
 
     def __init__(self, consumer: Consumer, delivery: Deliver) -> None:
         self._consumer = consumer
         self._delivery = delivery
-        message = delivery.message
-        self.id: bytes = message.id
-        self.body: bytes = message.body
-        self.attempts: int = message.attempts
-        self.timestamp: int = message.timestamp
         self.answered = False
+
+    @property
+    def id(self) -> bytes:
+        """16 ASCII hex bytes."""
+        return self._delivery.message.id
+
+    @property
+    def body(self) -> bytes:
+        return self._delivery.message.body
+
+    @property
+    def attempts(self) -> int:
+        """1 on the first delivery."""
+        return self._delivery.message.attempts
+
+    @property
+    def timestamp(self) -> int:
+        """When it was published, in nanoseconds since the epoch."""
+        return self._delivery.message.timestamp
 
     def __repr__(self) -> str:
         return (
@@ -411,6 +425,12 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
+        inbox = self._inbox
+        if inbox:  # fast path: no await when messages are buffered
+            delivery = inbox.popleft()
+            if delivery.conn_id in self._conns:
+                self._coord.mark_delivered(delivery)
+                return Message(self, delivery)
         message = await self._next_message()
         if message is None:
             raise StopAsyncIteration
