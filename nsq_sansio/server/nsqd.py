@@ -1443,8 +1443,9 @@ class NSQD:
             raise _ClientError("E_REQ_FAILED", f"REQ {_text(message_id)} failed {msg}", fatal=False)
         conn.requeue_count += 1
         conn.in_flight -= 1
+        channel.requeue_count += 1  # nsqd counts a REQ when it is made, delayed or not
         if timeout <= 0:
-            self._requeue(channel, msg)
+            self._channel_put(channel, msg)
         else:
             self._defer(channel, msg, now + timeout)
         if conn.in_flight < conn.ready_count:
@@ -1656,10 +1657,6 @@ class NSQD:
         except BackendError as exc:
             self._health = f"NOK - {exc}"
 
-    def _requeue(self, channel: _Channel, msg: _Msg) -> None:
-        channel.requeue_count += 1
-        self._channel_put(channel, msg)
-
     def _defer(self, channel: _Channel, msg: _Msg, deadline: float) -> None:
         self._seq += 1
         heappush(channel.deferred_heap, (deadline, self._seq, msg))
@@ -1777,10 +1774,10 @@ class NSQD:
                 owner.in_flight -= 1
                 if owner.in_flight < owner.ready_count:
                     self._enqueue_ready(channel, owner)
-            self._requeue(channel, msg)
+            self._channel_put(channel, msg)
         deferred = channel.deferred_heap
         while deferred and deferred[0][0] <= now:
-            self._requeue(channel, heappop(deferred)[2])
+            self._channel_put(channel, heappop(deferred)[2])
         while heap and heap[0][2].timer != heap[0][1]:
             heappop(heap)
         next_at = min(heap[0][0] if heap else _INF, deferred[0][0] if deferred else _INF)
@@ -1847,7 +1844,7 @@ class NSQD:
                 for msg in mine:
                     del channel.in_flight[msg.id]
                     msg.timer = -1
-                    self._requeue(channel, msg)
+                    self._channel_put(channel, msg)
                 conn.in_flight = 0
                 self._pump(channel, now)
             if channel.ephemeral and not channel.clients and not channel.deleted:
