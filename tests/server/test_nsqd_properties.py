@@ -280,3 +280,41 @@ TestChannelMachine = ChannelMachine.TestCase
 TestChannelMachine.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from([{"snappy": True}, {"deflate": True}]),
+    st.lists(st.binary(max_size=64), min_size=1, max_size=8),
+)
+def test_garbage_on_a_compressed_connection_closes_it_cleanly(
+    feature: dict[str, bool], chunks: list[bytes]
+) -> None:
+    node = NSQD(NSQDOptions(), random.Random(1))
+    conn = node.connect(0.0, "h:1")
+    node.receive_data(
+        conn, b"  V2" + frames.encode_identify({"feature_negotiation": True, **feature}), 0.0
+    )
+    assert node.data_to_send(conn)
+    for chunk in chunks:
+        if chunk:
+            node.receive_data(conn, chunk, 0.0)
+            node.data_to_send(conn)
+    state = node.connection_state(conn)
+    assert state in (ClientState.INIT, ClientState.SUBSCRIBED, ClientState.CLOSED)
+
+
+def test_a_publish_reports_the_consumers_it_fed() -> None:
+    node = NSQD(NSQDOptions(), random.Random(1))
+    consumers = []
+    for _ in range(3):
+        conn = node.connect(0.0, "h:1")
+        node.receive_data(conn, b"  V2" + frames.encode_sub("t", "c") + b"RDY 1\n", 0.0)
+        node.data_to_send(conn)
+        consumers.append(conn)
+    producer = node.connect(0.0, "h:2")
+    node.connections_with_output()
+    node.receive_data(producer, b"  V2" + frames.encode_mpub("t", [b"a", b"b"]), 0.0)
+    fed = node.connections_with_output()
+    assert producer in fed
+    assert len(set(fed) & set(consumers)) == 2
