@@ -4,6 +4,7 @@
     NSQ_CONFORMANCE_NSQD_HTTP=host:4151     its HTTP address (default: TCP port + 1)
     NSQ_CONFORMANCE_LOOKUPD_HTTP=host:4161  an nsqlookupd that nsqd registers with (optional)
     NSQ_CONFORMANCE_LOOKUPD=host:4160       that nsqlookupd's TCP address (optional)
+    NSQ_CONFORMANCE_BACKEND=trio            event loop of the embedded broker (default asyncio)
 
 Tests use fresh topic names, so a shared nsqd can be used. Tests that need a lookupd skip
 without one.
@@ -54,7 +55,8 @@ def target() -> Iterator[Target]:
         return
     from transports.embedded import Cluster, ServerThread
 
-    with ServerThread(Cluster(nsqd_count=1)) as cluster:
+    backend = os.environ.get("NSQ_CONFORMANCE_BACKEND", "asyncio")
+    with ServerThread(Cluster(nsqd_count=1), backend=backend) as cluster:
         nsqd = cluster.nsqds[0]
         yield Target(
             tcp=nsqd.tcp_address,
