@@ -239,3 +239,34 @@ def test_cli_rejects_bad_flags() -> None:
     with pytest.raises(SystemExit):
         nsqd_main(["--msg-timeout", "soon"])
     assert nsqd_main(["--mem-queue-size", "-1", "--tcp-address", "127.0.0.1:0"]) == 2
+
+
+def test_data_path_keeps_queued_and_in_flight_messages_across_restart(tmp_path: Path) -> None:
+    topic = unique()
+    bodies = [f"msg-{i}".encode() for i in range(30)]
+    with ServerThread(EmbeddedNSQD(data_path=tmp_path, mem_queue_size=10)) as nsqd:
+        http_request(nsqd.http_address, "POST", f"/topic/create?topic={topic}")
+        http_request(nsqd.http_address, "POST", f"/channel/create?topic={topic}&channel=c")
+        status, _, _ = http_request(
+            nsqd.http_address, "POST", f"/mpub?topic={topic}", b"\n".join(bodies)
+        )
+        assert status == 200
+        with RawConn(nsqd.tcp_address) as c:
+            c.sub(topic, "c")
+            c.command("RDY 5")
+            taken = [c.read_message() for _ in range(5)]
+            c.command(f"FIN {taken[0].id.decode()}")  # one finished ...
+            c.read_message()  # ... which frees RDY for a sixth: five left in flight
+            wait_for(
+                lambda: json.loads(
+                    http_request(nsqd.http_address, "GET", f"/stats?format=json&topic={topic}")[1]
+                )["topics"][0]["channels"][0]["in_flight_count"]
+                == 5
+            )
+    with ServerThread(EmbeddedNSQD(data_path=tmp_path, mem_queue_size=10)) as nsqd:
+        with RawConn(nsqd.tcp_address) as c:
+            c.sub(topic, "c")
+            c.command("RDY 100")
+            got = {c.read_message().body for _ in range(29)}
+            assert c.nothing_within(0.3)
+        assert got == set(bodies) - {taken[0].body}

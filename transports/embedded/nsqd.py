@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import random
@@ -21,7 +20,6 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -31,6 +29,7 @@ import anyio.abc
 
 from nsq_sansio.errors import InvalidName
 from nsq_sansio.names import validate_topic
+from nsq_sansio.server.backend import BackendFactory
 from nsq_sansio.server.events import (
     AdminError,
     ChannelCreated,
@@ -52,6 +51,7 @@ from nsq_sansio.server.options import NSQDOptions
 
 from ._net import bind, format_address, local_port, parse_address, remote_address
 from ._tls import server_ssl_context, start_server_tls
+from .file_backend import FileBackendFactory, load_metadata, save_metadata
 from .http import (
     HTTPRequest,
     HTTPResponse,
@@ -73,7 +73,6 @@ _IO_ERRORS = (
 )
 _OPTION_NAMES = {f.name for f in dataclasses.fields(NSQDOptions)}
 _I32 = struct.Struct(">i")
-_METADATA_FILE = "nsqd.dat"
 
 
 class _Client:
@@ -254,25 +253,17 @@ class EmbeddedNSQD:
         task_group.start_soon(self._http_listener.serve, self._handle_http)
         task_group.start_soon(self._timer_loop)
 
-    def _backend_factory(self) -> Any:
+    def _backend_factory(self) -> BackendFactory | None:
         if self._data_path is None:
             return None
         self._data_path.mkdir(parents=True, exist_ok=True)
-        import importlib
-
-        file_backend = importlib.import_module(f"{__package__}.file_backend")
-        factory: Callable[..., Any] | None = getattr(file_backend, "file_backend_factory", None)
-        if factory is None:
-            raise RuntimeError("transports.embedded.file_backend has no file_backend_factory")
-        return factory(self._data_path)
+        return FileBackendFactory(self._data_path)
 
     def _load_metadata(self, now: float) -> None:
         if self._data_path is None:
             return
-        path = self._data_path / _METADATA_FILE
-        try:
-            metadata = json.loads(path.read_text())
-        except (OSError, ValueError):
+        metadata = load_metadata(self._data_path)
+        if metadata is None:
             return
         self.core.load_metadata(metadata, now)
         self.core.take_registry_events()  # announced by the resync when lookupd connects
@@ -280,13 +271,8 @@ class EmbeddedNSQD:
     def _save_metadata(self) -> None:
         if self._data_path is None or self._core is None:
             return
-        path = self._data_path / _METADATA_FILE
-        tmp = path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(self._core.metadata()))
-            tmp.replace(path)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # the next change or shutdown writes it again
+            save_metadata(self._data_path, self._core.metadata())
 
     async def aclose(self) -> None:
         """Stop listening, close every client, flush queues to the backends."""
