@@ -257,12 +257,13 @@ def test_data_path_keeps_queued_and_in_flight_messages_across_restart(tmp_path: 
             taken = [c.read_message() for _ in range(5)]
             c.command(f"FIN {taken[0].id.decode()}")  # one finished ...
             c.read_message()  # ... which frees RDY for a sixth: five left in flight
-            wait_for(
-                lambda: json.loads(
-                    http_request(nsqd.http_address, "GET", f"/stats?format=json&topic={topic}")[1]
-                )["topics"][0]["channels"][0]["in_flight_count"]
-                == 5
-            )
+            stats_path = f"/stats?format=json&topic={topic}"
+
+            def in_flight() -> int:
+                doc = json.loads(http_request(nsqd.http_address, "GET", stats_path)[1])
+                return int(doc["topics"][0]["channels"][0]["in_flight_count"])
+
+            wait_for(lambda: in_flight() == 5)
     with ServerThread(EmbeddedNSQD(data_path=tmp_path, mem_queue_size=10)) as nsqd:
         with RawConn(nsqd.tcp_address) as c:
             c.sub(topic, "c")
