@@ -111,7 +111,6 @@ class ClientConnection:
         "_out_plain",
         "_pending",
         "_pending_need",
-        "_pending_size",
         "_rdy",
         "_rdy_remaining",
         "_requested",
@@ -147,8 +146,8 @@ class ClientConnection:
         self._max_frame_size = max_frame_size
         frames.FrameDecoder(max_frame_size)  # validates the limit with the same rule
         self._state = _S.IDENTIFYING
-        self._pending: list[bytes] = []
-        self._pending_size = 0
+        #: The unfinished frame's bytes (one bytearray: memory stays within one frame's size).
+        self._pending = bytearray()
         self._pending_need = 8
         self._accepts_messages = False
         self._out: list[bytes] = [frames.MAGIC_V2, frames.encode_identify(fields)]
@@ -242,6 +241,8 @@ class ClientConnection:
                 "receive_data() in state TLS_HANDSHAKE: feed these bytes to the TLS layer and "
                 "call tls_established() when the handshake is done"
             )
+        if type(data) is not bytes:
+            data = bytes(data)  # ids and bodies must not be views of the caller's buffer
         if self._codec is None:
             self._process(data, events)
         else:
@@ -420,18 +421,15 @@ class ClientConnection:
         """Decode every complete frame (the hot path).
 
         The working buffer is an immutable ``bytes``, so each body is one slice (one copy).
-        An unfinished frame waits in ``_pending`` as a list of chunks, joined only once the
-        frame is complete, so a large frame arriving in small reads costs linear time.
+        An unfinished frame waits in the ``_pending`` bytearray until it is complete.
         """
         pending = self._pending
         if pending:
-            pending.append(data)
-            self._pending_size += len(data)
-            if self._pending_size < self._pending_need:
+            pending += data
+            if len(pending) < self._pending_need:
                 return
-            data = b"".join(pending)
+            data = bytes(pending)
             pending.clear()
-            self._pending_size = 0
         end = len(data)
         pos = 0
         limit = self._max_frame_size
@@ -478,21 +476,19 @@ class ClientConnection:
             else:
                 need = 8
         except (NSQError, ValueError, RecursionError) as exc:  # bad (or absurdly nested) JSON
-            error = exc if isinstance(exc, NSQError) else ProtocolError(f"bad JSON answer: {exc!r}")
+            error = exc if isinstance(exc, NSQError) else ProtocolError(f"bad answer: {exc!r}")
             self._fail(error, events)
             return
         if pos < end:
-            pending.append(data[pos:] if pos else data)
-            self._pending_size = end - pos
+            pending += memoryview(data)[pos:]
             self._pending_need = need
         if self._switch:
             self._apply_switch(events)
 
     def _apply_switch(self, events: list[Event]) -> None:
         self._switch = False
-        trailing = b"".join(self._pending)
+        trailing = bytes(self._pending)
         self._pending.clear()
-        self._pending_size = 0
         if self._state is _S.TLS_HANDSHAKE:
             events.append(TLSUpgradeRequired(trailing))
         elif trailing:
@@ -508,7 +504,9 @@ class ClientConnection:
         kind, request_id = self._awaiting.popleft()
         if kind is _Awaiting.PUBLISH:
             if payload != frames.OK:
-                raise ProtocolError(f"publish answered {payload[:64]!r} instead of OK")
+                error = ProtocolError(f"publish answered {payload[:64]!r} instead of OK")
+                events.append(PublishFailed(request_id, error))
+                raise error
             events.append(PublishAcknowledged(request_id))
         elif kind is _Awaiting.IDENTIFY:
             self._on_identify(payload, events)
@@ -631,7 +629,7 @@ class ClientConnection:
             self._fail(None, events)
         else:
             where = (
-                f" with {self._pending_size} bytes of an unfinished frame" if self._pending else ""
+                f" with {len(self._pending)} bytes of an unfinished frame" if self._pending else ""
             )
             self._fail(
                 ConnectionLost(f"nsqd closed the connection in state {self._state.name}{where}"),

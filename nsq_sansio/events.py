@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from .errors import NSQError, ProtocolError, ServerError
 
@@ -28,10 +28,14 @@ __all__ = [
 DEFAULT_MAX_RDY_COUNT = 2500
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """A message pushed by nsqd: ``id`` (16 ASCII hex bytes), ``body``, ``timestamp`` in ns since
-    the epoch (when it was published), ``attempts`` (1 on first delivery)."""
+    the epoch (when it was published), ``attempts`` (1 on first delivery).
+
+    The one event that is a ``NamedTuple`` rather than a frozen dataclass: it is built once per
+    message on the hottest path, where a frozen dataclass's ``__init__`` cost a third of the
+    decoding time. It is just as immutable.
+    """
 
     id: bytes
     body: bytes
