@@ -1494,6 +1494,8 @@ class NSQD:
             self._topic_put(topic, _Msg(self._new_id(), body, self._timestamp(now)), now)
         except BackendError as exc:
             raise _ClientError("E_PUB_FAILED", f"PUB failed {exc}") from None
+        finally:
+            self._pump_topic(topic, now)
         conn.pub_counts[topic_name] = conn.pub_counts.get(topic_name, 0) + 1
         self._write(conn, self._ok_frame)
 
@@ -1507,6 +1509,8 @@ class NSQD:
             self._topic_put(topic, msg, now)
         except BackendError as exc:
             raise _ClientError("E_DPUB_FAILED", f"DPUB failed {exc}") from None
+        finally:
+            self._pump_topic(topic, now)
         conn.pub_counts[topic_name] = conn.pub_counts.get(topic_name, 0) + 1
         self._write(conn, self._ok_frame)
 
@@ -1520,6 +1524,8 @@ class NSQD:
                 self._topic_put(topic, _Msg(self._new_id(), part, timestamp), now)
         except BackendError as exc:
             raise _ClientError("E_MPUB_FAILED", f"MPUB failed {exc}") from None
+        finally:
+            self._pump_topic(topic, now)
         conn.pub_counts[topic_name] = conn.pub_counts.get(topic_name, 0) + len(bodies)
         self._write(conn, self._ok_frame)
 
@@ -1621,6 +1627,7 @@ class NSQD:
             if decoded is not None:
                 self._distribute(topic, _record_msg(decoded), now)
         topic.spilled = backend.depth > 0
+        self._pump_topic(topic, now)
 
     def _distribute(self, topic: _Topic, msg: _Msg, now: float) -> None:
         first = True
@@ -1635,7 +1642,13 @@ class NSQD:
                 copy.deferred = 0.0
                 self._defer(channel, copy, now + delay)
                 continue
+            if channel.ready and len(channel.mem) >= self._mem_limit:
+                self._pump(channel, now)  # make room rather than spill to the backend
             self._channel_put(channel, copy)
+
+    def _pump_topic(self, topic: _Topic, now: float) -> None:
+        """Deliver what the last puts queued (once per command, not once per message)."""
+        for channel in topic.channels.values():
             if channel.ready:
                 self._pump(channel, now)
 
@@ -1743,7 +1756,12 @@ class NSQD:
         msg.owner = conn.id
         msg.delivered_at = now
         channel.in_flight[message_id] = msg
-        self._start_in_flight_timer(channel, msg, now + conn.msg_timeout)
+        deadline = now + conn.msg_timeout
+        self._seq = seq = self._seq + 1
+        msg.timer = seq
+        heappush(channel.in_flight_heap, (deadline, seq, msg))
+        if deadline < channel.alarm_at:
+            self._arm(channel, deadline)
         conn.in_flight += 1
         conn.message_count += 1
         body = msg.body
@@ -1950,6 +1968,8 @@ class NSQD:
                 self._topic_put(found, msg, now)
         except BackendError as exc:
             raise AdminError(503, "EXITING", str(exc)) from None
+        finally:
+            self._pump_topic(found, now)
 
     def _client_stats(self, conn: _Conn) -> dict[str, Any]:
         stats: dict[str, Any] = {
