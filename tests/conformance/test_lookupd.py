@@ -73,19 +73,61 @@ def test_lookupd_http_basics(lookupd_http: str) -> None:
     assert lookup(lookupd_http, topic) is None
 
 
-def test_lookupd_tcp_protocol(target: Target) -> None:
+def _v1_answer(c: RawConn) -> bytes:
+    c._fill(4)
+    (size,) = struct.unpack(">i", c.buf[:4])
+    c._fill(4 + size)
+    data = c.buf[4 : 4 + size]
+    c.buf = c.buf[4 + size :]
+    return data
+
+
+def _lookupd_tcp(target: Target) -> str:
     if target.lookupd_tcp is None:
         import pytest
 
         pytest.skip("no nsqlookupd TCP address configured (NSQ_CONFORMANCE_LOOKUPD)")
-    with RawConn(target.lookupd_tcp, magic=b"  V1") as c:
+    return target.lookupd_tcp
+
+
+def test_lookupd_tcp_ping_and_register_before_identify(target: Target) -> None:
+    with RawConn(_lookupd_tcp(target), magic=b"  V1") as c:
         c.send(b"PING\n")
-        c._fill(6)
-        assert c.buf[:6] == b"\x00\x00\x00\x02OK"
-        c.buf = c.buf[6:]
+        assert _v1_answer(c) == b"OK"
         c.send(b"REGISTER t\n")  # before IDENTIFY: fatal E_INVALID
-        c._fill(4)
-        (size,) = struct.unpack(">i", c.buf[:4])
-        c._fill(4 + size)
-        assert c.buf[4 : 4 + size].startswith(b"E_INVALID")
+        assert _v1_answer(c).startswith(b"E_INVALID")
         c.expect_closed()
+
+
+def test_lookupd_tcp_bad_magic(target: Target) -> None:
+    with RawConn(_lookupd_tcp(target), magic=b"  V9") as c:
+        assert _v1_answer(c).startswith(b"E_BAD_PROTOCOL")
+        c.expect_closed()
+
+
+def test_lookupd_tcp_identify_register_unregister(target: Target, lookupd_http: str) -> None:
+    topic = unique()
+    identity = {
+        "broadcast_address": "192.0.2.7",
+        "hostname": "fake-nsqd",
+        "tcp_port": 14150,
+        "http_port": 14151,
+        "version": "1.3.0",
+    }
+    body = json.dumps(identity).encode()
+    with RawConn(_lookupd_tcp(target), magic=b"  V1") as c:
+        c.send(b"IDENTIFY\n" + struct.pack(">i", len(body)) + body)
+        info = json.loads(_v1_answer(c))
+        assert {"tcp_port", "http_port", "version", "broadcast_address", "hostname"} <= set(info)
+        c.send(f"REGISTER {topic} ch\nREGISTER {topic}\n".encode())
+        assert _v1_answer(c) == b"OK" and _v1_answer(c) == b"OK"
+        doc = lookup(lookupd_http, topic)
+        assert doc is not None and doc["channels"] == ["ch"]
+        (producer,) = doc["producers"]
+        assert producer["broadcast_address"] == "192.0.2.7" and producer["tcp_port"] == 14150
+        assert producer["remote_address"].startswith("127.0.0.1:")
+        c.send(f"REGISTER {topic} bad/chan\n".encode())
+        assert _v1_answer(c).startswith(b"E_BAD_CHANNEL")
+        c.expect_closed()
+    # the connection is gone, and with it the producer's registrations
+    wait_for(lambda: lookup(lookupd_http, topic)["producers"] == [])  # type: ignore[index]

@@ -117,6 +117,10 @@ def test_garbage_tls_handshake_closes_only_that_client(cert_files: tuple[str, st
             c.send(b"this is not a TLS client hello" * 10)
             c.expect_closed()
         assert http_request(nsqd.http_address, "GET", "/ping")[:2] == (200, b"OK")
+    http_request(nsq_cluster.nsqd.http_address, "POST", "/topic/create?topic=fixture")
+    nsq_cluster.wait_registered_blocking("fixture")
+    with pytest.raises(TimeoutError):
+        nsq_cluster.wait_registered_blocking("never", timeout=0.2)
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])

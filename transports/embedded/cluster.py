@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+import time
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import anyio.abc
@@ -65,6 +69,35 @@ class Cluster:
                 if found >= expected:
                     return
                 await anyio.sleep(0.01)
+
+    def wait_registered_blocking(
+        self, topic: str, producers: int | None = None, timeout: float = 5.0
+    ) -> None:
+        """From blocking code (e.g. with the ``nsq_cluster`` fixture): poll the lookupd's
+        ``/lookup`` over HTTP until ``producers`` nsqds (default: all) list ``topic``."""
+        if self.lookupd is None:
+            return
+        want = len(self.nsqds) if producers is None else producers
+        host, port = self.lookupd.http_address.rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while True:
+            found = 0
+            conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+            try:
+                conn.request("GET", f"/lookup?topic={quote(topic)}")
+                resp = conn.getresponse()
+                body = resp.read()
+                if resp.status == 200:
+                    found = len(json.loads(body).get("producers", []))
+            except (OSError, ValueError):
+                pass
+            finally:
+                conn.close()
+            if found >= want:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{want} producer(s) of {topic!r} not registered in {timeout}s")
+            time.sleep(0.01)
 
     async def __aenter__(self) -> Cluster:
         self._task_group = tg = anyio.create_task_group()
