@@ -117,10 +117,6 @@ def test_garbage_tls_handshake_closes_only_that_client(cert_files: tuple[str, st
             c.send(b"this is not a TLS client hello" * 10)
             c.expect_closed()
         assert http_request(nsqd.http_address, "GET", "/ping")[:2] == (200, b"OK")
-    http_request(nsq_cluster.nsqd.http_address, "POST", "/topic/create?topic=fixture")
-    nsq_cluster.wait_registered_blocking("fixture")
-    with pytest.raises(TimeoutError):
-        nsq_cluster.wait_registered_blocking("never", timeout=0.2)
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -186,6 +182,10 @@ def test_fixtures_from_the_plugin(nsq_cluster: Cluster, nsqd: EmbeddedNSQD) -> N
     assert nsq_cluster.nsqd.tcp_port != nsqd.tcp_port
     assert nsq_cluster.lookupd_http_urls[0].startswith("http://127.0.0.1:")
     assert http_request(nsqd.http_address, "GET", "/ping")[:2] == (200, b"OK")
+    http_request(nsq_cluster.nsqd.http_address, "POST", "/topic/create?topic=fixture")
+    nsq_cluster.wait_registered_blocking("fixture")
+    with pytest.raises(TimeoutError):
+        nsq_cluster.wait_registered_blocking("never", timeout=0.2)
 
 
 def test_malformed_http_gets_400_and_server_keeps_serving(nsqd: EmbeddedNSQD) -> None:
