@@ -420,7 +420,6 @@ def test_message_frame_shorter_than_header_is_a_protocol_error() -> None:
     assert isinstance(closed.error, ProtocolError)
 
 
-@pytest.mark.xfail(strict=True, reason="B11: bytearray/memoryview input breaks _process")
 @pytest.mark.parametrize("kind", [bytearray, memoryview])
 def test_receive_data_accepts_bytearray_and_memoryview(kind: type) -> None:
     conn = subscribed_conn()
@@ -563,7 +562,6 @@ def test_oversized_frame_refused_at_its_size_field(header: bytes) -> None:
     assert closed.error.size == int.from_bytes(header, "big")
 
 
-@pytest.mark.xfail(strict=True, reason="B10: unfinished frame kept as a list of tiny bytes")
 def test_unfinished_frame_memory_is_bounded_when_fed_in_tiny_chunks() -> None:
     conn = subscribed_conn()
     frame = message(body=b"x" * (1 << 18))

@@ -85,7 +85,6 @@ def test_non_fatal_error_does_not_consume_a_publish_answer() -> None:
     assert events[1] == PublishAcknowledged(rid)
 
 
-@pytest.mark.xfail(strict=True, reason="B12: request id lost on a non-OK answer")
 def test_non_ok_answer_to_a_publish_is_a_protocol_error() -> None:
     conn = ready_conn()
     rid = conn.publish("t", b"x")
