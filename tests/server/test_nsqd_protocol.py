@@ -472,3 +472,63 @@ def test_connection_events_name_their_connection() -> None:
     assert event.conn_id == client.id
     assert event.reason == "fatal error: E_INVALID invalid command BAD"
     assert event.error is not None and event.error.code == "E_INVALID" and event.error.fatal
+
+
+def test_deflate_level_is_capped_and_defaults_to_six() -> None:
+    node = make_node(max_deflate_level=4)
+    assert Client(node).identify(deflate=True, deflate_level=9)["deflate_level"] == 4
+    assert Client(make_node()).identify(deflate=True)["deflate_level"] == 6
+    assert Client(make_node()).identify(deflate=True, deflate_level=2)["deflate_level"] == 2
+
+
+def test_compression_not_offered_when_disabled() -> None:
+    answer = Client(make_node(snappy=False, deflate=False)).identify(snappy=True)
+    assert answer["snappy"] is False and answer["deflate"] is False
+
+
+def test_output_buffer_minus_one_disables_buffering() -> None:
+    answer = Client(make_node()).identify(output_buffer_size=-1, output_buffer_timeout=-1)
+    assert answer["output_buffer_size"] == 1 and answer["output_buffer_timeout"] == 0
+
+
+def test_identify_twice_is_allowed_before_sub_like_nsqd() -> None:
+    client = Client(make_node())
+    assert client.identify(msg_timeout=5000)["msg_timeout"] == 5000
+    assert client.identify(msg_timeout=6000)["msg_timeout"] == 6000
+
+
+def test_eof_during_tls_handshake_closes() -> None:
+    node = make_node(tls_available=True)
+    client = Client(node)
+    client.send(frames.encode_identify({"feature_negotiation": True, "tls_v1": True}))
+    client.send(b"")
+    assert client.closed
+    with pytest.raises(LocalProtocolError):
+        node.tls_established(999, 0.0)
+
+
+def test_tls_established_out_of_turn_is_a_local_error() -> None:
+    node = make_node(tls_available=True)
+    client = Client(node)
+    with pytest.raises(LocalProtocolError):
+        node.tls_established(client.id, 0.0)
+
+
+def test_shutdown_closes_every_connection_and_refuses_new_ones() -> None:
+    node = make_node()
+    a, b = Client(node), Client(node)
+    events = node.close(1.0)
+    assert sorted(e.conn_id for e in events if isinstance(e, CloseConnection)) == [a.id, b.id]
+    assert node.close(2.0) == []
+    with pytest.raises(LocalProtocolError):
+        node.connect(2.0, "x:1")
+
+
+def test_output_pending_counts_unsent_bytes() -> None:
+    node = make_node()
+    client = Client(node)
+    client.sub("t", "c", rdy=10)
+    node.publish("t", b"x" * 100, 0.0)
+    assert node.output_pending(client.id) == 8 + 26 + 100
+    client.raw()
+    assert node.output_pending(client.id) == 0
