@@ -96,6 +96,7 @@ _DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
 # Requeue of a message whose id is already in flight on the channel (only possible when a
 # restored backend holds an id handed out again): it waits this long instead of spinning.
 _DUPLICATE_ID_RETRY = 1.0
+_MAX_REGISTRY_EVENTS = 100_000
 
 
 class ClientState(enum.Enum):
@@ -479,7 +480,8 @@ class NSQD:
         self._alarms: list[tuple[float, int, _Timed]] = []
         self._seq = 0
         self._dirty: dict[int, None] = {}
-        self._registry: list[RegistryEvent] = []
+        # Bounded so a node nobody drains (no lookupd) cannot grow without end.
+        self._registry: deque[RegistryEvent] = deque(maxlen=_MAX_REGISTRY_EVENTS)
         self._id_base = self.options.node_id << _ID_COUNTER_BITS
         # Start the counter at a random point so ids from before a restart (still in a durable
         # backend) are very unlikely to be handed out again.
@@ -851,9 +853,13 @@ class NSQD:
         }
 
     def take_registry_events(self) -> list[RegistryEvent]:
-        """Topic/channel creations and deletions since the last call, in order (for lookupd)."""
-        events = self._registry
-        self._registry = []
+        """Topic/channel creations and deletions since the last call, in order (for lookupd).
+
+        At most the last 100 000 are kept between calls; a registrar that falls further
+        behind should resynchronise from :meth:`topic_names` / :meth:`channel_names`.
+        """
+        events = list(self._registry)
+        self._registry.clear()
         return events
 
     def metadata(self) -> dict[str, Any]:
