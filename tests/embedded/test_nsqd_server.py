@@ -275,3 +275,26 @@ def test_data_path_keeps_queued_and_in_flight_messages_across_restart(tmp_path: 
             got = {c.read_message().body for _ in range(29)}
             assert c.nothing_within(0.3)
         assert got == set(bodies) - {taken[0].body}
+
+
+def test_a_failing_core_call_costs_one_connection_not_the_broker() -> None:
+    runner = ServerThread(EmbeddedNSQD())
+    nsqd = runner.start()
+    try:
+        core = nsqd.core
+        original = core.receive_data
+
+        def exploding(conn_id: int, data: bytes, now: float) -> list[object]:
+            if b"BOOM" in data:
+                raise RuntimeError("simulated bug in the core")
+            return original(conn_id, data, now)  # type: ignore[return-value]
+
+        runner.call(setattr, core, "receive_data", exploding)
+        with RawConn(nsqd.tcp_address) as bad:
+            bad.send(b"BOOM\n")
+            bad.expect_closed()
+        with RawConn(nsqd.tcp_address) as good:
+            good.pub(unique(), b"fine")
+            good.expect_ok()
+    finally:
+        runner.stop()

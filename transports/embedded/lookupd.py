@@ -10,6 +10,7 @@ manager from anyio code (asyncio or trio); ports default to 0 and the real ones 
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 from types import TracebackType
 from typing import Any
@@ -182,6 +183,10 @@ class EmbeddedLookupd:
                     break
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
+        except Exception:  # a bug must cost one connection, never the server
+            logging.getLogger("nsq_sansio.embedded").exception(
+                "nsqlookupd: connection %d failed", handle
+            )
         finally:
             core.release(handle)
             with anyio.CancelScope(shield=True):

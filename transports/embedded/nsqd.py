@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import random
@@ -62,7 +63,9 @@ from .http import (
     text_response,
 )
 
-__all__ = ["EmbeddedNSQD"]
+__all__ = ["EmbeddedNSQD", "route_nsqd"]
+
+_log = logging.getLogger("nsq_sansio.embedded")
 
 _IO_ERRORS = (
     anyio.EndOfStream,
@@ -357,7 +360,11 @@ class EmbeddedNSQD:
             now = anyio.current_time()
             deadline = core.next_deadline()
             if deadline is not None and deadline <= now:
-                self._after(core.handle_timer(now))
+                try:
+                    self._after(core.handle_timer(now))
+                except Exception:
+                    _log.exception("nsqd: timer failed")
+                    await anyio.sleep(0.1)  # never spin on a failing timer
                 continue
             self._timer_target = math.inf if deadline is None else deadline
             with anyio.move_on_after(self._timer_target - now):
@@ -387,10 +394,16 @@ class EmbeddedNSQD:
                 with anyio.move_on_after(5.0):
                     await client.writer_done.wait()
                 tg.cancel_scope.cancel()
+        except Exception:
+            # a bug must cost one connection, never the broker
+            _log.exception("nsqd: connection %d failed", conn_id)
         finally:
             self._clients.pop(conn_id, None)
             if self._core is not None and not self._closed:
-                self._after(core.connection_lost(conn_id, anyio.current_time()))
+                try:
+                    self._after(core.connection_lost(conn_id, anyio.current_time()))
+                except Exception:
+                    _log.exception("nsqd: cleaning up connection %d failed", conn_id)
             await _aclose_quietly(client.stream)
 
     async def _reader(self, client: _Client) -> None:
