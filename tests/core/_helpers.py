@@ -22,7 +22,9 @@ def error(data: bytes) -> bytes:
 
 
 def message(
-    message_id: bytes = MID, body: bytes = b"hello", timestamp: int = 1_700_000_000_000_000_000,
+    message_id: bytes = MID,
+    body: bytes = b"hello",
+    timestamp: int = 1_700_000_000_000_000_000,
     attempts: int = 1,
 ) -> bytes:
     return encode_message_frame(message_id, timestamp, attempts, body)
@@ -37,17 +39,22 @@ HEARTBEAT = response(b"_heartbeat_")
 CLOSE_WAIT = response(b"CLOSE_WAIT")
 
 
-def ready_conn(**identify: Any) -> ClientConnection:
+def ready_conn(max_frame_size: int | None = None, **identify: Any) -> ClientConnection:
     """A connection past IDENTIFY (old-server plain OK), outbound buffer drained."""
-    conn = ClientConnection(identify or None)
+    if max_frame_size is None:
+        conn = ClientConnection(identify or None)
+    else:
+        conn = ClientConnection(identify or None, max_frame_size=max_frame_size)
     events = conn.receive_data(OK, now=0.0)
     assert conn.state is ConnectionState.READY, events
     conn.data_to_send()
     return conn
 
 
-def subscribed_conn(rdy: int = 10, **identify: Any) -> ClientConnection:
-    conn = ready_conn(**identify)
+def subscribed_conn(
+    rdy: int = 10, max_frame_size: int | None = None, **identify: Any
+) -> ClientConnection:
+    conn = ready_conn(max_frame_size, **identify)
     conn.subscribe("topic", "channel")
     conn.receive_data(OK)
     assert conn.state is ConnectionState.SUBSCRIBED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from collections.abc import Sequence
 
 import pytest
 
@@ -62,7 +63,7 @@ FULL_ANSWER = {
 }
 
 
-def closed_with(events: list[object]) -> ConnectionClosed:
+def closed_with(events: Sequence[object]) -> ConnectionClosed:
     closes = [e for e in events if isinstance(e, ConnectionClosed)]
     assert len(closes) == 1, events
     assert events[-1] is closes[0], "ConnectionClosed must be the last event"
@@ -79,8 +80,11 @@ def test_construction_queues_magic_then_identify_with_feature_negotiation() -> N
     assert out.startswith(MAGIC_V2 + b"IDENTIFY\n")
     body = out[len(MAGIC_V2) + len(b"IDENTIFY\n") + 4 :]
     assert int.from_bytes(out[13:17], "big") == len(body)
-    assert json.loads(body) == {"client_id": "me", "heartbeat_interval": 5000,
-                                "feature_negotiation": True}
+    assert json.loads(body) == {
+        "client_id": "me",
+        "heartbeat_interval": 5000,
+        "feature_negotiation": True,
+    }
     assert conn.data_to_send() == b""
     assert conn.heartbeat_interval == 5.0
 
@@ -114,9 +118,18 @@ def test_json_answer_keeps_every_negotiated_field() -> None:
     assert s is conn.settings and s.negotiated
     assert (s.max_rdy_count, s.msg_timeout, s.max_msg_timeout) == (500, 60000, 900000)
     assert (s.tls_v1, s.snappy, s.deflate, s.deflate_level, s.max_deflate_level) == (
-        False, False, False, 6, 6)
+        False,
+        False,
+        False,
+        6,
+        6,
+    )
     assert (s.auth_required, s.sample_rate, s.output_buffer_size, s.output_buffer_timeout) == (
-        False, 0, 16384, 250)
+        False,
+        0,
+        16384,
+        250,
+    )
     assert s.version == "1.3.0"
     assert s.raw["extra_field"] == "kept in raw"
     assert conn.max_rdy_count == 500
@@ -270,7 +283,9 @@ def test_corrupt_compressed_stream_closes_with_compression_error(kind: str) -> N
 def test_invalid_deflate_level_in_answer_does_not_break_the_connection() -> None:
     conn = ClientConnection({"deflate": True})
     server = ServerStream("deflate")
-    events = conn.receive_data(identify_answer(deflate=True, deflate_level=12) + server.compress(OK))
+    events = conn.receive_data(
+        identify_answer(deflate=True, deflate_level=12) + server.compress(OK)
+    )
     assert [type(e) for e in events] == [ConnectionReady]
 
 
@@ -361,7 +376,7 @@ def test_rdy_bounds_follow_max_rdy_count() -> None:
     assert conn.data_to_send().endswith(b"RDY 0\nRDY 100\n")
     assert conn.rdy == conn.rdy_remaining == 100
     for bad in (101, -1):
-        with pytest.raises(LocalProtocolError, match="0..100"):
+        with pytest.raises(LocalProtocolError, match=r"0\.\.100"):
             conn.send_ready(bad)
     for not_int in (1.0, True, "5"):
         with pytest.raises(LocalProtocolError):
@@ -465,8 +480,11 @@ def test_heartbeat_does_not_consume_a_pending_answer() -> None:
 
 @pytest.mark.parametrize(
     ("code", "command", "error_type"),
-    [("E_FIN_FAILED", "FIN", E.FinFailed), ("E_REQ_FAILED", "REQ", E.ReqFailed),
-     ("E_TOUCH_FAILED", "TOUCH", E.TouchFailed)],
+    [
+        ("E_FIN_FAILED", "FIN", E.FinFailed),
+        ("E_REQ_FAILED", "REQ", E.ReqFailed),
+        ("E_TOUCH_FAILED", "TOUCH", E.TouchFailed),
+    ],
 )
 def test_late_answer_errors_are_non_fatal_and_tied_to_the_message(
     code: str, command: str, error_type: type[ServerError]
@@ -516,11 +534,16 @@ def test_every_other_error_is_fatal_typed_and_keeps_code_and_text(
 ) -> None:
     conn = subscribed_conn()
     conn.receive_data(message(MID))
-    closed = closed_with(conn.receive_data(error(f"{code} some text here".encode()) + message(MID2)))
+    closed = closed_with(
+        conn.receive_data(error(f"{code} some text here".encode()) + message(MID2))
+    )
     assert type(closed.error) is error_type
     assert isinstance(closed.error, ServerError)
     assert (closed.error.code, closed.error.text, closed.error.fatal) == (
-        code, "some text here", True)
+        code,
+        "some text here",
+        True,
+    )
     assert closed.in_flight == (MID,)
     assert conn.state is S.CLOSED and conn.in_flight_count == 0
     assert conn.receive_data(message(b"x" * 16)) == []
@@ -710,3 +733,54 @@ def test_heartbeats_disabled_means_no_deadline() -> None:
     conn.receive_data(OK, now=1.0)
     assert conn.heartbeat_interval is None and conn.next_deadline() is None
     assert conn.handle_timer(1e9) == []
+
+
+# --- the whole upgrade chain, state by state --------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["snappy", "deflate"])
+def test_tls_then_compression_then_auth_then_sub(kind: str) -> None:
+    conn = ClientConnection({"tls_v1": True, kind: True}, auth_secret=b"secret")
+    conn.data_to_send()
+    assert conn.state is S.IDENTIFYING
+    [upgrade] = conn.receive_data(identify_answer(tls_v1=True, auth_required=True, **{kind: True}))
+    assert isinstance(upgrade, TLSUpgradeRequired)
+    assert conn.state is S.TLS_HANDSHAKE
+    conn.tls_established()
+    assert conn.state is S.AWAITING_TLS_OK
+    server = ServerStream(kind)
+    assert conn.receive_data(OK) == []
+    assert conn.state is S.AWAITING_COMPRESSION_OK
+    assert conn.receive_data(server.compress(OK)) == []
+    assert conn.state is S.AUTHENTICATING
+    assert server.decompress(conn.data_to_send()) == b"AUTH\n\x00\x00\x00\x06secret"
+    auth = b'{"identity":"me","identity_url":"","permission_count":1}'
+    [ready] = conn.receive_data(server.compress(response(auth)))
+    assert isinstance(ready, ConnectionReady) and ready.auth is not None
+    assert ready.auth.identity == "me" and ready.settings.tls_v1
+    conn.subscribe("t", "c")
+    assert server.decompress(conn.data_to_send()) == b"SUB t c\n"
+    assert conn.receive_data(server.compress(OK)) == [Subscribed("t", "c")]
+
+
+@pytest.mark.parametrize("kind", ["snappy", "deflate"])
+def test_compressed_oversized_frame_is_refused_not_buffered(kind: str) -> None:
+    conn = ClientConnection({kind: True}, max_frame_size=64 * 1024)
+    server = ServerStream(kind)
+    conn.receive_data(identify_answer(**{kind: True}) + server.compress(OK))
+    conn.subscribe("t", "c")
+    conn.receive_data(server.compress(OK))
+    bomb = server.compress(b"\x01\x00\x00\x00\x00\x00\x00\x02" + b"\x00" * (1 << 20))
+    closed = closed_with(conn.receive_data(bomb))
+    assert isinstance(closed.error, FrameTooLarge) and closed.error.size == 0x01000000
+
+
+def test_close_before_subscribed_closes_at_once_without_cls() -> None:
+    for conn in (ClientConnection(), ready_conn()):
+        closed = conn.close()
+        assert isinstance(closed, ConnectionClosed) and closed.error is None
+        assert conn.state is S.CLOSED and conn.data_to_send() == b""
+    conn = ready_conn()
+    conn.subscribe("t", "c")
+    assert conn.close() is not None  # SUBSCRIBING: nothing to CLS yet
+    assert conn.data_to_send() == b"" and conn.receive_data(OK) == []

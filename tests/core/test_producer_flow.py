@@ -17,7 +17,16 @@ from nsq_sansio import (
 from nsq_sansio import errors as E
 from nsq_sansio.events import PublishAcknowledged, PublishFailed
 
-from ._helpers import HEARTBEAT, MID, OK, error, identify_answer, ready_conn, response, subscribed_conn
+from ._helpers import (
+    HEARTBEAT,
+    MID,
+    OK,
+    error,
+    identify_answer,
+    ready_conn,
+    response,
+    subscribed_conn,
+)
 from ._servers import ServerStream
 
 
@@ -43,7 +52,9 @@ def test_answers_are_correlated_in_order_even_when_split_and_mixed_with_heartbea
     for byte in range(len(stream)):
         events.extend(conn.receive_data(stream[byte : byte + 1]))
     assert events == [
-        PublishAcknowledged(ids[0]), Heartbeat(), PublishAcknowledged(ids[1]),
+        PublishAcknowledged(ids[0]),
+        Heartbeat(),
+        PublishAcknowledged(ids[1]),
         PublishAcknowledged(ids[2]),
     ]
     assert conn.pending_requests == ()
@@ -53,9 +64,14 @@ def test_answers_are_correlated_in_order_even_when_split_and_mixed_with_heartbea
 
 @pytest.mark.parametrize(
     ("code", "error_type"),
-    [("E_PUB_FAILED", E.PubFailed), ("E_MPUB_FAILED", E.MPubFailed),
-     ("E_DPUB_FAILED", E.DPubFailed), ("E_BAD_TOPIC", E.BadTopic),
-     ("E_BAD_MESSAGE", E.BadMessage), ("E_UNAUTHORIZED", E.Unauthorized)],
+    [
+        ("E_PUB_FAILED", E.PubFailed),
+        ("E_MPUB_FAILED", E.MPubFailed),
+        ("E_DPUB_FAILED", E.DPubFailed),
+        ("E_BAD_TOPIC", E.BadTopic),
+        ("E_BAD_MESSAGE", E.BadMessage),
+        ("E_UNAUTHORIZED", E.Unauthorized),
+    ],
 )
 def test_error_answer_fails_its_request_and_closes_reporting_the_rest(
     code: str, error_type: type[E.ServerError]

@@ -12,9 +12,23 @@ import nsq_sansio
 
 PACKAGE = Path(nsq_sansio.__file__).parent
 IO_MODULES = {
-    "socket", "ssl", "select", "selectors", "asyncio", "anyio", "trio", "threading",
-    "subprocess", "signal", "multiprocessing", "concurrent", "urllib.request", "http.client",
-    "requests", "httpx", "mmap",
+    "socket",
+    "ssl",
+    "select",
+    "selectors",
+    "asyncio",
+    "anyio",
+    "trio",
+    "threading",
+    "subprocess",
+    "signal",
+    "multiprocessing",
+    "concurrent",
+    "urllib.request",
+    "http.client",
+    "requests",
+    "httpx",
+    "mmap",
 }
 CLOCK_MODULES = {"time", "datetime"}
 
@@ -103,7 +117,10 @@ def _probe(preload: list[str], skip: list[str]) -> dict[str, object]:
     paths = [str(PACKAGE.parent), *[p for p in sys.path if p]]
     result = subprocess.run(
         [sys.executable, "-S", "-c", _PROBE, *map(json.dumps, (paths, preload, skip))],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     report: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
