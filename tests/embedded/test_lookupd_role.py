@@ -252,3 +252,84 @@ def test_peer_closes_on_silence_and_errors_and_backs_off() -> None:
     events = peer.receive_data(b"\x7f\xff\xff\xff", 5.0)
     assert isinstance(events[0], LookupPeerClosed)
     assert events[0].reconnect_at == 9.0  # capped at reconnect_max
+
+
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule  # noqa: E402
+
+TOPICS = st.sampled_from(["a", "b", "c#ephemeral"])
+CHANNELS = st.sampled_from([None, "x", "y#ephemeral"])
+
+
+class LookupdMachine(RuleBasedStateMachine):
+    """Random nsqds connect, identify, register, unregister and vanish; the registry must
+    always list exactly the live peers' registrations (a model kept alongside)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lookupd = Lookupd(LookupdOptions(inactive_producer_timeout=1e9))
+        self.model: dict[int, set[tuple[str, str | None]]] = {}
+        self.identified: set[int] = set()
+        self.port = 1000
+
+    @rule()
+    def connect(self) -> None:
+        self.port += 1
+        h = self.lookupd.connect(f"10.0.0.1:{self.port}", 0.0)
+        ident = NodeIdentity("10.0.0.1", self.port, self.port + 1, "h", "1")
+        self.lookupd.receive_data(h, b"  V1" + encode_identify(ident), 0.0)
+        self.model[h] = set()
+        self.identified.add(h)
+
+    @rule(data=st.data(), topic=TOPICS, channel=CHANNELS)
+    def register(self, data: st.DataObject, topic: str, channel: str | None) -> None:
+        if not self.model:
+            return
+        h = data.draw(st.sampled_from(sorted(self.model)))
+        line = f"REGISTER {topic} {channel}\n" if channel else f"REGISTER {topic}\n"
+        self.lookupd.receive_data(h, line.encode(), 0.0)
+        self.model[h] |= {(topic, channel), (topic, None)}
+
+    @rule(data=st.data(), topic=TOPICS, channel=CHANNELS)
+    def unregister(self, data: st.DataObject, topic: str, channel: str | None) -> None:
+        if not self.model:
+            return
+        h = data.draw(st.sampled_from(sorted(self.model)))
+        line = f"UNREGISTER {topic} {channel}\n" if channel else f"UNREGISTER {topic}\n"
+        self.lookupd.receive_data(h, line.encode(), 0.0)
+        if channel:
+            self.model[h].discard((topic, channel))
+        else:
+            self.model[h] = {(t, c) for t, c in self.model[h] if t != topic}
+
+    @rule(data=st.data(), garbage=st.binary(min_size=1, max_size=20))
+    def misbehave_or_vanish(self, data: st.DataObject, garbage: bytes) -> None:
+        if not self.model:
+            return
+        h = data.draw(st.sampled_from(sorted(self.model)))
+        if data.draw(st.booleans()):
+            # a NUL first byte makes it an invalid command: always fatal
+            self.lookupd.receive_data(h, b"\x00" + garbage + b"\n", 0.0)
+            assert self.lookupd.connection_state(h) is LookupConnState.CLOSED
+        else:
+            self.lookupd.connection_lost(h, 0.0)
+        if self.lookupd.connection_state(h) is LookupConnState.CLOSED:
+            del self.model[h]
+            self.lookupd.release(h)
+
+    @invariant()
+    def registry_matches_live_peers(self) -> None:
+        for topic in ("a", "b", "c#ephemeral"):
+            expected_topic = {h for h, regs in self.model.items() if (topic, None) in regs}
+            try:
+                producers = self.lookupd.lookup(topic, 0.0)["producers"]
+            except LookupdAPIError:
+                producers = []
+            assert len(producers) == len(expected_topic)
+        nodes = self.lookupd.nodes(0.0)["producers"]
+        assert len(nodes) == len(self.model)
+        for h in self.model:
+            self.lookupd.data_to_send(h)  # drain answers, as a transport would
+
+
+TestLookupdMachine = LookupdMachine.TestCase
+TestLookupdMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)

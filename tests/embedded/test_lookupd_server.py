@@ -127,3 +127,16 @@ def test_async_context_manager_on_both_backends(backend: str) -> None:
                 assert data == b"\x00\x00\x00\x02OK"
 
     anyio.run(main, backend=backend)
+
+
+def test_head_request_gets_headers_only(lookupd: EmbeddedLookupd) -> None:
+    host, port = lookupd.http_address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        for _ in range(2):  # and the connection stays usable
+            conn.request("HEAD", "/ping")
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.read() == b""
+            assert resp.getheader("Content-Length") == "2"
+    finally:
+        conn.close()

@@ -102,7 +102,11 @@ async def _send(stream: anyio.abc.ByteStream, conn: h11.Connection, event: Any) 
 
 
 async def _respond(
-    stream: anyio.abc.ByteStream, conn: h11.Connection, response: HTTPResponse, close: bool
+    stream: anyio.abc.ByteStream,
+    conn: h11.Connection,
+    response: HTTPResponse,
+    close: bool,
+    head_only: bool = False,
 ) -> None:
     headers: list[tuple[bytes, bytes]] = [
         (b"Content-Length", str(len(response.body)).encode()),
@@ -113,7 +117,7 @@ async def _respond(
     if close:
         headers.append((b"Connection", b"close"))
     await _send(stream, conn, h11.Response(status_code=response.status, headers=headers))
-    if response.body:
+    if response.body and not head_only:
         await _send(stream, conn, h11.Data(data=response.body))
     await _send(stream, conn, h11.EndOfMessage())
 
@@ -144,7 +148,7 @@ async def serve_http_connection(
             except Exception:  # a handler bug must not kill the server
                 response = error_response(500, "INTERNAL_ERROR")
             close = request.body_too_large or conn.their_state is not h11.DONE
-            await _respond(stream, conn, response, close)
+            await _respond(stream, conn, response, close, request.method == "HEAD")
             if close or conn.our_state is h11.MUST_CLOSE:
                 return
             conn.start_next_cycle()
