@@ -389,15 +389,27 @@ class Simulator:
     def run_for(self, seconds: float) -> None:
         self.run_until(self.now + seconds)
 
-    def settle(self, limit: float, step: float = 5.0) -> bool:
+    def settle(self, limit: float, step: float = 5.0, *, patience: float = 300.0) -> bool:
         """Run until every accepted message is finished, given up or excused and the brokers
-        are empty (or ``limit`` simulated seconds pass); True when it settled."""
-        end = self.now + limit
-        while self.now < end:
-            self.run_until(min(end, self.now + step))
-            if not self.monitor.outstanding() and self._brokers_empty():
+        are empty; True when it settled. Gives up after ``limit`` simulated seconds without
+        reaching that, or after ``patience`` seconds in which no message got done (slow
+        consumers with a long backlog keep going as long as they make progress)."""
+        monitor = self.monitor
+        patience = min(patience, limit)
+        deadline = self.now + limit
+        last_progress = self.now
+        done = -1
+        while True:
+            if not monitor.outstanding() and self._brokers_empty():
                 return True
-        return False
+            count = len(monitor.finished) + len(monitor.given_up) + len(monitor.excused)
+            if count != done:
+                done = count
+                last_progress = self.now
+                deadline = max(deadline, self.now + patience)
+            if self.now >= deadline or self.now - last_progress >= patience:
+                return False
+            self.run_until(min(deadline, self.now + step))
 
     def _brokers_empty(self) -> bool:
         for node in self.nsqds:

@@ -1,0 +1,30 @@
+"""Hypothesis settings for the simulation suite.
+
+CI runs a bounded, derandomized number of examples (the whole sim suite stays well under 90 s);
+``NSQ_SIM_PROFILE=nightly`` raises the count and lets hypothesis search freely::
+
+    NSQ_SIM_PROFILE=nightly python -m pytest tests/sim
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+PROFILE = os.environ.get("NSQ_SIM_PROFILE", "ci").strip().lower()
+NIGHTLY = PROFILE == "nightly"
+
+_COMMON = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+    "print_blob": True,
+}
+
+#: Settings for whole-cluster property tests.
+SIM = (
+    settings(max_examples=int(os.environ.get("NSQ_SIM_EXAMPLES", "1000")), **_COMMON)
+    if NIGHTLY
+    else settings(max_examples=int(os.environ.get("NSQ_SIM_EXAMPLES", "30")), derandomize=True,
+                  database=None, **_COMMON)
+)

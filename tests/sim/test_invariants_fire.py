@@ -1,0 +1,136 @@
+"""The invariants can fail: each test breaks one rule on purpose (a mutant of the consumer or
+of nsqd) and checks the simulator catches it, next to a control run that passes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from nsq_sansio.backoff import Backoff
+from nsq_sansio.config import Config
+from nsq_sansio.consumer import ConsumerCoordinator
+from nsq_sansio.discovery import LookupdPoller
+from nsq_sansio.server.nsqd import NSQD
+from nsq_sansio.testing import (
+    ClusterSpec,
+    ConsumerSpec,
+    Fault,
+    FaultKind,
+    Handler,
+    Invariant,
+    InvariantViolation,
+    Scenario,
+    Workload,
+    run_scenario,
+)
+
+CONFIG = ConsumerSpec().config
+
+
+def scenario(*, nsqd: int = 2, config: Config = CONFIG, handler: Handler | None = None,
+             count: int = 2, faults: tuple[Fault, ...] = (), messages: int = 200,
+             seed: int = 11) -> Scenario:
+    consumers = (ConsumerSpec(count=count, config=config, handler=handler or Handler()),)
+    return Scenario(
+        cluster=ClusterSpec(nsqd=nsqd, consumers=consumers),
+        workload=Workload(messages=messages, rate=200.0),
+        faults=faults,
+        seed=seed,
+    )
+
+
+def caught(scn: Scenario) -> set[Invariant]:
+    with pytest.raises(InvariantViolation) as info:
+        run_scenario(scn)
+    assert "python -m nsq_sansio.testing replay " in str(info.value)
+    return {v.invariant for v in info.value.violations}
+
+
+def test_rdy_over_max_in_flight_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    scn = scenario(config=CONFIG.replace(max_in_flight=4))
+    run_scenario(scn)  # control: the real rule holds
+    original = ConsumerCoordinator._send_rdy
+
+    def off_by_one(self: ConsumerCoordinator, link: Any, count: int, now: float) -> None:
+        original(self, link, count + 1 if count > 1 else count, now)
+
+    monkeypatch.setattr(ConsumerCoordinator, "_send_rdy", off_by_one)
+    assert Invariant.RDY_SUM in caught(scn)
+
+
+def test_rdy_above_one_while_backing_off_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    scn = scenario(config=CONFIG.replace(max_in_flight=8),
+                   handler=Handler(duration=0.01, failure_rate=0.3))
+    run_scenario(scn)
+
+    def ignore_backoff(self: Backoff, max_in_flight: int) -> int:
+        return max_in_flight
+
+    monkeypatch.setattr(Backoff, "rdy_budget", ignore_backoff)
+    assert Invariant.BACKOFF_RDY in caught(scn)
+
+
+def test_nsqd_pushing_past_rdy_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    scn = scenario(config=CONFIG.replace(max_in_flight=3), handler=Handler(duration=0.2))
+    run_scenario(scn)
+    original = NSQD._cmd_rdy
+
+    def generous(self: NSQD, conn: Any, params: list[bytes], now: float, events: Any) -> None:
+        original(self, conn, params, now, events)
+        if conn.ready_count:
+            conn.ready_count += 2  # nsqd believes the client asked for more
+            channel = conn.channel
+            if channel is not None:
+                self._enqueue_ready(channel, conn)
+                self._pump(channel, now)
+
+    monkeypatch.setattr(NSQD, "_cmd_rdy", generous)
+    assert Invariant.RDY_IN_FLIGHT in caught(scn)
+
+
+def test_a_broker_losing_requeued_messages_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    scn = scenario(handler=Handler(duration=0.01, failure_rate=0.2, backoff=False))
+    run_scenario(scn)
+
+    def req_is_fin(self: NSQD, conn: Any, params: list[bytes], now: float, events: Any) -> None:
+        self._cmd_fin(conn, params[:2], now, events)
+
+    monkeypatch.setattr(NSQD, "_cmd_req", req_is_fin)
+    assert Invariant.AT_LEAST_ONCE in caught(scn)
+
+
+def test_a_drain_that_just_closes_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    faults = (Fault(2.0, FaultKind.DRAIN_CONSUMER, "c0.0", 1.0),)
+    scn = scenario(handler=Handler(duration=0.3, concurrency=1),
+                   config=CONFIG.replace(max_in_flight=5), faults=faults)
+    run_scenario(scn)
+
+    def hasty_drain(self: ConsumerCoordinator, now: float, timeout: float | None = None) -> None:
+        for link in list(self._links.values()):
+            self._drop(link, None, now, close=True)
+
+    monkeypatch.setattr(ConsumerCoordinator, "drain", hasty_drain)
+    assert Invariant.DRAIN in caught(scn)
+
+
+def test_discovery_that_stops_polling_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    faults = (Fault(3.0, FaultKind.CRASH, "nsqd1", 2.0),)
+    scn = dataclasses.replace(scenario(faults=faults, messages=20), settle=60.0)
+    run_scenario(scn)
+
+    def never(self: LookupdPoller, now: float) -> tuple[list[Any], list[Any]]:
+        return [], []
+
+    monkeypatch.setattr(LookupdPoller, "poll_due", never)
+    assert Invariant.DISCOVERY in caught(scn)
+
+
+def test_spec_is_what_the_control_runs_use() -> None:
+    # the mutants above are only meaningful if the control scenario really has the shape
+    scn = scenario()
+    assert scn.cluster.nsqd == 2 and scn.cluster.consumers[0].count == 2
+    result = run_scenario(dataclasses.replace(scn, seed=12))
+    assert result.messages_expected == 200
+    assert result.messages_finished == 200

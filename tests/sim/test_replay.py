@@ -1,0 +1,82 @@
+"""Runs are deterministic and replayable from the one printed line."""
+
+from __future__ import annotations
+
+import pytest
+
+from nsq_sansio.testing import (
+    ClusterSpec,
+    ConsumerSpec,
+    Fault,
+    FaultKind,
+    Handler,
+    InvariantViolation,
+    LinkSpec,
+    Scenario,
+    Workload,
+    replay_line,
+    run_scenario,
+    scenario_blob,
+    scenario_from_blob,
+)
+from nsq_sansio.testing.__main__ import main
+
+SCENARIO = Scenario(
+    cluster=ClusterSpec(
+        nsqd=3, lookupd=2, durable=False, link=LinkSpec(latency=0.002, jitter=0.01),
+        consumers=(ConsumerSpec(count=2, handler=Handler(duration=0.05, failure_rate=0.2)),
+                   ConsumerSpec(count=1, channel="audit", use_lookupd=False)),
+    ),
+    workload=Workload(messages=150, rate=100.0, batch=5),
+    faults=(Fault(1.5, FaultKind.PARTITION, "nsqd1", 3.0),
+            Fault(2.0, FaultKind.CRASH, "nsqd2", 4.0),
+            Fault(2.5, FaultKind.KILL_CONSUMER, "c0.1", 1.0)),
+    seed=1234,
+)
+
+
+def test_blob_round_trips() -> None:
+    assert scenario_from_blob(scenario_blob(SCENARIO)) == SCENARIO
+    assert replay_line(SCENARIO).startswith("python -m nsq_sansio.testing replay ")
+
+
+def test_same_scenario_same_run() -> None:
+    first = run_scenario(SCENARIO)
+    second = run_scenario(scenario_from_blob(scenario_blob(SCENARIO)))
+    assert (first.events, first.deliveries, first.end_time) == (
+        second.events, second.deliveries, second.end_time)
+    assert first.monitor.finished == second.monitor.finished
+    assert first.monitor.excused == second.monitor.excused
+    # and the seed matters
+    third = run_scenario(Scenario(cluster=SCENARIO.cluster, workload=SCENARIO.workload,
+                                  faults=SCENARIO.faults, seed=99))
+    assert third.events != first.events
+
+
+def test_crash_without_durability_excuses_only_what_the_broker_held() -> None:
+    result = run_scenario(SCENARIO)
+    monitor = result.monitor
+    assert all(monitor.expected[key] == "nsqd2" for key in monitor.excused)
+    assert result.messages_finished + len(monitor.excused) == result.messages_expected
+
+
+def test_replay_command_runs_the_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", scenario_blob(SCENARIO)]) == 0
+    assert "ok:" in capsys.readouterr().out
+    assert main(["nonsense"]) == 2
+
+
+def test_violation_message_carries_the_replay_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nsq_sansio.consumer import ConsumerCoordinator
+
+    original = ConsumerCoordinator._send_rdy
+
+    def greedy(self: ConsumerCoordinator, link: object, count: int, now: float) -> None:
+        original(self, link, count * 2, now)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ConsumerCoordinator, "_send_rdy", greedy)
+    with pytest.raises(InvariantViolation) as info:
+        run_scenario(SCENARIO)
+    line = str(info.value).splitlines()[-1]
+    assert line == "replay: " + replay_line(SCENARIO)
+    assert main(["replay", scenario_blob(SCENARIO)]) == 1
