@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nsq_sansio.testing import (  # noqa: E402
+from nsq_sansio.testing import (
     ClusterSpec,
     ConsumerSpec,
     Fault,
