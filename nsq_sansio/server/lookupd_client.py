@@ -260,17 +260,20 @@ class LookupPeer:
         if self.state is not LookupPeerState.CONNECTED:
             return False
         if len(self._pending) >= self.max_pending:
-            # lookupd is not answering; the next connection resyncs everything
+            # lookupd is not keeping up: dropping one command would leave it wrong, so give up
+            # on this connection; the next one resyncs everything
+            self._disconnect(now, f"more than {self.max_pending} commands unanswered")
             return False
         self._send(command, now)
         return True
 
     def register(self, now: float, topic: str, channel: str | None = None) -> bool:
-        """Announce a topic (or channel); False when not connected (resynced on connect)."""
+        """Announce a topic (or channel). False when not sent: the peer is disconnected (or
+        just dropped an overloaded connection) and the next connection resyncs it."""
         return self._queue(encode_register(topic, channel), now)
 
     def unregister(self, now: float, topic: str, channel: str | None = None) -> bool:
-        """Withdraw a topic (or channel); False when not connected."""
+        """Withdraw a topic (or channel); False when not sent (see :meth:`register`)."""
         return self._queue(encode_unregister(topic, channel), now)
 
     def data_to_send(self) -> bytes:

@@ -333,3 +333,16 @@ class LookupdMachine(RuleBasedStateMachine):
 
 TestLookupdMachine = LookupdMachine.TestCase
 TestLookupdMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_peer_overloaded_with_unanswered_commands_reconnects_instead_of_dropping() -> None:
+    peer = LookupPeer("x:1", IDENTITY, max_pending=3)
+    peer.connection_made(0.0)  # IDENTIFY is pending
+    assert peer.register(0.0, "a") and peer.register(0.0, "b")
+    assert peer.register(0.0, "c") is False
+    assert peer.state is LookupPeerState.DISCONNECTED  # resync on the next connection
+    lookupd = Lookupd()
+    h = lookupd.connect("1.1.1.1:1", 1.0)
+    peer.connection_made(1.0, [("a", None), ("b", None), ("c", None)])
+    lookupd.receive_data(h, peer.data_to_send(), 1.0)
+    assert lookupd.topics() == {"topics": ["a", "b", "c"]}
