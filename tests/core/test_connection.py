@@ -784,3 +784,28 @@ def test_close_before_subscribed_closes_at_once_without_cls() -> None:
     conn.subscribe("t", "c")
     assert conn.close() is not None  # SUBSCRIBING: nothing to CLS yet
     assert conn.data_to_send() == b"" and conn.receive_data(OK) == []
+
+
+def test_auth_secret_not_sent_when_server_does_not_require_it() -> None:
+    conn = ClientConnection(auth_secret=b"s")
+    conn.data_to_send()
+    [ready] = conn.receive_data(identify_answer(auth_required=False))
+    assert isinstance(ready, ConnectionReady) and ready.auth is None
+    assert conn.data_to_send() == b""  # "a client must not authorize"
+
+
+@pytest.mark.xfail(strict=True, reason="B13: heartbeat_interval 0 taken as 0 s")
+def test_heartbeat_interval_zero_means_server_default() -> None:
+    conn = ClientConnection({"heartbeat_interval": 0})  # nsqd: 0 keeps its default (30 s)
+    conn.receive_data(OK, now=10.0)
+    assert conn.handle_timer(11.0) == []
+    deadline = conn.next_deadline()
+    assert deadline is not None and deadline > 40.0
+
+
+@pytest.mark.xfail(strict=True, reason="B13: invalid heartbeat_interval sent to nsqd")
+@pytest.mark.parametrize("interval", [500, 999, -2, 1500.5, float("nan"), float("inf")])
+def test_identify_values_nsqd_would_reject_are_refused_locally(interval: float) -> None:
+    # nsqd: -1 disables, 0 = default, 1000..max accepted, anything else is a fatal E_BAD_BODY
+    with pytest.raises(LocalProtocolError, match="heartbeat_interval"):
+        ClientConnection({"heartbeat_interval": interval})
