@@ -209,3 +209,29 @@ def test_many_misbehaving_clients_at_once(target: Target, bystander: tuple[RawCo
         conn.expect_closed()
         conn.close()
     still_served(target, bystander)
+
+
+def test_client_ignoring_heartbeats_is_disconnected(
+    target: Target, bystander: tuple[RawConn, str]
+) -> None:
+    topic, channel = unique(), unique("c")
+    with RawConn(target.tcp) as p:
+        p.pub(topic, b"held")
+        p.expect_ok()
+    with RawConn(target.tcp) as zombie:
+        zombie.identify(heartbeat_interval=1000, msg_timeout=1000)
+        zombie.sub(topic, channel)
+        zombie.command("RDY 1")
+        # never answer a heartbeat: nsqd closes after two unanswered ones
+        frames = []
+        with pytest.raises(Exception, match="closed"):
+            while True:
+                frames.append(zombie.read_frame(skip_heartbeats=False))
+        assert (0, b"_heartbeat_") in frames
+    # the message it held goes back to the channel
+    with RawConn(target.tcp) as c:
+        c.sub(topic, channel)
+        c.command("RDY 1")
+        msg = c.read_message()
+        assert msg.body == b"held" and msg.attempts >= 2  # may have timed out on the zombie too
+    still_served(target, bystander)
