@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -92,7 +93,7 @@ def test_refused_publish_raises_the_server_error(nsqd: Pair) -> None:
 def test_compressed_connections(nsqd: Pair, compression: str) -> None:
     server, runner = nsqd
     topic = unique()
-    options = {compression: True}
+    options: dict[str, Any] = {compression: True}
     body = b"compressible " * 200
     with Producer(server.tcp_address, **options) as producer:
         producer.multi_publish(topic, [body + b"%d" % i for i in range(100)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ def test_tls_with_a_test_ca(test_ca: dict[str, str]) -> None:
 def test_tls_with_compression_and_client_certificate(test_ca: dict[str, str]) -> None:
     topic = unique()
     with running_nsqd(tls_cert=test_ca["cert"], tls_key=test_ca["key"]) as (server, _):
-        tls = {
+        tls: dict[str, Any] = {
             "tls_ca_file": test_ca["ca"],
             "tls_cert_file": test_ca["client_cert"],
             "tls_key_file": test_ca["client_key"],
