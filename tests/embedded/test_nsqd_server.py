@@ -23,9 +23,38 @@ from transports.embedded import Cluster, EmbeddedLookupd, EmbeddedNSQD, ServerTh
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def cert_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A throwaway self-signed certificate for 127.0.0.1."""
+def _openssl_cert(directory: Path) -> tuple[str, str]:
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key_path),
+            "-out",
+            str(cert_path),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return str(cert_path), str(key_path)
+
+
+def _cryptography_cert(directory: Path) -> tuple[str, str]:
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -34,8 +63,6 @@ def cert_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    import ipaddress
-
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -50,7 +77,6 @@ def cert_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         )
         .sign(key, hashes.SHA256())
     )
-    directory = tmp_path_factory.mktemp("tls")
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(
@@ -61,6 +87,20 @@ def cert_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         )
     )
     return str(cert_path), str(key_path)
+
+
+@pytest.fixture(scope="module")
+def cert_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A throwaway self-signed certificate for 127.0.0.1 (cryptography, else openssl)."""
+    directory = tmp_path_factory.mktemp("tls")
+    try:
+        return _cryptography_cert(directory)
+    except ImportError:
+        pass
+    try:
+        return _openssl_cert(directory)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("neither the cryptography package nor an openssl binary is available")
 
 
 def read_frame(sock: socket.socket | ssl.SSLSocket) -> tuple[int, bytes]:
