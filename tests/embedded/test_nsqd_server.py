@@ -338,3 +338,17 @@ def test_a_failing_core_call_costs_one_connection_not_the_broker() -> None:
             good.expect_ok()
     finally:
         runner.stop()
+
+
+def test_context_exit_closes_clients_and_listeners() -> None:
+    runner = ServerThread(EmbeddedNSQD())
+    nsqd = runner.start()
+    port, http_port = nsqd.tcp_port, nsqd.http_port
+    client = RawConn(nsqd.tcp_address)
+    client.sub(unique(), "c")
+    runner.stop()
+    client.expect_closed()
+    client.close()
+    for p in (port, http_port):
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", p), timeout=2).close()
