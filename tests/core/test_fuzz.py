@@ -294,3 +294,33 @@ def test_garbage_only_raises_protocol_errors_from_the_codec(junk: list[bytes]) -
                 list(codec.decompress_iter(chunk))
         except CompressionError:
             pass
+
+
+@FUZZ
+@given(kind=st.sampled_from(["none", "snappy", "deflate"]), data=st.data())
+def test_handshake_any_chunking(kind: str, data: st.DataObject) -> None:
+    """IDENTIFY answer, compressed OK, AUTH answer and heartbeats, cut anywhere."""
+    server = ServerStream(kind)
+    fields = {"auth_required": True, "max_rdy_count": 77}
+    if kind != "none":
+        fields[kind] = True
+    auth = b'{"identity":"i","identity_url":"u","permission_count":3}'
+    stream = (
+        identify_answer(**fields) + server.compress(OK + HEARTBEAT + frames.encode_frame(0, auth))
+        if kind != "none"
+        else identify_answer(**fields) + HEARTBEAT + frames.encode_frame(0, auth)
+    )
+
+    def run(chunks: list[bytes]) -> tuple[list[Event], bytes]:
+        conn = ClientConnection({kind: True} if kind != "none" else None, auth_secret=b"s")
+        conn.data_to_send()
+        events, out = drive(conn, chunks)
+        assert conn.state is ConnectionState.READY
+        assert conn.auth is not None and conn.auth.permission_count == 3
+        return events, out
+
+    whole_events, whole_out = run([stream])
+    chunked_events, chunked_out = run(split(data, stream))
+    assert chunked_events == whole_events
+    assert ServerStream(kind).decompress(chunked_out) == ServerStream(kind).decompress(whole_out)
+    assert ServerStream(kind).decompress(whole_out) == b"AUTH\n\x00\x00\x00\x01sNOP\n"

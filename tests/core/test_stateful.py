@@ -1,0 +1,125 @@
+"""Model-based test: a subscribed connection driven by random server frames and client commands.
+
+The model is what nsqd would believe: messages in flight, the RDY count, the commands received
+(decoded from the client's bytes, in order). The connection must agree with it at every step.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from nsq_sansio import ConnectionClosed, Heartbeat, Message, MessageTakenBack
+from nsq_sansio.events import Event
+
+from ._helpers import HEARTBEAT, error, message, subscribed_conn
+
+
+class ConsumerConnection(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conn = subscribed_conn(rdy=0)
+        self.in_flight: set[bytes] = set()
+        self.rdy = 0
+        self.remaining = 0
+        self.next_id = 0
+        self.expected_out: list[bytes] = []
+        self.stream = b""  # server bytes not yet delivered (delivered in random pieces)
+        self.pending_messages: list[bytes] = []
+        self.heartbeats_pending = 0
+
+    # --- server side ------------------------------------------------------------------------
+
+    @rule(count=st.integers(1, 5), body=st.binary(max_size=40))
+    def server_pushes_messages(self, count: int, body: bytes) -> None:
+        for _ in range(count):
+            mid = b"%016x" % self.next_id
+            self.next_id += 1
+            self.stream += message(mid, body)
+            self.pending_messages.append(mid)
+
+    @rule()
+    def server_heartbeat(self) -> None:
+        self.stream += HEARTBEAT
+        self.heartbeats_pending += 1
+
+    @rule(data=st.data())
+    def deliver_some_bytes(self, data: st.DataObject) -> None:
+        if not self.stream:
+            return
+        cut = data.draw(st.integers(1, len(self.stream)))
+        piece, self.stream = self.stream[:cut], self.stream[cut:]
+        events = self.conn.receive_data(piece)
+        self._check(events)
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.next_id > 0)
+    def late_error(self, data: st.DataObject) -> None:
+        if self.stream:
+            self._check(self.conn.receive_data(self.stream))
+            self.stream = b""
+        mid = b"%016x" % data.draw(st.integers(0, self.next_id - 1))
+        [event] = self.conn.receive_data(error(b"E_FIN_FAILED FIN " + mid + b" failed"))
+        assert isinstance(event, MessageTakenBack) and event.message_id == mid
+        assert not event.error.fatal
+
+    def _check(self, events: list[Event]) -> None:
+        for event in events:
+            assert not isinstance(event, ConnectionClosed), event
+            if isinstance(event, Message):
+                assert event.id == self.pending_messages.pop(0)
+                self.in_flight.add(event.id)
+                self.remaining = max(0, self.remaining - 1)
+            else:
+                assert isinstance(event, Heartbeat)
+                self.heartbeats_pending -= 1
+                self.expected_out.append(b"NOP\n")
+
+    # --- client side ------------------------------------------------------------------------
+
+    @rule(count=st.integers(0, 2500))
+    def ready(self, count: int) -> None:
+        self.conn.send_ready(count)
+        self.rdy = self.remaining = count
+        self.expected_out.append(b"RDY %d\n" % count)
+
+    @rule(data=st.data(), how=st.sampled_from(["fin", "req", "touch"]))
+    @precondition(lambda self: self.in_flight)
+    def answer(self, data: st.DataObject, how: str) -> None:
+        mid = data.draw(st.sampled_from(sorted(self.in_flight)))
+        if how == "fin":
+            self.conn.finish(mid)
+            self.in_flight.discard(mid)
+            self.expected_out.append(b"FIN " + mid + b"\n")
+        elif how == "req":
+            delay = data.draw(st.integers(0, 3_600_000))
+            self.conn.requeue(mid, delay / 1000)
+            self.in_flight.discard(mid)
+            self.expected_out.append(b"REQ " + mid + b" %d\n" % delay)
+        else:
+            self.conn.touch(mid)
+            self.expected_out.append(b"TOUCH " + mid + b"\n")
+
+    @rule()
+    def flush(self) -> None:
+        assert self.conn.data_to_send() == b"".join(self.expected_out)
+        self.expected_out.clear()
+
+    # --- agreement --------------------------------------------------------------------------
+
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        assert self.conn.in_flight == self.in_flight
+        assert self.conn.in_flight_count == len(self.in_flight)
+        assert self.conn.rdy == self.rdy
+        assert self.conn.rdy_remaining == self.remaining
+
+
+ConsumerConnection.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestConsumerConnection = ConsumerConnection.TestCase
