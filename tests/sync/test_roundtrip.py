@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from nsq_sansio.errors import ServerError
 from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.sync import Consumer, HTTPProducer, HTTPPublishError, Message, Producer
 
@@ -195,3 +196,22 @@ def test_consumer_survives_unreachable_nsqd_and_reports_it() -> None:
     ) as consumer:
         wait_for(lambda: consumer.stats().connection_errors >= 3, what="retries")
         assert consumer.get(timeout=0.05) is None
+
+
+def test_a_refused_publish_fails_alone_and_the_pipeline_goes_on() -> None:
+    """nsqd closes the connection on E_BAD_MESSAGE: the refused publish raises the server's
+    error; the others pipelined behind it are sent again after the reconnect."""
+    topic = unique()
+    with running_nsqd(max_msg_size=100) as (server, _):
+        with Producer(server.tcp_address, reconnect_delay=0.05, max_reconnect_delay=0.1) as p:
+            futures = [p.publish_async(topic, b"ok %d" % i) for i in range(50)]
+            bad = p.publish_async(topic, b"x" * 500)
+            futures += [p.publish_async(topic, b"ok %d" % i) for i in range(50, 100)]
+            for future in futures:
+                future.result(10)
+            with pytest.raises(ServerError) as info:
+                bad.result(10)
+            assert info.value.code == "E_BAD_MESSAGE"
+        with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=100) as consumer:
+            bodies = {m.body for m in _consume(consumer, 100)}
+    assert bodies == {b"ok %d" % i for i in range(100)}

@@ -394,6 +394,9 @@ class Consumer:
                 pass
             if self._drained.is_set():
                 return None
+            failure = self._loop.failure
+            if failure is not None:
+                raise RuntimeError(f"the consumer's IO thread crashed: {failure!r}") from failure
             with self._cond:
                 if ready or self._drained.is_set():
                     continue

@@ -16,9 +16,12 @@ order by the core. ``max_pending`` bounds the publishes not yet answered: a call
 (back-pressure) instead of buffering without limit.
 
 Failover: each publish goes to the next connected nsqd (round robin). When a connection dies with
-publishes unanswered, they are sent again on another nsqd (at most once per nsqd); a publish that
-nsqd *refused* (``E_BAD_TOPIC``...) fails at once with that error. A publish that was sent but whose
-answer was lost may therefore be delivered twice: NSQ is at-least-once.
+publishes unanswered, they are sent again, preferring an nsqd they were not tried on, at most
+``len(nsqd) + 1`` times in all and only until their ``timeout``; while no nsqd is connected they
+wait (reconnection follows the config's capped exponential ``reconnect_delay``). A publish that
+nsqd *refused* (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``...) fails at once with that error (the
+others pipelined on that connection are retried). A publish whose answer was lost may be
+delivered twice: NSQ is at-least-once.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class NoNSQDAvailable(NSQError):
 
 
 class _Request:
-    __slots__ = ("deadline", "future", "kind", "payload", "topic", "tried")
+    __slots__ = ("attempts", "deadline", "future", "kind", "payload", "topic", "tried")
 
     def __init__(self, kind: str, topic: str, payload: Any, deadline: float) -> None:
         self.kind = kind
@@ -78,6 +81,7 @@ class _Request:
         self.deadline = deadline
         self.future: Future[None] = Future()
         self.tried: set[str] = set()
+        self.attempts = 0
 
 
 @dataclass
@@ -292,6 +296,9 @@ class Producer:
             raise RuntimeError("Producer is closed")
         if not self._started:
             self.start()
+        failure = self._loop.failure
+        if failure is not None:
+            raise RuntimeError(f"the producer's IO thread crashed: {failure!r}") from failure
         limit = self._timeout if timeout is None else timeout
         if not self._slots.acquire(timeout=limit):
             raise TimeoutError(
@@ -329,17 +336,20 @@ class Producer:
         if self._closing:
             self._fail_request(request, NSQError("Producer closed"))
             return
-        ready = [n for n in self._ready_nodes() if n.address not in request.tried]
-        if not ready:
-            if all(n.address in request.tried for n in self._nodes):
-                self._fail_request(
-                    request,
-                    NoNSQDAvailable(
-                        f"{request.kind} to {request.topic!r}: every nsqd of the pool failed "
-                        f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
-                    ),
-                )
-                return
+        if request.attempts > len(self._nodes):
+            self._fail_request(
+                request,
+                NoNSQDAvailable(
+                    f"{request.kind} to {request.topic!r}: sent {request.attempts} times, every "
+                    f"connection died before answering "
+                    f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
+                ),
+            )
+            return
+        ready = self._ready_nodes()
+        if ready:
+            ready = [n for n in ready if n.address not in request.tried] or ready
+        else:
             self._waiting.append(request)
             now = time.monotonic()
             for node in self._nodes:
@@ -350,6 +360,7 @@ class Producer:
         conn = node.conn
         assert conn is not None and node.link is not None
         request.tried.add(node.address)
+        request.attempts += 1
         if request.kind == "PUB":
             request_id = conn.publish(request.topic, request.payload)
         elif request.kind == "MPUB":
