@@ -18,7 +18,7 @@ import anyio
 
 from nsq_sansio.server.lookupd import LOOKUPD_VERSION
 
-__all__ = ["lookupd_main", "nsqd_main", "parse_duration"]
+__all__ = ["lookupd_main", "main", "nsqd_main", "parse_duration"]
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -198,3 +198,18 @@ def lookupd_main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m transports.embedded.cli {nsqd|lookupd} [flags]``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "nsqd":
+        return nsqd_main(args[1:])
+    if args and args[0] in ("lookupd", "nsqlookupd"):
+        return lookupd_main(args[1:])
+    print("usage: python -m transports.embedded.cli {nsqd|lookupd} [flags]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
