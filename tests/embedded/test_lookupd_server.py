@@ -140,3 +140,15 @@ def test_head_request_gets_headers_only(lookupd: EmbeddedLookupd) -> None:
             assert resp.getheader("Content-Length") == "2"
     finally:
         conn.close()
+
+
+def test_expect_100_continue_is_answered(lookupd: EmbeddedLookupd) -> None:
+    host, port = lookupd.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(
+            b"POST /topic/create?topic=cont HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+            b"Expect: 100-continue\r\n\r\n"
+        )
+        assert s.recv(4096).startswith(b"HTTP/1.1 100")
+        s.sendall(b"abc")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")

@@ -187,6 +187,8 @@ async def _read_request(
             return None
         if isinstance(event, h11.Request):
             head = event
+            if conn.they_are_waiting_for_100_continue:  # curl -d @file sends Expect
+                await _send(stream, conn, h11.InformationalResponse(status_code=100, headers=[]))
         elif isinstance(event, h11.Data):
             body += event.data
             if len(body) > max_body:
