@@ -26,6 +26,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable
+from importlib.metadata import version
 
 from nsq_sansio import ClientConnection, ConnectionState, Message
 from nsq_sansio.frames import (
@@ -43,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - environment problem, explained 
     sys.exit(f"pynsq is needed for the comparison: pip install pynsq tornado ({exc})")
 
 CHUNK = 64 * 1024
+PYNSQ = f"pynsq {version('pynsq')} (nsq.protocol)"
 
 
 def build_stream(count: int, body_size: int) -> tuple[bytes, list[bytes]]:
@@ -143,7 +145,7 @@ def main() -> None:
     runners = {
         "nsq_sansio (ClientConnection)": run_nsq_sansio,
         "nsq_sansio (codec only)": run_nsq_sansio_codec,
-        "pynsq 0.9.1 (nsq.protocol)": run_pynsq,
+        PYNSQ: run_pynsq,
     }
     # same bytes, same answers: every runner decodes every message and writes identical FINs
     expected = b"".join(b"FIN %016x\n" % index for index in range(args.messages))
@@ -164,7 +166,7 @@ def main() -> None:
     width = max(map(len, runners))
     for name, rate in best.items():
         print(f"  {name:<{width}}  {rate:>12,.0f} msgs/s")
-    baseline = best["pynsq 0.9.1 (nsq.protocol)"]
+    baseline = best[PYNSQ]
     ratio = best["nsq_sansio (ClientConnection)"] / baseline
     codec_ratio = best["nsq_sansio (codec only)"] / baseline
     print(f"ratio nsq_sansio / pynsq: {ratio:.2f}x (codec only: {codec_ratio:.2f}x; target >= 2x)")
