@@ -335,17 +335,29 @@ class SourceConsumer:
                 self._connect(address, now)
 
     def _touch_all(self, now: float) -> None:
-        """TOUCH every message in flight: buffered and held for a batch alike."""
+        """TOUCH every message in flight: buffered and held for a batch alike.
+
+        Every ``touch_interval`` (by default a third of the shortest msg_timeout nsqd
+        announced), so a message is touched well before it could time out.
+        """
         interval = self._touch_interval
+        if interval is None:
+            timeouts = [
+                n.conn.settings.msg_timeout / 1000
+                for n in self._nodes.values()
+                if n.conn.settings is not None and not n.closed
+            ]
+            if not timeouts:
+                self._next_touch = now + _TICK  # not negotiated yet: look again soon
+                return
+            interval = min(timeouts) / 3
         for node in self._nodes.values():
             if node.closed or node.conn.state is not ConnectionState.SUBSCRIBED:
                 continue
-            if interval is None and node.conn.settings is not None:
-                interval = node.conn.settings.msg_timeout / 1000 / 3
             for message_id in node.conn.in_flight:
                 node.conn.touch(message_id)
             self._flush(node)
-        self._next_touch = now + (interval if interval else 10.0)
+        self._next_touch = now + interval
 
     def _poll(self, now: float) -> None:
         self._next_poll = now + self._poll_interval

@@ -30,6 +30,7 @@ _COMMON = {
     "user_agent",
     "client_id",
     "path",  # .save(path) / .load(path) pass a "path" option; rejected with a message below
+    "checkpointlocation",  # writeStream passes it to the sink too; Spark's business, ignored
 }
 _WRITE = {"batch_size", "batch_bytes", "serialization", "max_pending", "timeout", "arrow"}
 _READ = {
@@ -122,7 +123,7 @@ def _common(opts: dict[str, str], allowed: set[str], role: str) -> dict[str, Any
     if unknown:
         raise NSQOptionError(
             f"unknown option(s) for nsq {role}: {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(allowed - {'path'}))})"
+            f"(known: {', '.join(sorted(allowed - {'path', 'checkpointlocation'}))})"
         )
     topic = opts.get("topic")
     if not topic:
@@ -209,7 +210,7 @@ class ReadOptions(_Common):
     max_messages_per_trigger: int = 1000
     wait_timeout: float = 1.0
     linger: float = 0.05
-    msg_timeout: float | None = None
+    msg_timeout: float | None = 20.0
     touch_interval: float | None = None
     lookupd_poll_interval: float = 60.0
     partitions: int = 1
@@ -233,7 +234,6 @@ class ReadOptions(_Common):
                 f"{max_in_flight}: a micro-batch holds its messages in flight until Spark "
                 "commits it, so it can never be larger than max_in_flight"
             )
-        msg_timeout = opts.get("msg_timeout")
         touch = opts.get("touch_interval")
         result = cls(
             **common,
@@ -242,7 +242,7 @@ class ReadOptions(_Common):
             max_messages_per_trigger=per_trigger,
             wait_timeout=_float(opts, "wait_timeout", 1.0, 0.0, 3600.0),
             linger=_float(opts, "linger", 0.05, 0.0, 60.0),
-            msg_timeout=None if msg_timeout is None else _float(opts, "msg_timeout", 60, 1, 3600),
+            msg_timeout=_float(opts, "msg_timeout", 20.0, 1.0, 3600.0),
             touch_interval=None if touch is None else _float(opts, "touch_interval", 10, 0.1, 3600),
             lookupd_poll_interval=_float(opts, "lookupd_poll_interval", 60.0, 0.1, 86400.0),
             partitions=_int(opts, "partitions", 1, 1, 10_000),
