@@ -809,3 +809,13 @@ def test_identify_values_nsqd_would_reject_are_refused_locally(interval: float) 
     # nsqd: -1 disables, 0 = default, 1000..max accepted, anything else is a fatal E_BAD_BODY
     with pytest.raises(LocalProtocolError, match="heartbeat_interval"):
         ClientConnection({"heartbeat_interval": interval})
+
+
+@pytest.mark.xfail(strict=True, reason="B14: unhashable id escapes as TypeError")
+@pytest.mark.parametrize("command", ["finish", "requeue", "touch"])
+def test_message_commands_with_a_wrongly_typed_id_raise_local_errors(command: str) -> None:
+    conn = subscribed_conn()
+    conn.receive_data(message(MID))
+    with pytest.raises(LocalProtocolError):
+        getattr(conn, command)(bytearray(MID))
+    assert conn.is_in_flight(MID) and conn.data_to_send() == b""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import struct
 
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +24,12 @@ from nsq_sansio.events import Event, Heartbeat, Message
 from ._helpers import HEARTBEAT, OK, error, identify_answer, subscribed_conn
 from ._servers import ServerStream
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: 200 examples keeps the core suite well under a minute; NSQ_FUZZ_EXAMPLES=5000 for a long hunt.
+FUZZ = settings(
+    max_examples=int(os.environ.get("NSQ_FUZZ_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 ids = st.binary(min_size=16, max_size=16)
 bodies = st.binary(max_size=300)
