@@ -125,7 +125,7 @@ def test_producer_back_pressure_blocks_instead_of_buffering() -> None:
     thread.start()
     try:
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        with Producer(address, max_pending=3, timeout=0.5) as producer:
+        with Producer(address, max_pending=3, timeout=0.5, connect_timeout=0.2) as producer:
             futures = [producer.publish_async("t", b"x") for _ in range(3)]
             started = time.monotonic()
             with pytest.raises(TimeoutError, match="max_pending"):
@@ -136,6 +136,8 @@ def test_producer_back_pressure_blocks_instead_of_buffering() -> None:
                 with pytest.raises(NoNSQDAvailable):
                     future.result(5)
             assert producer.stats().pending == 0
+            # the silent handshake is abandoned after connect_timeout and retried
+            wait_for(lambda: producer.stats().reconnects >= 1, what="handshake retried")
     finally:
         stop.set()
         thread.join()

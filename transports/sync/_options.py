@@ -1,9 +1,9 @@
 """Keyword arguments of the blocking Consumer/Producer: the core's Config plus transport knobs.
 
 Every keyword that names a :class:`~nsq_sansio.config.Config` field goes to the config (through
-:func:`transports._common.make_config`, validated there); the others are transport options:
+:func:`transports._common.make_config`, validated there; ``connect_timeout`` is one of them and
+bounds the TCP connect plus the IDENTIFY/TLS/AUTH handshake); the others are TLS options:
 
-* ``connect_timeout`` (seconds, default 5) for the TCP connect;
 * ``tls``: a :class:`transports._common.TLSOptions`, or the flat spellings ``ssl_context``,
   ``tls_ca_file``, ``tls_ca_data``, ``tls_cert_file``, ``tls_key_file``, ``tls_key_password``,
   ``tls_server_name``, ``tls_verify`` (True by default).
@@ -41,7 +41,6 @@ _TLS_FLAT = {
 class TransportOptions:
     """What the transport itself needs (the protocol's knobs live in Config)."""
 
-    connect_timeout: float = 5.0
     tls: TLSOptions = field(default_factory=TLSOptions)
     _context: list[ssl.SSLContext] = field(default_factory=list, repr=False, compare=False)
 
@@ -57,7 +56,6 @@ def split_options(config: Config | None, kwargs: dict[str, Any]) -> tuple[Config
     config_changes: dict[str, Any] = {}
     tls_changes: dict[str, Any] = {}
     tls: TLSOptions | None = None
-    connect_timeout = 5.0
     for name, value in kwargs.items():
         if name in _CONFIG_FIELDS:
             config_changes[name] = value
@@ -67,15 +65,11 @@ def split_options(config: Config | None, kwargs: dict[str, Any]) -> tuple[Config
             if not isinstance(value, TLSOptions):
                 raise ConfigError(f"tls must be a transports._common.TLSOptions, got {value!r}")
             tls = value
-        elif name == "connect_timeout":
-            connect_timeout = float(value)
         else:
             raise ConfigError(
                 f"unknown option {name!r}: not a Config field nor a transport option "
-                f"(connect_timeout, tls, {', '.join(sorted(_TLS_FLAT))})"
+                f"(tls, {', '.join(sorted(_TLS_FLAT))})"
             )
-    if connect_timeout <= 0:
-        raise ConfigError(f"connect_timeout={connect_timeout!r} must be > 0 seconds")
     if tls is not None and tls_changes:
         raise ConfigError("give either tls=TLSOptions(...) or the flat tls_* options, not both")
     if tls is None:
@@ -83,4 +77,4 @@ def split_options(config: Config | None, kwargs: dict[str, Any]) -> tuple[Config
     wants_tls = bool(tls_changes) or tls != TLSOptions()
     if wants_tls and "tls_v1" not in config_changes and not (config and config.tls_v1):
         config_changes["tls_v1"] = True
-    return make_config(config, **config_changes), TransportOptions(connect_timeout, tls)
+    return make_config(config, **config_changes), TransportOptions(tls)

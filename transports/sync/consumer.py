@@ -219,7 +219,7 @@ class Consumer:
     nsqlookupd HTTP URLs to poll for the topic's producers. Keyword arguments are
     :class:`~nsq_sansio.config.Config` fields (``max_in_flight``, ``max_attempts``, ``tls_v1``,
     ``snappy``, ``deflate``, ``auth_secret``, ``heartbeat_interval``, ``msg_timeout``...) or
-    transport options (``connect_timeout``, ``tls=TLSOptions(...)`` or ``tls_ca_file``,
+    TLS options (``tls=TLSOptions(...)`` or ``tls_ca_file``,
     ``tls_cert_file``, ``tls_key_file``, ``tls_server_name``, ``tls_verify``).
     ``pull=True`` selects pull mode (:meth:`fetch`). ``on_give_up`` is called (on the IO thread:
     keep it short) with each message that exceeded ``max_attempts``; it was FIN'd already.
@@ -752,7 +752,7 @@ class Consumer:
                 action.conn_id,
                 action.address.host,
                 action.address.port,
-                self._options.connect_timeout,
+                self._config.connect_timeout,
             )
             if not new_link.closed:
                 self._links[action.conn_id] = new_link
@@ -776,7 +776,7 @@ class Consumer:
         elif isinstance(action, SendHTTPRequest):
             key = _HTTPKey(action.request_id, action.lookupd, action.data)
             started = loop.connect(
-                key, action.lookupd.host, action.lookupd.port, self._options.connect_timeout
+                key, action.lookupd.host, action.lookupd.port, self._config.connect_timeout
             )
             if not started.closed:
                 self._http[action.request_id] = started

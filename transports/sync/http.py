@@ -77,7 +77,7 @@ class HTTPProducer:
         if not texts:
             raise ValueError("HTTPProducer needs at least one nsqd HTTP URL")
         self._urls = [parse_http_url(u, DEFAULT_HTTP_PORT) for u in texts]
-        _config, self._options = split_options(None, options)
+        self._config, self._options = split_options(None, options)
         self._timeout = timeout
         self._idle: dict[HTTPURL, list[_HTTPConn]] = {u: [] for u in self._urls}
         self._lock = threading.Lock()
@@ -158,7 +158,7 @@ class HTTPProducer:
                 idle = self._idle[url]
                 if idle:
                     return idle.pop()
-        sock = socket.create_connection((url.host, url.port), timeout=self._options.connect_timeout)
+        sock = socket.create_connection((url.host, url.port), timeout=self._config.connect_timeout)
         sock.settimeout(self._timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if url.scheme == "https":

@@ -94,6 +94,8 @@ class _Node:
     ready: bool = False
     failures: int = 0
     retry_at: float = 0.0
+    #: Not READY (IDENTIFY/TLS/AUTH answered) by then: give up on this attempt.
+    ready_by: float | None = None
     last_error: str | None = None
     published: int = 0
     failed: int = 0
@@ -325,7 +327,8 @@ class Producer:
         node.conn = ClientConnection(
             self._config.identify_body(), auth_secret=self._config.auth_secret
         )
-        node.link = self._loop.connect(node, node.host, node.port, self._options.connect_timeout)
+        node.ready_by = time.monotonic() + self._config.connect_timeout
+        node.link = self._loop.connect(node, node.host, node.port, self._config.connect_timeout)
 
     def _ready_nodes(self) -> list[_Node]:
         return [n for n in self._nodes if n.ready]
@@ -404,6 +407,7 @@ class Producer:
                     self._fail_request(request, event.error)
             elif isinstance(event, ConnectionReady):
                 node.ready = True
+                node.ready_by = None
                 node.failures = 0
                 node.last_error = None
                 node.log.debug("connected")
@@ -442,6 +446,7 @@ class Producer:
         node.link = None
         node.conn = None
         node.ready = False
+        node.ready_by = None
         if self._closing:
             return
         node.failures += 1
@@ -485,6 +490,8 @@ class Producer:
                 deadline = node.conn.next_deadline()
                 if deadline is not None:
                     deadlines.append(deadline)
+                if node.ready_by is not None:
+                    deadlines.append(node.ready_by)
             elif not self._closing:
                 deadlines.append(node.retry_at)
         if self._waiting:
@@ -494,6 +501,16 @@ class Producer:
     def handle_timer(self, now: float) -> None:
         for node in self._nodes:
             if node.conn is not None:
+                if node.ready_by is not None and now >= node.ready_by:
+                    node.ready_by = None
+                    self._on_closed(
+                        node,
+                        ConnectionLost(
+                            f"no answer to IDENTIFY within {self._config.connect_timeout:g}s"
+                        ),
+                        now,
+                    )
+                    continue
                 for event in node.conn.handle_timer(now):
                     if isinstance(event, ConnectionClosed):
                         self._on_closed(node, event.error, now)
