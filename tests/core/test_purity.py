@@ -60,6 +60,29 @@ def test_no_core_module_imports_io_or_clock_modules() -> None:
     assert offenders == {}
 
 
+def test_randomness_only_comes_from_injected_random_instances() -> None:
+    """Replayable runs: no module-level ``random.*()`` draw, no OS entropy, no uuid/secrets."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names]
+                module = getattr(node, "module", None) or ""
+                if {"secrets", "uuid"} & {module, *names}:
+                    offenders.append(f"{path.name}:{node.lineno} imports secrets/uuid")
+                if module == "random" and set(names) - {"Random"}:
+                    offenders.append(f"{path.name}:{node.lineno} from random import {names}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if isinstance(owner, ast.Name) and (
+                    (owner.id == "random" and node.func.attr != "Random")
+                    or (owner.id == "os" and node.func.attr in {"urandom", "getrandom"})
+                ):
+                    offenders.append(f"{path.name}:{node.lineno} {owner.id}.{node.func.attr}()")
+    assert offenders == []
+
+
 # Run in a fresh interpreter without site (so nothing preloads threading), with the clock
 # functions replaced by tripwires *before* the core is imported (catches `from time import ...`).
 _PROBE = r"""
