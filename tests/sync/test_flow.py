@@ -10,7 +10,7 @@ import pytest
 
 from nsq_sansio.events import Message as CoreMessage
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.sync import Consumer, Message, Producer
+from transports.sync import Consumer, KeepaliveExpired, Message, Producer
 
 from ._helpers import channel_stats, running_nsqd, unique, wait_for
 
@@ -220,11 +220,17 @@ def test_keepalive_stops_at_max_msg_timeout_with_a_warning(
     with running_nsqd(msg_timeout=1.0, max_msg_timeout=2.0) as (server, _):
         with Producer(server.tcp_address) as producer:
             producer.publish(topic, b"too long")
-        with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=5) as consumer:
+        events: list[object] = []
+        with Consumer(
+            topic, "c", nsqd=[server.tcp_address], max_in_flight=5, on_event=events.append
+        ) as consumer:
             msg = consumer.get(timeout=5)
             assert msg is not None
             with msg.keepalive():
                 wait_for(lambda: msg.keepalive_expiring, timeout=3, what="expiry warning")
+                expired = [e for e in events if isinstance(e, KeepaliveExpired)]
+                assert len(expired) == 1 and expired[0].message_id == msg.id
+                assert expired[0].deadline - msg.received_at == pytest.approx(2.0, abs=0.05)
                 again = consumer.get(timeout=3)  # nsqd took it back at max_msg_timeout
             assert again is not None and again.id == msg.id
             again.finish()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 
-from .consumer import Consumer, Message
+from .consumer import Consumer, EventCallback, KeepaliveExpired, Message
 from .http import HTTPProducer, HTTPPublishError
 from .producer import NoNSQDAvailable, Producer
 from .signals import drain_on_signals
@@ -21,8 +21,10 @@ __all__ = [
     "ConnectionStats",
     "Consumer",
     "ConsumerStats",
+    "EventCallback",
     "HTTPProducer",
     "HTTPPublishError",
+    "KeepaliveExpired",
     "Message",
     "NoNSQDAvailable",
     "Producer",

@@ -33,6 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -54,14 +55,18 @@ from nsq_sansio.consumer import (
     StartTLS,
     TakenBack,
 )
-from nsq_sansio.discovery import LookupdAddress
+from nsq_sansio.discovery import LookupdAddress, NSQDAddress
 from nsq_sansio.events import Message as CoreMessage
-from transports._common import ConnectionLogger, ConnectionStats, ConsumerStats
+from transports._common import (
+    ConnectionLogger,
+    ConnectionStats,
+    ConsumerStats,
+    split_options,
+)
 
 from ._loop import IOLoop, Link
-from ._options import split_options
 
-__all__ = ["Consumer", "Message"]
+__all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message"]
 
 _log = logging.getLogger("nsq_sansio.sync.consumer")
 
@@ -77,13 +82,32 @@ _KEEPALIVE_ON = 3
 _KEEPALIVE_OFF = 4
 
 
+@dataclass(frozen=True, slots=True)
+class KeepaliveExpired:
+    """``msg.keepalive()`` reached the server's ``max_msg_timeout``: TOUCH cannot extend the
+    message any further and nsqd will take it back (give it to another consumer) at
+    ``deadline`` (monotonic seconds). Reported to ``on_event`` and logged as a warning."""
+
+    message_id: bytes
+    address: NSQDAddress
+    deadline: float
+
+
+#: ``on_event`` receives the coordinator's reports (ConnectionUp, Disconnected, GiveUp,
+#: TakenBack, LookupdFailed) and KeepaliveExpired, on the IO thread: it must not block.
+EventCallback = Callable[[object], None]
+
+
 class Message:
     """A message handed to user code, and the way to answer it.
 
     ``id``, ``body``, ``timestamp`` (ns since the epoch), ``attempts``, ``nsqd_address``.
-    Answer once with :meth:`finish` or :meth:`requeue`; :meth:`touch` asks for more time and
+    Answer once with :meth:`finish` or :meth:`requeue` (they return True when this call answered
+    it, False when it had been answered already); :meth:`touch` asks for more time and
     :meth:`keepalive` touches for you while a long job runs. Answers are thread-safe and never
-    block: they are handed to the IO thread.
+    block: they are handed to the IO thread. An answer that comes too late (the connection
+    closed, or nsqd timed the message out) sets :attr:`taken_back` and is reported as a
+    ``TakenBack`` event, never raised.
     """
 
     __slots__ = (
@@ -121,6 +145,12 @@ class Message:
 
     @property
     def nsqd_address(self) -> str:
+        """``host:port`` of the nsqd that sent the message."""
+        return str(self._delivery.address)
+
+    @property
+    def address(self) -> str:
+        """Same as :attr:`nsqd_address` (the name the async transport uses)."""
         return str(self._delivery.address)
 
     @property
@@ -138,30 +168,36 @@ class Message:
         """``time.monotonic()`` when the message arrived."""
         return self._delivery.received_at
 
-    def finish(self) -> None:
+    def finish(self) -> bool:
         """``FIN``: the message was handled and is forgotten by nsqd."""
         if self._responded:
-            raise RuntimeError(f"message {self.id!r} was already answered")
+            return False
         self._responded = True
         consumer = self._consumer
         consumer._posted.append((_FIN, self, None))
         loop = consumer._loop
         if not loop._wake_pending:
             loop.wake()
+        return True
 
-    def requeue(self, delay: float | None = None, *, backoff: bool = True) -> None:
+    def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
         """``REQ``: try again after ``delay`` seconds (default: grows with attempts).
         ``backoff=False`` keeps this failure from slowing the consumer down."""
         if delay is not None and not delay >= 0:
             raise ValueError(f"requeue delay must be >= 0 seconds, got {delay!r}")
-        self._respond()
-        self._consumer._post(_REQ, self, (delay, backoff))
-
-    def touch(self) -> None:
-        """``TOUCH``: reset nsqd's timeout for this message (up to its max_msg_timeout)."""
         if self._responded:
-            raise RuntimeError(f"message {self.id!r} was already answered")
+            return False
+        self._responded = True
+        self._consumer._post(_REQ, self, (delay, backoff))
+        return True
+
+    def touch(self) -> bool:
+        """``TOUCH``: reset nsqd's timeout for this message (up to its max_msg_timeout).
+        False when the message was answered already (nothing is sent)."""
+        if self._responded:
+            return False
         self._consumer._post(_TOUCH, self, None)
+        return True
 
     @contextlib.contextmanager
     def keepalive(self) -> Iterator[Message]:
@@ -180,11 +216,6 @@ class Message:
     def keepalive_expiring(self) -> bool:
         """keepalive() reached the server's max_msg_timeout: the message will be taken back."""
         return self._keepalive_warned
-
-    def _respond(self) -> None:
-        if self._responded:
-            raise RuntimeError(f"message {self.id!r} was already answered")
-        self._responded = True
 
     def __repr__(self) -> str:
         return (
@@ -223,6 +254,7 @@ class Consumer:
     ``tls_cert_file``, ``tls_key_file``, ``tls_server_name``, ``tls_verify``).
     ``pull=True`` selects pull mode (:meth:`fetch`). ``on_give_up`` is called (on the IO thread:
     keep it short) with each message that exceeded ``max_attempts``; it was FIN'd already.
+    ``on_event`` receives every report (see :data:`EventCallback`).
     """
 
     def __init__(
@@ -235,6 +267,7 @@ class Consumer:
         config: Config | None = None,
         pull: bool = False,
         on_give_up: Callable[[CoreMessage], None] | None = None,
+        on_event: EventCallback | None = None,
         rng: random.Random | None = None,
         **options: Any,
     ) -> None:
@@ -254,6 +287,7 @@ class Consumer:
         self.channel = self._coordinator.channel
         self._pull = pull
         self._on_give_up = on_give_up
+        self._on_event = on_event
         self._ssl_context = self._options.ssl_context() if self._config.tls_v1 else None
         self._loop = IOLoop(self, name=f"nsq-sync-consumer-{self.topic}/{self.channel}")
         self._links: dict[int, Link] = {}  # by conn_id
@@ -687,6 +721,7 @@ class Consumer:
             if now >= warn_at:
                 if not message._keepalive_warned:
                     message._keepalive_warned = True
+                    self._emit(KeepaliveExpired(delivery.message.id, delivery.address, limit))
                     self._logger(delivery.conn_id, str(delivery.address)).warning(
                         "keepalive: message %s reaches nsqd's max_msg_timeout in %.1fs; nsqd "
                         "will take it back and redeliver it (TOUCH cannot extend it further)",
@@ -744,7 +779,19 @@ class Consumer:
                 with self._cond:
                     self._cond.notify(len(delivered))
 
+    def _emit(self, event: object) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(event)
+            except Exception:
+                _log.exception("on_event callback failed for %r", event)
+
     def _act(self, action: object, delivered: list[Message]) -> None:
+        if self._on_event is not None and not isinstance(
+            action,
+            (Connect, StartTLS, CloseConnection, SendHTTPRequest, CloseHTTPRequest, FetchResult),
+        ):
+            self._emit(action)
         loop = self._loop
         if isinstance(action, Connect):
             self._counters["connects"] += 1

@@ -35,9 +35,8 @@ from transports._common import (
     HTTPPublishError,
     PubResponse,
     parse_http_url,
+    split_options,
 )
-
-from ._options import split_options
 
 __all__ = ["HTTPProducer", "HTTPPublishError"]
 

@@ -57,10 +57,10 @@ from transports._common import (
     ProducerStats,
     format_address,
     parse_address,
+    split_options,
 )
 
 from ._loop import IOLoop, Link
-from ._options import split_options
 
 __all__ = ["NoNSQDAvailable", "Producer"]
 
