@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import ConfigError, LocalProtocolError
-from .lookupd import MAGIC_V1
+from .lookupd import MAGIC_V1, join_host_port
 
 __all__ = [
     "LookupPeer",
@@ -77,7 +77,7 @@ class LookupdInfo:
 
     @property
     def http_address(self) -> str:
-        return f"{self.broadcast_address}:{self.http_port}"
+        return join_host_port(self.broadcast_address, self.http_port)
 
 
 @dataclass(frozen=True, slots=True)
