@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -265,3 +266,31 @@ def test_fetch_batch_expiry_and_no_wait(nsqd: Pair) -> None:
         lambda: (channel_stats(runner, topic, "c") or {}).get("in_flight_count") == 0,
         what="all answered",
     )
+
+
+def test_pull_batch_held_under_keepalive_then_finished_after_commit() -> None:
+    """The Spark source's pattern: fetch a batch, keep it alive while committing (longer than
+    msg_timeout), FIN after the commit: nothing times out, nothing is delivered twice."""
+    topic = unique()
+    with running_nsqd(msg_timeout=1.0) as (server, runner):
+        with Producer(server.tcp_address) as producer:
+            producer.multi_publish(topic, [b"%d" % i for i in range(30)])
+        with Consumer(
+            topic, "spark", nsqd=[server.tcp_address], pull=True, max_in_flight=100
+        ) as consumer:
+            batch = consumer.fetch(20, timeout=5.0)
+            assert len(batch) == 20
+            with contextlib.ExitStack() as stack:
+                for m in batch:
+                    stack.enter_context(m.keepalive())
+                time.sleep(2.5)  # "commit"
+            for m in batch:
+                assert not m.taken_back
+                m.finish()
+            rest = consumer.fetch(20, timeout=1.0)
+            assert len(rest) == 10 and all(m.attempts == 1 for m in rest)
+            for m in rest:
+                m.finish()
+        channel = channel_stats(runner, topic, "spark")
+    assert channel is not None and channel["timeout_count"] == 0
+    assert channel["depth"] == 0 and channel["in_flight_count"] == 0
