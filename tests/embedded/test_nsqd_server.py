@@ -350,3 +350,24 @@ def test_context_exit_closes_clients_and_listeners() -> None:
     for p in (port, http_port):
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", p), timeout=2).close()
+
+
+def test_https_api(cert_files: tuple[str, str]) -> None:
+    import http.client
+
+    cert, key = cert_files
+    server = EmbeddedNSQD(tls_cert=cert, tls_key=key, https_address="127.0.0.1:0")
+    with ServerThread(server) as nsqd:
+        assert nsqd.https_address is not None
+        ctx = ssl.create_default_context(cafile=cert)
+        conn = http.client.HTTPSConnection("127.0.0.1", nsqd.https_port, context=ctx, timeout=5)
+        try:
+            conn.request("POST", "/pub?topic=secure", body=b"over https")
+            resp = conn.getresponse()
+            assert (resp.status, resp.read()) == (200, b"OK")
+        finally:
+            conn.close()
+        with RawConn(nsqd.tcp_address) as c:
+            c.sub("secure", "c")
+            c.command("RDY 1")
+            assert c.read_message().body == b"over https"

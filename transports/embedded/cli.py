@@ -61,6 +61,7 @@ def _nsqd_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsq-sansio nsqd", description="embedded nsqd")
     _flag(p, "tcp-address", default="0.0.0.0:4150", help="<addr>:<port> for TCP clients")
     _flag(p, "http-address", default="0.0.0.0:4151", help="<addr>:<port> for HTTP clients")
+    _flag(p, "https-address", default=None, help="<addr>:<port> for HTTPS (needs --tls-cert)")
     _flag(p, "broadcast-address", default=None, help="address registered with lookupd")
     _flag(
         p,
@@ -107,6 +108,7 @@ def nsqd_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "tcp_address": args.tcp_address,
         "http_address": args.http_address,
+        "https_address": args.https_address,
         "broadcast_address": args.broadcast_address,
         "lookupd_tcp_addresses": list(args.lookupd_tcp_address),
         "data_path": args.data_path,

@@ -27,6 +27,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from anyio.streams.tls import TLSStream
 
 from nsq_sansio.errors import InvalidName
 from nsq_sansio.names import validate_topic
@@ -115,6 +116,7 @@ class EmbeddedNSQD:
         *,
         tcp_address: str = "127.0.0.1:0",
         http_address: str = "127.0.0.1:0",
+        https_address: str | None = None,
         broadcast_address: str | None = None,
         hostname: str | None = None,
         lookupd_tcp_addresses: list[str] | tuple[str, ...] = (),
@@ -134,8 +136,11 @@ class EmbeddedNSQD:
                 raise TypeError(f"{reserved} is set from the addresses / TLS arguments")
         if bool(tls_cert) != bool(tls_key):
             raise ValueError("tls_cert and tls_key must be given together")
+        if https_address is not None and not tls_cert:
+            raise ValueError("https_address needs tls_cert and tls_key")
         self._tcp_address = tcp_address
         self._http_address = http_address
+        self._https_address = https_address
         self._broadcast_address = broadcast_address
         self._hostname = hostname or socket.gethostname()
         self._lookupd_addresses = list(lookupd_tcp_addresses)
@@ -152,6 +157,8 @@ class EmbeddedNSQD:
         self._core: NSQD | None = None
         self._tcp_listener: anyio.abc.SocketListener | None = None
         self._http_listener: anyio.abc.SocketListener | None = None
+        self._https_listener: anyio.abc.SocketListener | None = None
+        self._https_port = 0
         self._task_group: anyio.abc.TaskGroup | None = None
         self._clients: dict[int, _Client] = {}
         self._timer_wake = anyio.Event()
@@ -193,6 +200,17 @@ class EmbeddedNSQD:
         return f"http://{self.http_address}"
 
     @property
+    def https_port(self) -> int:
+        """Port of the HTTPS API (0 when ``https_address`` was not given)."""
+        return self._https_port
+
+    @property
+    def https_address(self) -> str | None:
+        if not self._https_port:
+            return None
+        return format_address(self._connect_host(), self._https_port)
+
+    @property
     def lookupd_peers(self) -> list[LookupPeer]:
         """The nsqd-side state of each configured nsqlookupd connection."""
         return [peer for peer, _ in self._peers]
@@ -217,6 +235,14 @@ class EmbeddedNSQD:
         except BaseException:
             await self._tcp_listener.aclose()
             raise
+        if self._https_address is not None:
+            try:
+                self._https_listener = await bind(self._https_address)
+            except BaseException:
+                await self._tcp_listener.aclose()
+                await self._http_listener.aclose()
+                raise
+            self._https_port = local_port(self._https_listener)
         self._tcp_port = local_port(self._tcp_listener)
         self._http_port = local_port(self._http_listener)
         self._host = parse_address(self._tcp_address)[0]
@@ -254,6 +280,8 @@ class EmbeddedNSQD:
             task_group.start_soon(self._lookupd_loop, peer, wake)
         task_group.start_soon(self._tcp_listener.serve, self._handle_tcp)
         task_group.start_soon(self._http_listener.serve, self._handle_http)
+        if self._https_listener is not None:
+            task_group.start_soon(self._https_listener.serve, self._handle_https)
         task_group.start_soon(self._timer_loop)
 
     def _backend_factory(self) -> BackendFactory | None:
@@ -283,7 +311,7 @@ class EmbeddedNSQD:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            for listener in (self._tcp_listener, self._http_listener):
+            for listener in (self._tcp_listener, self._http_listener, self._https_listener):
                 if listener is not None:
                     with contextlib.suppress(Exception):
                         await listener.aclose()
@@ -548,6 +576,23 @@ class EmbeddedNSQD:
     async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
         core = self.core
         await serve_http_connection(stream, self._route, max_body=core.options.max_body_size)
+
+    async def _handle_https(self, stream: anyio.abc.SocketStream) -> None:
+        if self._ssl_context is None:
+            await _aclose_quietly(stream)
+            return
+        try:
+            with anyio.fail_after(10.0):
+                tls = await TLSStream.wrap(
+                    stream,
+                    server_side=True,
+                    ssl_context=self._ssl_context,
+                    standard_compatible=False,
+                )
+        except (TimeoutError, *_IO_ERRORS):
+            await _aclose_quietly(stream)
+            return
+        await serve_http_connection(tls, self._route, max_body=self.core.options.max_body_size)
 
     async def _route(self, request: HTTPRequest) -> HTTPResponse:
         core = self.core
