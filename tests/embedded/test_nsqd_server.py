@@ -145,6 +145,8 @@ def test_tls_required_refuses_plaintext_commands(cert_files: tuple[str, str]) ->
         c.pub(unique(), b"x")
         c.expect_error("E_INVALID")
         c.expect_closed()
+        status, body, _ = http_request(nsqd.http_address, "POST", "/pub?topic=t", b"x")
+        assert status == 403 and json.loads(body)["message"] == "TLS_REQUIRED"
 
 
 def test_garbage_tls_handshake_closes_only_that_client(cert_files: tuple[str, str]) -> None:

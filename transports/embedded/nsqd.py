@@ -575,7 +575,12 @@ class EmbeddedNSQD:
 
     async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
         core = self.core
-        await serve_http_connection(stream, self._route, max_body=core.options.max_body_size)
+        route = self._route_tls_required if self._tls_required else self._route
+        await serve_http_connection(stream, route, max_body=core.options.max_body_size)
+
+    async def _route_tls_required(self, request: HTTPRequest) -> HTTPResponse:
+        """nsqd with ``--tls-required``: plain HTTP answers 403 and points at HTTPS."""
+        return json_response({"message": "TLS_REQUIRED", "https_port": self._https_port}, 403)
 
     async def _handle_https(self, stream: anyio.abc.SocketStream) -> None:
         if self._ssl_context is None:
