@@ -135,6 +135,13 @@ class Scenario:
     settle: float = 600.0
     seed: int = 0
 
+    def with_handler(self, handler: Handler) -> Scenario:
+        """The same run with ``handler`` in every consumer (to test your own handler)."""
+        consumers = tuple(dataclasses.replace(c, handler=handler) for c in self.cluster.consumers)
+        return dataclasses.replace(
+            self, cluster=dataclasses.replace(self.cluster, consumers=consumers)
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
@@ -231,7 +238,7 @@ class Simulator:
         return node
 
     def _start_consumer(self, node: ConsumerNode) -> None:
-        if node.alive and not node.started:
+        if node.alive and not node.started and node.drain_started_at is None:
             node.start(self.now)
             self.after(node)
 
