@@ -840,6 +840,10 @@ class ConsumerCoordinator:
         self.stats["received"] += 1
         proto = link.proto
         assert proto is not None
+        if link.tracked:
+            previous = link.tracked.pop(message.id, None)
+            if previous is not None:  # sent again: the copy the user holds timed out on nsqd
+                self._report_gone(previous.deliver, "TIMEOUT")
         if self._state is not ConsumerState.RUNNING or link.phase is not LinkPhase.SUBSCRIBED:
             proto.requeue(message.id, 0.0)  # draining: give it to another consumer at once
             self.stats["requeued"] += 1
@@ -856,9 +860,6 @@ class ConsumerCoordinator:
             link.conn_id, message, link.address, now, now + link.msg_timeout
         )
         tracked = _Tracked(delivery, False)
-        previous = link.tracked.get(message.id)
-        if previous is not None:  # nsqd sent it again: the copy the user holds timed out
-            self._report_gone(previous.deliver, "TIMEOUT")
         link.tracked[message.id] = tracked
         if self._pull:
             self._on_pull_message(link, tracked, now)

@@ -162,7 +162,7 @@ class World:
             if action.address in self.down or action.address not in self.nodes:
                 c.connection_failed(action.conn_id, "connection refused", self.now)
                 return
-            server_id = self.nodes[action.address].connect(self.now, "10.9.9.9:1")
+            server_id = self.nodes[action.address].connect(self.now, f"10.9.9.9:{action.conn_id}")
             self.wire[action.conn_id] = (action.address, server_id)
             c.connection_made(action.conn_id, self.now)
         elif isinstance(action, CloseConnection):
@@ -245,3 +245,16 @@ class World:
 
     def of_type(self, kind: type) -> list[object]:
         return [a for a in self.actions if isinstance(a, kind)]
+
+
+def server_ready_counts(world: World) -> dict[int, int]:
+    """conn_id -> the RDY count nsqd holds for that client (from its stats)."""
+    out: dict[int, int] = {}
+    for node in world.nodes.values():
+        stats = node.stats(world.now, topic=TOPIC, channel=CHANNEL)
+        for topic in stats["topics"]:
+            for channel in topic["channels"]:
+                for client in channel["clients"]:
+                    conn_id = int(client["remote_address"].rsplit(":", 1)[1])
+                    out[conn_id] = client["ready_count"]
+    return out
