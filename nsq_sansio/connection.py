@@ -135,9 +135,16 @@ class ClientConnection:
         if fields.get("snappy") and fields.get("deflate"):
             raise LocalProtocolError("snappy and deflate are mutually exclusive; ask for one")
         self._requested = fields
-        interval = fields.get("heartbeat_interval", _DEFAULT_HEARTBEAT_MS)
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
-            raise LocalProtocolError(f"heartbeat_interval must be ms as an int, got {interval!r}")
+        interval = fields.get("heartbeat_interval", 0)
+        if isinstance(interval, bool) or not isinstance(interval, int) or not (
+            interval in (-1, 0) or interval >= 1000
+        ):
+            raise LocalProtocolError(
+                f"heartbeat_interval must be an int of ms: -1 (off), 0 (nsqd's default) or "
+                f">= 1000, got {interval!r}"
+            )
+        if interval == 0:
+            interval = _DEFAULT_HEARTBEAT_MS
         #: Seconds between nsqd's heartbeats, or None when they were disabled (-1).
         self.heartbeat_interval: float | None = None if interval < 0 else interval / 1000
         if isinstance(auth_secret, str):
@@ -306,7 +313,7 @@ class ClientConnection:
         """``FIN``: the message was handled and can be forgotten."""
         try:
             self._in_flight.remove(message_id)  # only ever filled in SUBSCRIBED or CLOSING
-        except KeyError:
+        except (KeyError, TypeError):
             self._settle("finish()", message_id)  # raises the precise error
         self._out.append(b"FIN " + message_id + b"\n")
 
@@ -319,6 +326,7 @@ class ClientConnection:
     def touch(self, message_id: bytes) -> None:
         """``TOUCH``: reset the message's timeout on nsqd (up to its max_msg_timeout)."""
         self._require("touch()", _MESSAGE_STATES)
+        frames.check_message_id(message_id)
         if message_id not in self._in_flight:
             raise self._not_in_flight("touch()", message_id)
         self._out.append(frames.encode_touch(message_id))
@@ -394,6 +402,7 @@ class ClientConnection:
     def _settle(self, what: str, message_id: bytes) -> None:
         if self._state is not _S.SUBSCRIBED and self._state is not _S.CLOSING:
             self._require(what, _MESSAGE_STATES)
+        frames.check_message_id(message_id)
         try:
             self._in_flight.remove(message_id)
         except KeyError:

@@ -206,7 +206,11 @@ def check_message_id(message_id: bytes) -> None:
 
 def encode_identify(fields: Mapping[str, object]) -> bytes:
     """``IDENTIFY`` with a JSON body of client metadata and requested features."""
-    return b"IDENTIFY\n" + _sized(json.dumps(dict(fields), separators=(",", ":")).encode())
+    try:
+        body = json.dumps(dict(fields), separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise LocalProtocolError(f"IDENTIFY fields must be plain JSON values: {exc}") from exc
+    return b"IDENTIFY\n" + _sized(body.encode())
 
 
 def encode_auth(secret: bytes | str) -> bytes:
