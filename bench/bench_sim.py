@@ -12,6 +12,7 @@ idle cluster (heartbeats, lookupd polls) that shows how much simulated time a re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -61,8 +62,14 @@ def main() -> int:
     )
     _run("busy cluster + faults",
          Scenario(cluster=cluster, workload=busy, faults=faults, duration=10.0, settle=300.0))
-    _run("idle cluster (1 hour)",
-         Scenario(cluster=cluster, workload=Workload(messages=0), duration=3600.0, settle=0.0))
+    # production-like timers: lookupd polls every 60 s, heartbeats every 30 s
+    calm = ConsumerSpec(count=args.consumers, config=ConsumerSpec().config.replace(
+        lookupd_poll_interval=60.0, heartbeat_interval=30.0))
+    idle = dataclasses.replace(cluster, consumers=(calm,), lookup_ping_interval=15.0,
+                               nsqd_options=dataclasses.replace(cluster.nsqd_options,
+                                                                client_timeout=60.0))
+    _run("idle cluster (1 day)",
+         Scenario(cluster=idle, workload=Workload(messages=0), duration=86400.0, settle=0.0))
     return 0
 
 
