@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -82,7 +83,7 @@ def lookup_nsqds(lookupd: Sequence[str], topic: str | None, timeout: float) -> l
         if topic is None:
             url = f"{address}/nodes"
         else:
-            url = f"{address}/lookup?topic={urllib.request.quote(topic)}"
+            url = f"{address}/lookup?topic={urllib.parse.quote(topic)}"
         try:
             with urllib.request.urlopen(url, timeout=timeout) as response:
                 status, body = response.status, response.read()

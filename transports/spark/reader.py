@@ -162,8 +162,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             got = consumer.take(max_rows - len(taken), wait, self.options.linger)
             if not got:
                 break
-            fresh = []
-            stale = []
+            fresh: list[HeldMessage] = []
+            stale: list[HeldMessage] = []
             for held in got:
                 key = (held.address, held.message.id)
                 (stale if key in self._committed_ids else fresh).append(held)

@@ -276,13 +276,13 @@ class NSQWriter(DataSourceWriter):
     def write(self, iterator: Iterator[Any]) -> NSQCommitMessage:
         return self._publish(_row_bodies(iterator, self.options.serialization))
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self.published = {
             m.partition_id: m.messages for m in messages if isinstance(m, NSQCommitMessage)
         }
         _report(self.options.topic, messages, "commit")
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         _report(self.options.topic, messages, "abort")
 
 
@@ -311,14 +311,10 @@ class NSQStreamWriter(DataSourceStreamWriter):
     def write(self, iterator: Iterator[Any]) -> NSQCommitMessage:
         return self._publish(_row_bodies(iterator, self.options.serialization))
 
-    def commit(  # type: ignore[override]
-        self, messages: list[WriterCommitMessage | None], batchId: int
-    ) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _report(self.options.topic, messages, f"commit of micro-batch {batchId}")
 
-    def abort(  # type: ignore[override]
-        self, messages: list[WriterCommitMessage | None], batchId: int
-    ) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _report(self.options.topic, messages, f"abort of micro-batch {batchId}")
 
 

@@ -1,0 +1,166 @@
+"""Spark data source throughput: batch write of 100-byte rows, then a streaming read of them.
+
+The embedded nsqd runs in its own process (so it does not share the GIL with the driver);
+Spark runs ``local[N]``. Prints rows/s for the batch write with the Arrow writer and the
+row writer, and for a streaming read (``availableNow``) of what was written.
+
+    python bench/bench_spark.py [--rows 1000000] [--read-rows 200000] [--partitions 4]
+                                [--master local[2]] [--nsqd host:port,host:port]
+
+``--nsqd`` points it at running nsqd (real ones, for a ratio); then no broker is started and
+the read part uses a fresh channel created before the write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _broker(tcp: int, http: int, ready: Any) -> None:
+    from transports.embedded.nsqd import EmbeddedNSQD
+    from transports.embedded.thread import ServerThread
+
+    server = EmbeddedNSQD(
+        tcp_address=f"127.0.0.1:{tcp}", http_address=f"127.0.0.1:{http}", mem_queue_size=2_000_000
+    )
+    with ServerThread(server):
+        ready.set()
+        while True:
+            time.sleep(3600)
+
+
+def _depth(http: str, topic: str, channel: str) -> int:
+    url = f"http://{http}/stats?format=json&topic={topic}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        document = json.load(response)
+    for entry in document.get("topics", []):
+        for chan in entry.get("channels", []):
+            if chan["channel_name"] == channel:
+                return int(chan["depth"])
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--read-rows", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--nsqd", default=None, help="comma-separated nsqd TCP addresses")
+    args = parser.parse_args()
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    processes: list[mp.Process] = []
+    if args.nsqd:
+        nsqd = args.nsqd
+        http = None
+    else:
+        tcp_port, http_port = _free_port(), _free_port()
+        ready = mp.get_context("spawn").Event()
+        process = mp.get_context("spawn").Process(
+            target=_broker, args=(tcp_port, http_port, ready), daemon=True
+        )
+        process.start()
+        processes.append(process)
+        if not ready.wait(30):
+            raise SystemExit("the embedded nsqd did not start")
+        nsqd = f"127.0.0.1:{tcp_port}"
+        http = f"127.0.0.1:{http_port}"
+
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from transports.spark import register
+    from transports.spark._consumer import SourceConsumer
+
+    spark = (
+        SparkSession.builder.master(args.master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    print(f"Spark {spark.version}, master {args.master}, nsqd {nsqd}")
+
+    # The read channel must exist before the write so that it receives the messages.
+    read_topic = "bench_read"
+    first = nsqd.split(",")[0]
+    consumer = SourceConsumer(read_topic, "spark", nsqd=[first], max_in_flight=1)
+    consumer.start()
+    consumer.close()
+
+    def frame(rows: int) -> Any:
+        return spark.range(rows, numPartitions=args.partitions).select(
+            F.lpad(F.col("id").cast("string"), 100, "x").cast("binary").alias("body")
+        )
+
+    # warm-up: starts the Python workers
+    frame(1000).write.format("nsq").mode("append").option("nsqd", nsqd).option(
+        "topic", "bench_warmup"
+    ).save()
+
+    for arrow in ("true", "false"):
+        df = frame(args.rows)
+        started = time.perf_counter()
+        df.write.format("nsq").mode("append").option("nsqd", nsqd).option(
+            "topic", f"bench_write_{arrow}"
+        ).option("arrow", arrow).option("batch_size", "5000").save()
+        elapsed = time.perf_counter() - started
+        kind = "Arrow writer" if arrow == "true" else "row writer  "
+        print(
+            f"batch write, {kind}: {args.rows:>9,} rows of 100 B in {elapsed:6.2f}s "
+            f"= {args.rows / elapsed:>10,.0f} rows/s"
+        )
+
+    frame(args.read_rows).write.format("nsq").mode("append").option("nsqd", first).option(
+        "topic", read_topic
+    ).option("batch_size", "5000").save()
+    if http is not None:
+        assert _depth(http, read_topic, "spark") == args.read_rows
+    query = (
+        spark.readStream.format("nsq")
+        .option("nsqd", first)
+        .option("topic", read_topic)
+        .option("channel", "spark")
+        .option("max_in_flight", "20000")
+        .option("max_messages_per_trigger", "20000")
+        .option("wait_timeout", "1")
+        .load()
+        .writeStream.format("noop")
+        .trigger(availableNow=True)
+    )
+    started = time.perf_counter()
+    running = query.start()
+    running.awaitTermination()
+    elapsed = time.perf_counter() - started
+    read = sum(p["numInputRows"] for p in running.recentProgress)
+    print(
+        f"streaming read (availableNow, noop sink): {read:>9,} rows in {elapsed:6.2f}s "
+        f"= {read / elapsed:>10,.0f} rows/s (includes query start and the final idle wait)"
+    )
+    spark.stop()
+    for process in processes:
+        process.terminate()
+
+
+if __name__ == "__main__":
+    main()
