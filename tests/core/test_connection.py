@@ -794,7 +794,6 @@ def test_auth_secret_not_sent_when_server_does_not_require_it() -> None:
     assert conn.data_to_send() == b""  # "a client must not authorize"
 
 
-@pytest.mark.xfail(strict=True, reason="B13: heartbeat_interval 0 taken as 0 s")
 def test_heartbeat_interval_zero_means_server_default() -> None:
     conn = ClientConnection({"heartbeat_interval": 0})  # nsqd: 0 keeps its default (30 s)
     conn.receive_data(OK, now=10.0)
@@ -803,7 +802,6 @@ def test_heartbeat_interval_zero_means_server_default() -> None:
     assert deadline is not None and deadline > 40.0
 
 
-@pytest.mark.xfail(strict=True, reason="B13: invalid heartbeat_interval sent to nsqd")
 @pytest.mark.parametrize("interval", [500, 999, -2, 1500.5, float("nan"), float("inf")])
 def test_identify_values_nsqd_would_reject_are_refused_locally(interval: float) -> None:
     # nsqd: -1 disables, 0 = default, 1000..max accepted, anything else is a fatal E_BAD_BODY
@@ -811,7 +809,6 @@ def test_identify_values_nsqd_would_reject_are_refused_locally(interval: float) 
         ClientConnection({"heartbeat_interval": interval})
 
 
-@pytest.mark.xfail(strict=True, reason="B14: unhashable id escapes as TypeError")
 @pytest.mark.parametrize("command", ["finish", "requeue", "touch"])
 def test_message_commands_with_a_wrongly_typed_id_raise_local_errors(command: str) -> None:
     conn = subscribed_conn()
