@@ -168,11 +168,13 @@ class _Pipe:
     def _server_frame(self, frame: ServerFrame, now: float) -> None:
         if frame.message is not None:
             message_id, attempts, body = frame.message
-            live = 0
-            for deadline, _ in self.outstanding.values():
-                if deadline > now:
-                    live += 1
             allowed = self.step_rdy if now == self.step_time else self.server_rdy
+            live = len(self.outstanding)
+            if live >= allowed:  # count precisely only when it might matter
+                live = 0
+                for deadline, _ in self.outstanding.values():
+                    if deadline > now:
+                        live += 1
             if live >= allowed:
                 self.monitor.violate(
                     Invariant.RDY_IN_FLIGHT, now,
@@ -279,7 +281,7 @@ class Monitor:
             return
         self._consumer_pipes.get(pipe.client, {}).pop(conn.id, None)
         pipe.client_rdy = 0
-        if by_client and pipe.client in self.draining and pipe.held:
+        if by_client and pipe.client in self.draining and pipe.held and self._healthy(conn):
             now = self.sim.now
             self.drain_leftovers[pipe.client] = (
                 self.drain_leftovers.get(pipe.client, 0) + len(pipe.held)
@@ -287,6 +289,18 @@ class Monitor:
             self.violate(Invariant.DRAIN, now,
                          f"draining {pipe.client} closed its connection to {pipe.nsqd} with "
                          f"{len(pipe.held)} message(s) never answered (they wait for timeouts)")
+
+    def _healthy(self, conn: SimConn) -> bool:
+        """Nothing excuses a draining consumer that leaves messages behind on this connection:
+        it is open, nothing waits behind a partition, the broker is up."""
+        server = conn.server
+        return (
+            server is not None
+            and server.alive
+            and conn.state.name == "OPEN"
+            and not conn.held
+            and self.sim.net.reachable(conn.client.name, server.name)
+        )
 
     # -- node events ------------------------------------------------------------------------
 
