@@ -98,6 +98,9 @@ def test_any_chunking_gives_the_same_events_and_output(stream: bytes, data: st.D
     assert chunked == whole
     closes = sum(isinstance(e, tuple) and e[0] == "ConnectionClosed" for e in whole[0])
     assert closes <= 1
+    # the connection's hot path and the plain codec agree on every message
+    decoded = [frames.decode_message(p) for t, p in frames.FrameDecoder().feed(stream) if t == 2]
+    assert [e for e in whole[0] if isinstance(e, Message)] == decoded
     if not closes:  # every heartbeat answered (a fatal error drops what was queued)
         assert whole[1] == b"NOP\n" * sum(isinstance(e, Heartbeat) for e in whole[0])
 
