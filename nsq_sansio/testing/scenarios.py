@@ -70,6 +70,7 @@ class LongJobResult:
     redelivered_at: tuple[float, ...]  # when nsqd handed it out again (seconds after the first)
     overlapping: bool  # two handlers ran it at the same time
     touches: int
+    given_up: int  # how many consumers gave it up (past max_attempts)
     replay: str
 
 
@@ -102,6 +103,7 @@ def long_jobs(job: float, *, keepalive: bool, msg_timeout: float = 10.0,
         redelivered_at=tuple(round(s - first, 3) for s in starts[1:]),
         overlapping=overlapping,
         touches=touches,
+        given_up=sum(c.stats.given_up for c in sim.consumers),
         replay=sim.replay,
     )
 

@@ -3,9 +3,6 @@ reproduced in the simulator, with the numbers that show the behaviour."""
 
 from __future__ import annotations
 
-import pytest
-
-from nsq_sansio.testing import InvariantViolation
 from nsq_sansio.testing.scenarios import long_jobs, rolling_restart, starvation, thundering_herd
 
 
@@ -66,15 +63,12 @@ def test_jitter_spreads_lookupd_polls() -> None:
     assert spread.polls > 0.8 * herd.polls  # the polling rate itself stays about the same
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="consumer.py bug: when a message comes back on the same connection past "
-    "max_attempts, _on_message FINs it (GiveUp) but leaves the older Deliver tracked, so "
-    "finish()/requeue()/touch() of that older Deliver raise LocalProtocolError from "
-    "ClientConnection instead of returning False with a TakenBack",
-)
 def test_answering_a_delivery_given_up_meanwhile_does_not_raise() -> None:
-    # the 25 s job keeps coming back (msg_timeout 10 s); the 4th delivery is given up while
-    # the consumer still works on an older one, which it then finishes
-    long_jobs(25.0, keepalive=False, max_attempts=3)
+    # Regression (found by the simulator, fixed in e171e2e): the 25 s job keeps coming back
+    # (msg_timeout 10 s); the 4th delivery is given up on the connection where the consumer
+    # still works on an older one, which it then finishes. That must be a TakenBack, not a
+    # LocalProtocolError (the CLIENT_API invariant).
+    result = long_jobs(25.0, keepalive=False, max_attempts=3)
+    assert result.deliveries == 4
+    assert result.given_up == 1
+    assert result.redelivered_at == (10.0, 20.0)
