@@ -816,3 +816,19 @@ def test_message_commands_with_a_wrongly_typed_id_raise_local_errors(command: st
     with pytest.raises(LocalProtocolError):
         getattr(conn, command)(bytearray(MID))
     assert conn.is_in_flight(MID) and conn.data_to_send() == b""
+
+
+@pytest.mark.xfail(strict=True, reason="B15: per-call expansion cap closes legit deflate traffic")
+def test_highly_compressible_legit_traffic_is_not_a_bomb() -> None:
+    # 1 MiB bodies are within nsqd's default --max-msg-size; zeros compress ~1000:1 with deflate
+    conn = ClientConnection({"deflate": True})
+    server = ServerStream("deflate")
+    conn.receive_data(identify_answer(deflate=True) + server.compress(OK))
+    conn.subscribe("t", "c")
+    conn.receive_data(server.compress(OK))
+    frames_ = b"".join(message(b"%016x" % i, b"\0" * (1 << 20)) for i in range(200))
+    wire = server.compress(frames_)
+    events = []
+    for start in range(0, len(wire), 256 * 1024):  # an ordinary read size
+        events.extend(conn.receive_data(wire[start : start + 256 * 1024]))
+    assert [type(e) for e in events] == [Message] * 200
