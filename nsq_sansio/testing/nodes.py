@@ -30,6 +30,7 @@ from ..consumer import (
 )
 from ..errors import NSQError
 from ..events import ConnectionClosed, ConnectionReady, PublishAcknowledged, PublishFailed
+from ..pull import FetchEnd, FetchResult
 from ..server.backend import Backend, decode_record
 from ..server.events import CloseConnection as ServerClose
 from ..server.events import ServerEvent
@@ -557,7 +558,7 @@ class ConsumerNode(SimNode):
 
     def __init__(self, sim: Simulator, name: str, topic: str, channel: str, config: Config,
                  handler: Handler, *, nsqd: Iterable[str] = (), lookupd: Iterable[str] = (),
-                 seed: int = 0) -> None:
+                 seed: int = 0, pull: bool = False, fetch_batch: int = 10) -> None:
         super().__init__(sim, name)
         self.topic = topic
         self.channel = channel
@@ -566,8 +567,12 @@ class ConsumerNode(SimNode):
         self.nsqd_addresses = list(nsqd)
         self.lookupd_addresses = list(lookupd)
         self.rng = random.Random(seed)
+        self.pull = pull
+        self.fetch_batch = fetch_batch
+        self.fetching = False
         self.coord = ConsumerCoordinator(topic, channel, config, rng=self.rng,
-                                         nsqd=self.nsqd_addresses, lookupd=self.lookupd_addresses)
+                                         nsqd=self.nsqd_addresses, lookupd=self.lookupd_addresses,
+                                         pull=pull)
         self.started = False
         self.drained_at: float | None = None
         self.drain_started_at: float | None = None
@@ -582,7 +587,16 @@ class ConsumerNode(SimNode):
     def start(self, now: float) -> None:
         self.started = True
         self.coord.start(now)
+        self._fetch_more(now)
         self._pump(now)
+
+    def _fetch_more(self, now: float) -> None:
+        """Pull mode: ask for the next batch once the last one is handled (a fetch loop)."""
+        if (not self.pull or self.fetching or self.jobs or self.waiting
+                or self.coord.state is not ConsumerState.RUNNING):
+            return
+        self.fetching = True
+        self.coord.fetch(self.fetch_batch, now, expires=2.0)
 
     def drain(self, now: float, timeout: float | None = None) -> None:
         self.drain_started_at = now
@@ -702,6 +716,13 @@ class ConsumerNode(SimNode):
                                        action.message.body, now)
                 elif kind is TakenBack:
                     self.stats.taken_back += 1
+                elif kind is FetchResult:
+                    assert isinstance(action, FetchResult)
+                    self.fetching = False
+                    for delivery in action.messages:
+                        self._deliver(delivery, now)
+                    if action.reason is not FetchEnd.DRAINING:
+                        self._fetch_more(now)
                 elif kind is DrainComplete:
                     self.drained_at = now
                     monitor.on_drain_complete(self.name, now)
@@ -800,6 +821,7 @@ class ConsumerNode(SimNode):
                 f"{job.delivery.attempts}) raised {exc!r}",
             )
         self._start_next(now)
+        self._fetch_more(now)
         self._pump(now)
         self.sim.after(self)
 

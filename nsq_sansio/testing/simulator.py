@@ -56,6 +56,9 @@ class ConsumerSpec:
     #: Discover nsqd through lookupd (True) or connect to every nsqd directly (False).
     use_lookupd: bool = True
     start_at: float = 0.0
+    #: Pull mode: the handler loop fetch()es ``fetch_batch`` messages at a time.
+    pull: bool = False
+    fetch_batch: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +230,7 @@ class Simulator:
             self, name, self.spec.topic, cspec.channel, cspec.config, cspec.handler,
             nsqd=[] if cspec.use_lookupd and self.lookupds else [n.address for n in self.nsqds],
             lookupd=[lk.http_address for lk in self.lookupds] if cspec.use_lookupd else [],
-            seed=self.rng.getrandbits(32),
+            seed=self.rng.getrandbits(32), pull=cspec.pull, fetch_batch=cspec.fetch_batch,
         )
         node.spec = cspec  # type: ignore[attr-defined]
         node.base = base  # type: ignore[attr-defined]

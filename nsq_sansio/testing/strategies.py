@@ -111,6 +111,8 @@ def consumer_specs(*, max_count: int = 3, msg_timeout: float = 10.0
         handler=handlers(),
         use_lookupd=st.booleans(),
         start_at=st.sampled_from([0.0, 0.0, 3.0]),
+        pull=st.sampled_from([False, False, True]),
+        fetch_batch=st.sampled_from([1, 10]),
     ).map(lambda spec: _workable(spec, msg_timeout))
 
 
