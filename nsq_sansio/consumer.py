@@ -15,7 +15,7 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
             http_data(request_id, data, now) (b"" at EOF) / http_response(...) / http_failed(...)
             handle_timer(now)
         user code: finish(d, now) / requeue(d, now, delay=None, backoff=True) / touch(d, now)
-                   mark_delivered(d) / set_max_in_flight(n, now) / fetch(...) / drain(now)
+                   set_max_in_flight(n, now) / fetch(...) / drain(now, unseen=queue)
 
 What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
 
@@ -50,6 +50,7 @@ import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .backoff import Backoff, BackoffPhase, Outcome, reconnect_delay
 from .config import Config
@@ -103,6 +104,9 @@ __all__ = [
 CLOSE_WAIT_GRACE = 5.0
 
 
+_new_tuple = tuple.__new__
+
+
 class MessageGone(NSQError):
     """The message can no longer be answered here: its connection closed, drain requeued it,
     or nsqd delivered it again (it had timed out). nsqd requeues it by itself."""
@@ -152,12 +156,13 @@ class CloseHTTPRequest:
     request_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class Deliver:
+class Deliver(NamedTuple):
     """A message for the user, and the handle to answer it with (finish/requeue/touch).
 
     ``deadline`` is when nsqd times it out if nothing is sent (``received_at + msg_timeout``);
-    :meth:`ConsumerCoordinator.deadline` gives the current one after TOUCHes.
+    :meth:`ConsumerCoordinator.deadline` gives the current one after TOUCHes. A ``NamedTuple``
+    (immutable) rather than a frozen dataclass because one is built per message on the hot
+    path, like :class:`~nsq_sansio.events.Message`. Handles are compared by identity.
     """
 
     conn_id: int
@@ -269,21 +274,11 @@ class LinkPhase(enum.Enum):
     CLOSING = "closing"  # CLS sent, waiting for CLOSE_WAIT
 
 
-class _Tracked:
-    """A message in flight on a connection (internal, mutable)."""
-
-    __slots__ = ("deadline", "deliver", "delivered")
-
-    def __init__(self, deliver: Deliver, delivered: bool) -> None:
-        self.deliver = deliver
-        self.deadline = deliver.deadline
-        self.delivered = delivered
-
-
 class _Link:
     """One connection's bookkeeping (internal, mutable)."""
 
     __slots__ = (
+        "accepting",
         "address",
         "alloc",
         "close_deadline",
@@ -301,6 +296,7 @@ class _Link:
         "rdy_at",
         "remaining",
         "target",
+        "touched",
         "tracked",
         "warm",
     )
@@ -324,7 +320,12 @@ class _Link:
         self.max_req_timeout: float | None = None
         self.last_message_at = -math.inf
         self.rdy_at = -math.inf
-        self.tracked: dict[bytes, _Tracked] = {}
+        #: Messages in flight here, by id: the handle the user answers with.
+        self.tracked: dict[bytes, Deliver] = {}
+        #: Deadlines moved by TOUCH (most messages are never touched).
+        self.touched: dict[bytes, float] = {}
+        #: Subscribed and the consumer running: messages go to the user (the hot-path test).
+        self.accepting = False
 
 
 class _Retry:
@@ -394,10 +395,26 @@ class ConsumerCoordinator:
         self._fetches = FetchQueue()
         self._next_redistribute: float | None = None
         self._drain_deadline: float | None = None
-        #: Counters: received, finished, requeued, given_up, taken_back.
-        self.stats: dict[str, int] = dict.fromkeys(
-            ("received", "finished", "requeued", "given_up", "taken_back"), 0
-        )
+        #: True while running in push mode outside backoff: answers need no bookkeeping
+        #: beyond the FIN itself (the hot path's test).
+        self._calm = False
+        self._max_attempts = self._config.max_attempts
+        self.received = 0
+        self.finished = 0
+        self.requeued = 0
+        self.given_up = 0
+        self.taken_back = 0
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: messages received, finished, requeued, given up, taken back."""
+        return {
+            "received": self.received,
+            "finished": self.finished,
+            "requeued": self.requeued,
+            "given_up": self.given_up,
+            "taken_back": self.taken_back,
+        }
 
     # --- introspection -------------------------------------------------------------------------
 
@@ -455,13 +472,15 @@ class ConsumerCoordinator:
 
     def deadline(self, delivery: Deliver) -> float | None:
         """When nsqd will time this message out (after TOUCHes), None if no longer ours."""
-        tracked = self._current(delivery)
-        return None if tracked is None else tracked.deadline
+        link = self._current(delivery)
+        if link is None:
+            return None
+        return link.touched.get(delivery.message.id, delivery.deadline)
 
     def max_deadline(self, delivery: Deliver) -> float | None:
         """The furthest TOUCH can push the deadline (received + the server's max_msg_timeout)."""
-        link = self._links.get(delivery.conn_id)
-        if link is None or self._current(delivery) is None:
+        link = self._current(delivery)
+        if link is None:
             return None
         return delivery.received_at + link.max_msg_timeout
 
@@ -544,6 +563,7 @@ class ConsumerCoordinator:
         if self._state is not ConsumerState.CREATED:
             raise LocalProtocolError(f"start() in state {self._state.name}: call it once")
         self._state = ConsumerState.RUNNING
+        self._recalm()
         self._next_redistribute = now + self._config.rdy_redistribute_interval
         for address in self._direct:
             self._connect(address, now)
@@ -553,10 +573,16 @@ class ConsumerCoordinator:
                     SendHTTPRequest(request.request_id, request.lookupd, request.data)
                 )
 
-    def drain(self, now: float, timeout: float | None = None) -> None:
+    def drain(
+        self, now: float, timeout: float | None = None, *, unseen: Iterable[Deliver] = ()
+    ) -> None:
         """Graceful shutdown (seeds/003): stop the flow, give back what the user has not seen,
         wait for what the user holds (until ``timeout``, default ``config.drain_timeout``),
-        then CLS every connection, wait for CLOSE_WAIT and close. Ends with DrainComplete."""
+        then CLS every connection, wait for CLOSE_WAIT and close. Ends with DrainComplete.
+
+        ``unseen``: deliveries the transport received but never handed to user code (still in
+        its queue); they are requeued at once (REQ 0) so other consumers take them. Pull mode's
+        own buffer is requeued the same way."""
         if self._state in (ConsumerState.DRAINING, ConsumerState.CLOSED):
             return
         if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
@@ -566,6 +592,7 @@ class ConsumerCoordinator:
             self._actions.append(DrainComplete())
             return
         self._state = ConsumerState.DRAINING
+        self._calm = False
         self._drain_deadline = now + (self._config.drain_timeout if timeout is None else timeout)
         self._backoff.reset()
         if self._poller is not None:
@@ -576,17 +603,20 @@ class ConsumerCoordinator:
         if self._pull:
             for fetch in self._fetches.take_all():
                 self._answer_fetch(fetch, FetchEnd.DRAINING)
-            self._flush_buffer(None)
         for link in list(self._links.values()):
             if link.phase is LinkPhase.CONNECTING or link.phase is LinkPhase.HANDSHAKING:
                 self._drop(link, None, now, close=True)
                 continue
+            link.accepting = False
             if link.rdy:
-                self._send_rdy(link, 0, now)
+                self._send_rdy(link, 0, now)  # before any REQ: nsqd must not resend them
             link.target = 0
-            for tracked in list(link.tracked.values()):
-                if not tracked.delivered:
-                    self._requeue_now(link, tracked)
+        self._flush_buffer(None)
+        for delivery in unseen:
+            found = self._current(delivery)
+            if found is not None:
+                self._requeue_now(found, delivery)
+        for link in list(self._links.values()):
             self._maybe_close_drained(link, now)
         self._check_drained()
 
@@ -632,14 +662,45 @@ class ConsumerCoordinator:
             return
         events = link.proto.receive_data(data, now)
         self._dirty.add(conn_id)
+        if not events:
+            return
         message_type = Message
+        if not (link.accepting and self._calm):
+            for event in events:
+                if type(event) is message_type:
+                    self._on_message(link, event, now)
+                else:
+                    self._on_event(link, event, now)
+                    if link.conn_id not in self._links:
+                        return
+            return
+        # The hot path, inlined: a subscribed push connection outside backoff and drain.
+        tracked = link.tracked
+        append = self._actions.append
+        make = _new_tuple
+        address = link.address
+        deadline = now + link.msg_timeout
+        max_attempts = self._max_attempts
+        count = 0
         for event in events:
             if type(event) is message_type:
-                self._on_message(link, event, now)
+                message_id = event[0]
+                if (max_attempts and event[3] > max_attempts) or message_id in tracked:
+                    self._on_message(link, event, now)
+                    continue
+                delivery = make(Deliver, (conn_id, event, address, now, deadline))
+                tracked[message_id] = delivery
+                append(delivery)
+                count += 1
             else:
                 self._on_event(link, event, now)
                 if link.conn_id not in self._links:
-                    return
+                    break
+        if count:
+            self.received += count
+            link.remaining -= count
+            link.last_message_at = now
+            self._after_messages(link, now)
 
     # --- transport -> coordinator: lookupd -----------------------------------------------------
 
@@ -665,7 +726,7 @@ class ConsumerCoordinator:
         """Do whatever is due at ``now``; call it when :meth:`next_deadline` passes."""
         for link in list(self._links.values()):
             if link.conn_id not in self._links:
-                continue
+                continue  # dropped while handling another one
             if link.handshake_deadline is not None and now >= link.handshake_deadline:
                 self._drop(
                     link,
@@ -689,14 +750,15 @@ class ConsumerCoordinator:
             if self._drain_deadline is not None and now >= self._drain_deadline:
                 self._drain_deadline = None
                 for link in list(self._links.values()):
-                    for tracked in list(link.tracked.values()):
-                        self._requeue_now(link, tracked)
+                    for delivery in list(link.tracked.values()):
+                        self._requeue_now(link, delivery)
                     self._maybe_close_drained(link, now)
             self._check_drained()
             return
         if self._state is not ConsumerState.RUNNING:
             return
         if self._backoff.handle_timer(now):
+            self._recalm()
             self._rebalance(now)
         if self._next_redistribute is not None and now >= self._next_redistribute:
             self._next_redistribute = now + self._config.rdy_redistribute_interval
@@ -722,22 +784,26 @@ class ConsumerCoordinator:
 
     # --- user actions --------------------------------------------------------------------------
 
-    def mark_delivered(self, delivery: Deliver) -> None:
-        """The message is now in user code: drain will wait for its answer, not requeue it."""
-        tracked = self._current(delivery)
-        if tracked is not None:
-            tracked.delivered = True
-
     def finish(self, delivery: Deliver, now: float) -> bool:
         """FIN: the message was handled. False (and a TakenBack) if it was no longer ours."""
-        link, tracked = self._settle(delivery, "FIN")
-        if link is None or tracked is None:
-            return False
-        assert link.proto is not None
-        link.proto.finish(delivery.message.id)
-        self.stats["finished"] += 1
-        self._after_answer(link, Outcome.SUCCESS, now)
-        return True
+        link = self._links.get(delivery[0])
+        if link is not None:
+            message_id = delivery[1][0]
+            tracked = link.tracked
+            if tracked.get(message_id) is delivery:
+                del tracked[message_id]
+                proto = link.proto
+                assert proto is not None
+                proto.finish(message_id)
+                self._dirty.add(link.conn_id)
+                self.finished += 1
+                if link.touched:
+                    link.touched.pop(message_id, None)
+                if not self._calm:
+                    self._after_answer(link, Outcome.SUCCESS, now)
+                return True
+        self._report_gone(delivery, "FIN")
+        return False
 
     def requeue(
         self,
@@ -751,8 +817,8 @@ class ConsumerCoordinator:
         capped. ``backoff=False`` keeps this failure from slowing the consumer down."""
         if delay is not None and not (delay >= 0 and math.isfinite(delay)):
             raise LocalProtocolError(f"requeue delay must be >= 0 seconds, got {delay!r}")
-        link, tracked = self._settle(delivery, "REQ")
-        if link is None or tracked is None:
+        link = self._settle(delivery, "REQ")
+        if link is None:
             return False
         assert link.proto is not None
         if delay is None:
@@ -760,7 +826,7 @@ class ConsumerCoordinator:
         elif link.max_req_timeout is not None:
             delay = min(delay, link.max_req_timeout)
         link.proto.requeue(delivery.message.id, delay)
-        self.stats["requeued"] += 1
+        self.requeued += 1
         failed = backoff and self._config.backoff_active
         self._after_answer(link, Outcome.FAILURE if failed else Outcome.NEUTRAL, now)
         return True
@@ -768,17 +834,15 @@ class ConsumerCoordinator:
     def touch(self, delivery: Deliver, now: float) -> float | None:
         """TOUCH: extend the message's timeout; returns the new deadline (None if not ours).
         The deadline never goes past received_at + the server's max_msg_timeout."""
-        tracked = self._current(delivery)
-        link = self._links.get(delivery.conn_id)
-        if tracked is None or link is None or link.proto is None:
+        link = self._current(delivery)
+        if link is None or link.proto is None:
             self._report_gone(delivery, "TOUCH")
             return None
         link.proto.touch(delivery.message.id)
         self._dirty.add(link.conn_id)
-        tracked.deadline = min(
-            now + link.msg_timeout, delivery.received_at + link.max_msg_timeout
-        )
-        return tracked.deadline
+        deadline = min(now + link.msg_timeout, delivery.received_at + link.max_msg_timeout)
+        link.touched[delivery.message.id] = deadline
+        return deadline
 
     def set_max_in_flight(self, max_in_flight: int, now: float) -> None:
         """Change max_in_flight at run time (0 pauses); RDY is redistributed at once."""
@@ -815,10 +879,8 @@ class ConsumerCoordinator:
         buffer = self._fetches.buffer
         while buffer and request.remaining:
             _, delivery = buffer.popleft()
-            tracked = self._current(delivery)
-            if tracked is None:
+            if self._current(delivery) is None:
                 continue
-            tracked.delivered = True
             request.messages.append(delivery)
             request.remaining -= 1
         if no_wait:
@@ -834,37 +896,43 @@ class ConsumerCoordinator:
     # --- internals: messages -------------------------------------------------------------------
 
     def _on_message(self, link: _Link, message: Message, now: float) -> None:
-        """The hot path: one message arrived on ``link``."""
+        """One message arrived on ``link`` (every case; the common one is inlined in
+        :meth:`receive_data`)."""
         link.remaining -= 1
         link.last_message_at = now
-        self.stats["received"] += 1
+        self.received += 1
         proto = link.proto
         assert proto is not None
         if link.tracked:
             previous = link.tracked.pop(message.id, None)
             if previous is not None:  # sent again: the copy the user holds timed out on nsqd
-                self._report_gone(previous.deliver, "TIMEOUT")
-        if self._state is not ConsumerState.RUNNING or link.phase is not LinkPhase.SUBSCRIBED:
+                link.touched.pop(message.id, None)
+                self._report_gone(previous, "TIMEOUT")
+        if not link.accepting:
             proto.requeue(message.id, 0.0)  # draining: give it to another consumer at once
-            self.stats["requeued"] += 1
+            self.requeued += 1
             return
-        max_attempts = self._config.max_attempts
+        max_attempts = self._max_attempts
         if max_attempts and message.attempts > max_attempts:
             proto.finish(message.id)
-            self.stats["given_up"] += 1
+            self.given_up += 1
             self._actions.append(GiveUp(link.conn_id, link.address, message))
             if self._backoff.record(Outcome.NEUTRAL, now):
+                self._recalm()
                 self._rebalance(now)
             return
-        delivery = Deliver(
-            link.conn_id, message, link.address, now, now + link.msg_timeout
+        delivery = _new_tuple(
+            Deliver, (link.conn_id, message, link.address, now, now + link.msg_timeout)
         )
-        tracked = _Tracked(delivery, False)
-        link.tracked[message.id] = tracked
+        link.tracked[message.id] = delivery
         if self._pull:
-            self._on_pull_message(link, tracked, now)
+            self._on_pull_message(link, delivery, now)
             return
         self._actions.append(delivery)
+        self._after_messages(link, now)
+
+    def _after_messages(self, link: _Link, now: float) -> None:
+        """After messages arrived: warm a new connection up, refresh RDY when it runs low."""
         if not link.warm:
             link.warm = True
             self._rebalance(now)
@@ -873,7 +941,7 @@ class ConsumerCoordinator:
                 link, min(link.target, self._config.max_in_flight - self._total_rdy + link.rdy), now
             )
 
-    def _on_pull_message(self, link: _Link, tracked: _Tracked, now: float) -> None:
+    def _on_pull_message(self, link: _Link, delivery: Deliver, now: float) -> None:
         if link.alloc > 0:
             link.alloc -= 1
             self._alloc_total -= 1
@@ -882,38 +950,35 @@ class ConsumerCoordinator:
                 self._send_rdy(link, 0, now)
         fetches = self._fetches
         if fetches.waiting:
-            tracked.delivered = True
-            filled = fetches.give(tracked.deliver)
+            filled = fetches.give(delivery)
             if filled is not None:
                 self._answer_fetch(filled, FetchEnd.FILLED)
         else:
-            fetches.buffer.append((now + self._config.pull_hold_timeout, tracked.deliver))
+            fetches.buffer.append((now + self._config.pull_hold_timeout, delivery))
         if self._alloc_total > fetches.outstanding:
             self._rebalance(now)
 
-    def _current(self, delivery: Deliver) -> _Tracked | None:
+    def _current(self, delivery: Deliver) -> _Link | None:
+        """The link of a delivery that is still in flight here, else None."""
         link = self._links.get(delivery.conn_id)
-        if link is None:
+        if link is None or link.tracked.get(delivery.message.id) is not delivery:
             return None
-        tracked = link.tracked.get(delivery.message.id)
-        if tracked is None or tracked.deliver is not delivery:
-            return None
-        return tracked
+        return link
 
-    def _settle(self, delivery: Deliver, command: str) -> tuple[_Link | None, _Tracked | None]:
+    def _settle(self, delivery: Deliver, command: str) -> _Link | None:
+        """Forget a delivery about to be answered; None (and a TakenBack) if not ours."""
         link = self._links.get(delivery.conn_id)
-        tracked = None
-        if link is not None:
-            tracked = link.tracked.get(delivery.message.id)
-            if tracked is not None and tracked.deliver is delivery:
-                del link.tracked[delivery.message.id]
-                self._dirty.add(link.conn_id)
-                return link, tracked
+        if link is not None and link.tracked.get(delivery.message.id) is delivery:
+            del link.tracked[delivery.message.id]
+            if link.touched:
+                link.touched.pop(delivery.message.id, None)
+            self._dirty.add(link.conn_id)
+            return link
         self._report_gone(delivery, command)
-        return None, None
+        return None
 
     def _report_gone(self, delivery: Deliver, command: str) -> None:
-        self.stats["taken_back"] += 1
+        self.taken_back += 1
         self._actions.append(
             TakenBack(
                 delivery.conn_id,
@@ -931,6 +996,7 @@ class ConsumerCoordinator:
     def _after_answer(self, link: _Link, outcome: Outcome, now: float) -> None:
         if self._state is ConsumerState.RUNNING:
             if self._backoff.record(outcome, now):
+                self._recalm()
                 self._rebalance(now)
             elif self._pull and link.alloc > 0:
                 self._send_rdy(link, len(link.tracked) + link.alloc, now)
@@ -938,22 +1004,23 @@ class ConsumerCoordinator:
             self._maybe_close_drained(link, now)
             self._check_drained()
 
-    def _requeue_now(self, link: _Link, tracked: _Tracked) -> None:
-        del link.tracked[tracked.deliver.message.id]
+    def _requeue_now(self, link: _Link, delivery: Deliver) -> None:
+        message_id = delivery.message.id
+        del link.tracked[message_id]
+        link.touched.pop(message_id, None)
         assert link.proto is not None
-        link.proto.requeue(tracked.deliver.message.id, 0.0)
+        link.proto.requeue(message_id, 0.0)
         self._dirty.add(link.conn_id)
-        self.stats["requeued"] += 1
+        self.requeued += 1
 
     def _flush_buffer(self, now: float | None) -> None:
         """Requeue held pull messages whose hold ended (all of them when ``now`` is None)."""
         buffer = self._fetches.buffer
         while buffer and (now is None or buffer[0][0] <= now):
             _, delivery = buffer.popleft()
-            tracked = self._current(delivery)
-            link = self._links.get(delivery.conn_id)
-            if tracked is not None and link is not None:
-                self._requeue_now(link, tracked)
+            link = self._current(delivery)
+            if link is not None:
+                self._requeue_now(link, delivery)
 
     def _answer_fetch(self, request: FetchRequest, reason: FetchEnd) -> None:
         messages = tuple(d for d in request.messages if self._current(d) is not None)
@@ -967,7 +1034,7 @@ class ConsumerCoordinator:
         elif isinstance(event, MessageTakenBack):
             # FIN/REQ: already forgotten here. TOUCH: the user still holds it; their FIN/REQ
             # goes out and nsqd answers E_*_FAILED again, harmlessly.
-            self.stats["taken_back"] += 1
+            self.taken_back += 1
             self._actions.append(
                 TakenBack(link.conn_id, link.address, event.message_id, event.command, event.error)
             )
@@ -997,6 +1064,7 @@ class ConsumerCoordinator:
         assert proto is not None
         settings = proto.settings or ServerSettings.default()
         link.phase = LinkPhase.SUBSCRIBED
+        link.accepting = self._state is ConsumerState.RUNNING
         link.handshake_deadline = None
         link.max_rdy = max(1, settings.max_rdy_count)
         link.msg_timeout = settings.msg_timeout / 1000
@@ -1055,6 +1123,8 @@ class ConsumerCoordinator:
             self._actions.append(CloseConnection(conn_id, final))
         unanswered = tuple(link.tracked)
         link.tracked.clear()
+        link.touched.clear()
+        link.accepting = False
         if self._pull and unanswered:
             self._forget_pull_messages(conn_id)
         reconnect_at: float | None = None
@@ -1098,6 +1168,7 @@ class ConsumerCoordinator:
             return
         if link.phase is LinkPhase.SUBSCRIBED and not link.tracked:
             assert link.proto is not None
+            link.accepting = False
             link.proto.close()  # CLS
             self._dirty.add(link.conn_id)
             link.phase = LinkPhase.CLOSING
@@ -1111,6 +1182,13 @@ class ConsumerCoordinator:
             self._state = ConsumerState.CLOSED
             self._drain_deadline = None
             self._actions.append(DrainComplete())
+
+    def _recalm(self) -> None:
+        self._calm = (
+            self._state is ConsumerState.RUNNING
+            and not self._pull
+            and self._backoff.phase is BackoffPhase.NORMAL
+        )
 
     # --- internals: RDY ------------------------------------------------------------------------
 

@@ -173,7 +173,6 @@ class World:
                 self.nodes[wired[0]].connection_lost(wired[1], self.now)
         elif isinstance(action, Deliver):
             self.inbox.append(action)
-            c.mark_delivered(action)
         elif isinstance(action, FetchResult):
             self.results.append(action)
         elif isinstance(action, SendHTTPRequest):

@@ -29,10 +29,8 @@ def test_drain_requeues_unseen_waits_for_held_then_cls_and_close() -> None:
     unseen = w.inbox[2:]
     w.inbox.clear()
     c = w.coordinator
-    # The transport only handed two messages to user code.
-    for d in unseen:
-        c._links[d.conn_id].tracked[d.id].delivered = False
-    c.drain(w.now, timeout=30.0)
+    # The transport only handed two messages to user code; four still wait in its queue.
+    c.drain(w.now, timeout=30.0, unseen=unseen)
     w.pump()
     assert c.state is ConsumerState.DRAINING
     assert c.total_rdy == 0
