@@ -63,7 +63,7 @@ from .discovery import (
     LookupFailure,
     NSQDAddress,
 )
-from .errors import ConnectionLost, LocalProtocolError, NSQError
+from .errors import ConfigError, ConnectionLost, LocalProtocolError, NSQError
 from .events import (
     CloseWait,
     ConnectionClosed,
@@ -358,6 +358,11 @@ class ConsumerCoordinator:
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
         self._config = config if config is not None else Config()
+        if self._config.heartbeat_interval is None:
+            raise ConfigError(
+                "heartbeat_interval=None: nsqd refuses SUB on a connection without heartbeats; "
+                "allowed 1 <= heartbeat_interval <= 3600 (seconds) for a consumer"
+            )
         self._rng = rng
         self._pull = pull
         self._identify = self._config.identify_body()
@@ -483,6 +488,19 @@ class ConsumerCoordinator:
         if link is None:
             return None
         return delivery.received_at + link.max_msg_timeout
+
+    def next_touch(self, delivery: Deliver) -> float | None:
+        """For long jobs (seeds/002): when to TOUCH next to keep the message, half-way to its
+        deadline; None when it is no longer ours or TOUCH cannot extend it any more (the
+        server's max_msg_timeout is reached: finish before :meth:`max_deadline`). The
+        coordinator never touches by itself."""
+        link = self._current(delivery)
+        if link is None:
+            return None
+        deadline = link.touched.get(delivery.message.id, delivery.deadline)
+        if deadline >= delivery.received_at + link.max_msg_timeout:
+            return None
+        return deadline - link.msg_timeout / 2
 
     def requeue_delay(self, attempts: int, conn_id: int | None = None) -> float:
         """The automatic REQ delay: ``default_requeue_delay * attempts``, capped."""

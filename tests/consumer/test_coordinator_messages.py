@@ -145,3 +145,33 @@ def test_answers_after_the_connection_died_are_reported() -> None:
     w.pump()
     gone = [a for a in w.of_type(TakenBack) if isinstance(a, TakenBack)]
     assert [g.command for g in gone] == ["FIN", "REQ", "TOUCH"]
+
+
+def test_next_touch_helps_long_jobs_until_max_msg_timeout() -> None:
+    w = World(1, node_options={"msg_timeout": 60.0, "max_msg_timeout": 100.0})
+    w.start()
+    w.publish(0)
+    (d,) = w.inbox
+    c = w.coordinator
+    assert c.next_touch(d) == 30.0  # half-way to the 60 s deadline
+    w.advance(30.0)
+    assert c.touch(d, w.now) == 90.0
+    assert c.next_touch(d) == 60.0
+    w.advance(30.0)
+    assert c.touch(d, w.now) == 100.0  # max_msg_timeout reached
+    assert c.next_touch(d) is None
+    w.advance(30.0)
+    assert not w.of_type(TakenBack)  # TOUCHes kept it: nsqd never took it back
+    assert c.finish(d, w.now)
+    assert c.next_touch(d) is None
+
+
+def test_consumer_needs_heartbeats() -> None:
+    import random
+
+    from nsq_sansio.consumer import ConsumerCoordinator
+    from nsq_sansio.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="heartbeat_interval"):
+        ConsumerCoordinator("t", "c", Config(heartbeat_interval=None), rng=random.Random(0),
+                            nsqd=["a:1"])
