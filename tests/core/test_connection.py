@@ -441,9 +441,11 @@ def test_receive_data_accepts_bytearray_and_memoryview(kind: type) -> None:
     raw = bytearray(message(MID, b"body"))
     events = conn.receive_data(kind(raw))
     assert events == [Message(MID, b"body", 1_700_000_000_000_000_000, 1)]
-    assert type(events[0].body) is bytes and type(events[0].id) is bytes
+    msg = events[0]
+    assert isinstance(msg, Message)
+    assert type(msg.body) is bytes and type(msg.id) is bytes
     raw[-4:] = b"XXXX"  # the transport reuses its buffer
-    assert events[0].body == b"body"
+    assert msg.body == b"body"
     conn.finish(MID)
 
 

@@ -168,13 +168,14 @@ def test_auth(secret: bytes | str) -> None:
 def test_sub_pub_dpub_exact_bytes() -> None:
     assert frames.encode_sub("t.1", "ch_2#ephemeral") == b"SUB t.1 ch_2#ephemeral\n"
     assert frames.encode_pub("t", b"hey") == b"PUB t\n\x00\x00\x00\x03hey"
-    assert frames.encode_pub("t", bytearray(b"hey")) == b"PUB t\n\x00\x00\x00\x03hey"
+    from_bytearray = frames.encode_pub("t", bytearray(b"hey"))  # type: ignore[arg-type]
+    assert from_bytearray == b"PUB t\n\x00\x00\x00\x03hey"
     assert frames.encode_dpub("t", 1500, b"hey") == b"DPUB t 1500\n\x00\x00\x00\x03hey"
     assert frames.encode_dpub("t", 0, b"h") == b"DPUB t 0\n\x00\x00\x00\x01h"
 
 
 def test_mpub_body_is_count_then_sized_messages() -> None:
-    cmd = frames.encode_mpub("t", [b"a", b"bcd", bytearray(b"ef")])
+    cmd = frames.encode_mpub("t", [b"a", b"bcd", bytearray(b"ef")])  # type: ignore[list-item]
     body = _sized_body(cmd, b"MPUB t")
     assert body == (
         b"\x00\x00\x00\x03" + b"\x00\x00\x00\x01a" + b"\x00\x00\x00\x03bcd" + b"\x00\x00\x00\x02ef"
@@ -206,7 +207,7 @@ def test_non_bytes_bodies_are_refused() -> None:
     with pytest.raises(LocalProtocolError, match="bytes"):
         frames.encode_pub("t", "text")  # type: ignore[arg-type]
     with pytest.raises(LocalProtocolError):
-        frames.encode_mpub("t", b"one body, not a list")
+        frames.encode_mpub("t", b"one body, not a list")  # type: ignore[arg-type]
     with pytest.raises(LocalProtocolError):
         frames.encode_mpub("t", [])
     with pytest.raises(LocalProtocolError):
@@ -215,7 +216,7 @@ def test_non_bytes_bodies_are_refused() -> None:
 
 def test_mpub_sizes_memoryview_bodies_in_bytes() -> None:
     body = memoryview(array.array("i", [1, 2]))
-    cmd = frames.encode_mpub("t", [body])
+    cmd = frames.encode_mpub("t", [body])  # type: ignore[list-item]
     payload = _sized_body(cmd, b"MPUB t")
     assert payload == b"\x00\x00\x00\x01" + struct.pack(">I", body.nbytes) + body.tobytes()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from nsq_sansio import (
@@ -123,7 +125,7 @@ def test_eof_reports_unanswered_publishes() -> None:
 
 def test_publish_validation_happens_before_anything_is_queued() -> None:
     conn = ready_conn()
-    bad_calls = [
+    bad_calls: list[Callable[[], object]] = [
         lambda: conn.publish("bad topic", b"x"),
         lambda: conn.publish("t", b""),
         lambda: conn.multi_publish("t", []),

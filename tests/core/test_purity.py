@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import nsq_sansio
 
@@ -39,7 +40,7 @@ def _forbidden(modules: set[str], forbidden: set[str]) -> set[str]:
 
 
 def _imported(path: Path) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
@@ -136,7 +137,7 @@ print(json.dumps({"new": sorted(set(sys.modules) - before), "clock_calls": calls
 TEST_HELPERS = {"nsq_sansio.testing.strategies": "hypothesis"}
 
 
-def _probe(preload: list[str], skip: list[str]) -> dict[str, object]:
+def _probe(preload: list[str], skip: list[str]) -> dict[str, Any]:
     paths = [str(PACKAGE.parent), *[p for p in sys.path if p]]
     result = subprocess.run(
         [sys.executable, "-S", "-c", _PROBE, *map(json.dumps, (paths, preload, skip))],
@@ -146,18 +147,18 @@ def _probe(preload: list[str], skip: list[str]) -> dict[str, object]:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    report: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return report
 
 
 def test_fresh_interpreter_imports_no_io_module_and_reads_no_clock() -> None:
     report = _probe([], sorted(TEST_HELPERS))
-    assert _forbidden(set(report["new"]), IO_MODULES) == set()  # type: ignore[arg-type]
+    assert _forbidden(set(report["new"]), IO_MODULES) == set()
     assert report["clock_calls"] == []
     assert report["state"] == "CLOSED"
 
 
 def test_test_helper_modules_add_no_io_module_of_their_own() -> None:
     report = _probe(sorted(set(TEST_HELPERS.values())), [])
-    assert _forbidden(set(report["new"]), IO_MODULES) == set()  # type: ignore[arg-type]
+    assert _forbidden(set(report["new"]), IO_MODULES) == set()
     assert report["clock_calls"] == []
