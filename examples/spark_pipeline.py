@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,10 +32,12 @@ def events(count: int, start: datetime.datetime) -> list[bytes]:
     out = []
     for i in range(count):
         ts = start + datetime.timedelta(seconds=i * 300 / count)  # 5 minutes of clicks
-        event = {"page": rng.choice(PAGES), "user": f"u{rng.randrange(200)}", "ts": ts.isoformat()}
+        stamp = ts.isoformat(timespec="milliseconds")
+        event = {"page": rng.choice(PAGES), "user": f"u{rng.randrange(200)}", "ts": stamp}
         out.append(json.dumps(event).encode())
     # a late tick moves the watermark past the last window, so every window is written
-    tick = {"page": "/", "user": "tick", "ts": (start + datetime.timedelta(minutes=7)).isoformat()}
+    late = start + datetime.timedelta(minutes=7)
+    tick = {"page": "/", "user": "tick", "ts": late.isoformat(timespec="milliseconds")}
     out.append(json.dumps(tick).encode())
     return out
 
@@ -62,7 +65,9 @@ def main() -> None:
     with ServerThread(EmbeddedNSQD()) as nsqd:
         address = nsqd.tcp_address
         # create the channel first: a channel gets the messages published after it exists
-        SourceConsumer("events", "spark-agg", nsqd=[address]).start()
+        for path in ("topic/create?topic=events", "channel/create?topic=events&channel=spark-agg"):
+            request = urllib.request.Request(f"http://{nsqd.http_address}/{path}", method="POST")
+            urllib.request.urlopen(request, timeout=5).close()
         start = datetime.datetime(2026, 1, 1, 10, 0, tzinfo=datetime.timezone.utc)
         with Producer(address) as producer:
             bodies = events(2000, start)
