@@ -653,8 +653,9 @@ class ConsumerNode(SimNode):
         self._pump(now)
 
     def on_eof(self, conn: SimConn, now: float) -> None:
-        cid = self.coord_id.get(conn.id)
+        cid = self.coord_id.pop(conn.id, None)
         if cid is not None:
+            self.conn_of.pop(cid, None)
             self.sim.monitor.on_client_conn_ended(conn, by_client=False)
             self.coord.receive_data(cid, b"", now)
         else:
