@@ -295,6 +295,7 @@ class _Link:
         "rdy",
         "rdy_at",
         "remaining",
+        "seen",
         "target",
         "touched",
         "tracked",
@@ -324,6 +325,8 @@ class _Link:
         self.tracked: dict[bytes, Deliver] = {}
         #: Deadlines moved by TOUCH (most messages are never touched).
         self.touched: dict[bytes, float] = {}
+        #: Ids handed to user code, when the transport reports it (mark_delivered).
+        self.seen: set[bytes] = set()
         #: Subscribed and the consumer running: messages go to the user (the hot-path test).
         self.accepting = False
 
@@ -403,6 +406,9 @@ class ConsumerCoordinator:
         #: True while running in push mode outside backoff: answers need no bookkeeping
         #: beyond the FIN itself (the hot path's test).
         self._calm = False
+        #: Set by the first mark_delivered(): from then on only marked deliveries count as
+        #: handed to user code, and drain requeues the others at once.
+        self._explicit_delivery = False
         self._max_attempts = self._config.max_attempts
         self.received = 0
         self.finished = 0
@@ -634,6 +640,11 @@ class ConsumerCoordinator:
             found = self._current(delivery)
             if found is not None:
                 self._requeue_now(found, delivery)
+        if self._explicit_delivery:
+            for link in self._links.values():
+                for delivery in list(link.tracked.values()):
+                    if delivery.message.id not in link.seen:
+                        self._requeue_now(link, delivery)
         for link in list(self._links.values()):
             self._maybe_close_drained(link, now)
         self._check_drained()
@@ -802,6 +813,15 @@ class ConsumerCoordinator:
 
     # --- user actions --------------------------------------------------------------------------
 
+    def mark_delivered(self, delivery: Deliver) -> None:
+        """The transport handed ``delivery`` to user code. Optional: a transport that calls it
+        for every delivery lets drain requeue the unmarked ones at once (the alternative is
+        ``drain(unseen=...)``); without it, every Deliver counts as handed over."""
+        link = self._current(delivery)
+        if link is not None:
+            self._explicit_delivery = True
+            link.seen.add(delivery.message.id)
+
     def finish(self, delivery: Deliver, now: float) -> bool:
         """FIN: the message was handled. False (and a TakenBack) if it was no longer ours."""
         link = self._links.get(delivery[0])
@@ -817,6 +837,8 @@ class ConsumerCoordinator:
                 self.finished += 1
                 if link.touched:
                     link.touched.pop(message_id, None)
+                if link.seen:
+                    link.seen.discard(message_id)
                 if not self._calm:
                     self._after_answer(link, Outcome.SUCCESS, now)
                 return True
@@ -925,6 +947,7 @@ class ConsumerCoordinator:
             previous = link.tracked.pop(message.id, None)
             if previous is not None:  # sent again: the copy the user holds timed out on nsqd
                 link.touched.pop(message.id, None)
+                link.seen.discard(message.id)
                 self._report_gone(previous, "TIMEOUT")
         if not link.accepting:
             proto.requeue(message.id, 0.0)  # draining: give it to another consumer at once
@@ -990,6 +1013,8 @@ class ConsumerCoordinator:
             del link.tracked[delivery.message.id]
             if link.touched:
                 link.touched.pop(delivery.message.id, None)
+            if link.seen:
+                link.seen.discard(delivery.message.id)
             self._dirty.add(link.conn_id)
             return link
         self._report_gone(delivery, command)
@@ -1026,6 +1051,7 @@ class ConsumerCoordinator:
         message_id = delivery.message.id
         del link.tracked[message_id]
         link.touched.pop(message_id, None)
+        link.seen.discard(message_id)
         assert link.proto is not None
         link.proto.requeue(message_id, 0.0)
         self._dirty.add(link.conn_id)
@@ -1042,6 +1068,9 @@ class ConsumerCoordinator:
 
     def _answer_fetch(self, request: FetchRequest, reason: FetchEnd) -> None:
         messages = tuple(d for d in request.messages if self._current(d) is not None)
+        if self._explicit_delivery:  # a fetch answer is in the user's hands
+            for delivery in messages:
+                self._links[delivery.conn_id].seen.add(delivery.message.id)
         self._actions.append(FetchResult(request.request_id, messages, reason))
 
     # --- internals: connection events ----------------------------------------------------------
@@ -1142,6 +1171,7 @@ class ConsumerCoordinator:
         unanswered = tuple(link.tracked)
         link.tracked.clear()
         link.touched.clear()
+        link.seen.clear()
         link.accepting = False
         if self._pull and unanswered:
             self._forget_pull_messages(conn_id)

@@ -203,3 +203,20 @@ def test_fetch_misuse_and_drain_answers_waiting_requests() -> None:
     c.fetch(1, w.now)
     w.pump()
     assert w.results[-1].reason is FetchEnd.DRAINING
+
+
+def test_mark_delivered_makes_drain_requeue_the_unmarked_at_once() -> None:
+    w = World(1, Config(max_in_flight=10))
+    w.start()
+    w.publish(0, 4)
+    c = w.coordinator
+    handed, queued = w.inbox[:1], w.inbox[1:]
+    c.mark_delivered(handed[0])
+    c.drain(w.now)
+    w.pump()
+    assert sorted(w.lines(b"REQ ")) == sorted(b"REQ " + d.id + b" 0" for d in queued)
+    assert c.deadline(handed[0]) is not None  # still awaited
+    assert c.finish(handed[0], w.now)
+    w.pump()
+    assert w.of_type(DrainComplete)
+    assert w.server_depth() == 3 and w.server_in_flight() == 0
