@@ -287,7 +287,7 @@ def test_pull_batch_held_under_keepalive_then_finished_after_commit() -> None:
             for m in batch:
                 assert not m.taken_back
                 m.finish()
-            rest = consumer.fetch(20, timeout=1.0)
+            rest = consumer.fetch(10, timeout=5.0)  # filled at once: no wait past msg_timeout
             assert len(rest) == 10 and all(m.attempts == 1 for m in rest)
             for m in rest:
                 m.finish()

@@ -126,10 +126,10 @@ def test_producer_back_pressure_blocks_instead_of_buffering() -> None:
     try:
         address = f"127.0.0.1:{listener.getsockname()[1]}"
         with Producer(address, max_pending=3, timeout=0.5, connect_timeout=0.2) as producer:
-            futures = [producer.publish_async("t", b"x") for _ in range(3)]
+            futures = [producer.publish_async("t", b"x", timeout=2.0) for _ in range(3)]
             started = time.monotonic()
             with pytest.raises(TimeoutError, match="max_pending"):
-                producer.publish_async("t", b"one too many")
+                producer.publish_async("t", b"one too many", timeout=0.5)
             assert time.monotonic() - started >= 0.45
             assert producer.stats().pending == 3
             for future in futures:

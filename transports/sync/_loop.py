@@ -93,6 +93,8 @@ class Link:
         "_plain",
         "_ssl",
         "address",
+        "bytes_in",
+        "bytes_out",
         "closed",
         "host",
         "key",
@@ -109,6 +111,9 @@ class Link:
         self.sock: socket.socket | None = None
         self.out = bytearray()
         self.closed = False
+        #: Wire bytes (after TLS) read from and written to the socket.
+        self.bytes_in = 0
+        self.bytes_out = 0
         self._connecting = True
         self._close_when_flushed = False
         self._connect_deadline = 0.0
@@ -290,6 +295,7 @@ class IOLoop:
         except OSError as exc:
             self._fail(link, exc)
             return
+        link.bytes_out += sent
         if sent < len(data):
             link.out += memoryview(data)[sent:]
             self._set_interest(link, _READ | _WRITE)
@@ -397,6 +403,7 @@ class IOLoop:
             self._fail(link, exc)
             return
         if sent:
+            link.bytes_out += sent
             del link.out[:sent]
         if not link.out and link._close_when_flushed:
             self.close_link(link)
@@ -413,6 +420,7 @@ class IOLoop:
         except OSError as exc:
             self._fail(link, exc)
             return
+        link.bytes_in += len(data)
         if link._ssl is None:
             self._owner.on_data(link, data, now)
             if not data:

@@ -70,8 +70,8 @@ __all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message"]
 
 _log = logging.getLogger("nsq_sansio.sync.consumer")
 
-#: Fraction of msg_timeout after which keepalive() touches (half: a late tick still makes it).
-KEEPALIVE_FRACTION = 0.5
+#: Fraction of msg_timeout between keepalive() TOUCHes (a third: two late ticks still make it).
+KEEPALIVE_FRACTION = 1 / 3
 #: keepalive() warns this long (at most) before max_msg_timeout takes the message back.
 KEEPALIVE_WARNING = 5.0
 
@@ -201,7 +201,7 @@ class Message:
 
     @contextlib.contextmanager
     def keepalive(self) -> Iterator[Message]:
-        """Keep the message alive while the block runs: TOUCH every half msg_timeout.
+        """Keep the message alive while the block runs: TOUCH every third of msg_timeout.
 
         nsqd never extends a message past its ``max_msg_timeout``; shortly before that, a
         warning is logged and :attr:`keepalive_expiring` turns True (nothing is touched
@@ -502,10 +502,11 @@ class Consumer:
         future: Future[list[Message]] = Future()
 
         def ask() -> None:
+            now = time.monotonic()
+            if self._posted:  # answers given before this fetch go first (RDY counts them)
+                self._take_answers(now)
             try:
-                request_id = self._coordinator.fetch(
-                    batch, time.monotonic(), expires=timeout, no_wait=no_wait
-                )
+                request_id = self._coordinator.fetch(batch, now, expires=timeout, no_wait=no_wait)
             except Exception as exc:
                 future.set_exception(exc)
                 return
@@ -562,6 +563,8 @@ class Consumer:
                     connected=phase.name == "SUBSCRIBED",
                     rdy=rdy,
                     in_flight=in_flight,
+                    bytes_received=link.bytes_in if link is not None else 0,
+                    bytes_sent=link.bytes_out if link is not None else 0,
                 )
             )
         stats = coordinator.stats
@@ -666,15 +669,19 @@ class Consumer:
         posted = self._posted
         unanswered = self._unanswered
         keepalives = self._keepalive_of
+        finish = coordinator.finish
+        discard = unanswered.discard
+        popleft = posted.popleft
         while posted:
-            op, message, arg = posted.popleft()
-            delivery = message._delivery
-            if op == _FIN:
-                unanswered.discard(message)
-                coordinator.finish(delivery, now)
+            op, message, arg = popleft()
+            if op == _FIN:  # the hot path
+                discard(message)
+                finish(message._delivery, now)
                 if keepalives:
                     self._stop_keepalive(message)
-            elif op == _REQ:
+                continue
+            delivery = message._delivery
+            if op == _REQ:
                 unanswered.discard(message)
                 delay, backoff = arg
                 coordinator.requeue(delivery, now, delay, backoff=backoff)
@@ -739,7 +746,9 @@ class Consumer:
         now = time.monotonic()
         if self._posted:  # answers given before the drain was asked go first
             self._take_answers(now)
-        # Messages still queued for user code were never seen: they are requeued by drain.
+        # Messages still queued for user code were never seen: drain requeues them at once.
+        # Those user code took (popped concurrently included) get until the deadline.
+        unseen: list[Deliver] = []
         ready = self._ready
         while ready:
             try:
@@ -747,10 +756,8 @@ class Consumer:
             except IndexError:
                 break
             self._unanswered.discard(message)
-        # Messages user code took: drain waits for their answers.
-        for message in self._unanswered:
-            self._coordinator.mark_delivered(message._delivery)
-        self._coordinator.drain(now, timeout)
+            unseen.append(message._delivery)
+        self._coordinator.drain(now, timeout, unseen=unseen)
         self._pump(now)
 
     def _logger(self, conn_id: int, address: str) -> ConnectionLogger:

@@ -258,8 +258,9 @@ class Producer:
                 state=n.conn.state.name if n.conn is not None else "DISCONNECTED",
                 connected=n.ready,
                 in_flight=len(n.inflight),
-                finished=n.published,
                 reconnects=max(n.connects - 1, 0),
+                bytes_received=n.link.bytes_in if n.link is not None else 0,
+                bytes_sent=n.link.bytes_out if n.link is not None else 0,
                 last_error=n.last_error,
             )
             for n in self._nodes
