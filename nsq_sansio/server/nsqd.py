@@ -488,6 +488,9 @@ class NSQD:
         self._id_counter = self._rng.getrandbits(_ID_COUNTER_BITS - 2)
         self._health = "OK"
         self._mem_limit = self.options.mem_queue_size
+        # Topics that got messages from the input being processed: pumped once at its end.
+        self._touched: dict[_Topic, None] = {}
+        self._fast_pub = not self.options.tls_required and self.options.auth_check is None
         self._heartbeat_frame = (
             _FRAME_HEADER.pack(4 + len(_HEARTBEAT), _FRAME_RESPONSE) + _HEARTBEAT
         )
@@ -975,6 +978,10 @@ class NSQD:
         buf = conn.inbuf
         pos = 0
         max_line = self.options.max_command_line
+        fast_pub = self._fast_pub
+        max_msg_size = self.options.max_msg_size
+        topics = self._topics
+        touched = self._touched
         try:
             while True:
                 state = conn.state
@@ -1014,6 +1021,17 @@ class NSQD:
                         if line[-1:] == b"\r":
                             line = line[:-1]
                         conn.last_read = now
+                        if fast_pub and line[:4] == b"PUB " and end - pos >= 4:
+                            # The common case in one step: a PUB to an existing topic whose
+                            # body is all here (anything else takes the general path).
+                            topic = topics.get(line[4:].decode("ascii", "replace"))
+                            size = _I32.unpack_from(buf, pos)[0]
+                            if topic is not None and 0 < size <= max_msg_size:
+                                start = pos + 4
+                                if end - start >= size:
+                                    pos = start + size
+                                    self._publish_one(conn, topic, bytes(buf[start:pos]), now)
+                                    continue
                         self._command(conn, line.split(b" "), now, events)
                         continue
                     if conn.pending_size < 0:
@@ -1054,6 +1072,10 @@ class NSQD:
                     break
         finally:
             del buf[:pos]
+            if touched:
+                for topic in list(touched):
+                    self._pump_topic(topic, now)
+                touched.clear()
 
     def _client_error(
         self, conn: _Conn, err: _ClientError, now: float, events: list[ServerEvent]
@@ -1495,15 +1517,21 @@ class NSQD:
     def _cmd_pub(self, conn: _Conn, params: list[bytes], body: bytes, now: float) -> None:
         topic_name = self._topic_param("PUB", params[1])
         self._check_auth(conn, "PUB", topic_name, "", now)
-        topic = self._get_topic(topic_name, now)
+        self._publish_one(conn, self._get_topic(topic_name, now), body, now)
+
+    def _publish_one(self, conn: _Conn, topic: _Topic, body: bytes, now: float) -> None:
+        """PUB's work once checked; deliveries happen when the input chunk is done."""
+        self._touched[topic] = None
         try:
             self._topic_put(topic, _Msg(self._new_id(), body, self._timestamp(now)), now)
         except BackendError as exc:
             raise _ClientError("E_PUB_FAILED", f"PUB failed {exc}") from None
-        finally:
-            self._pump_topic(topic, now)
-        conn.pub_counts[topic_name] = conn.pub_counts.get(topic_name, 0) + 1
-        self._write(conn, self._ok_frame)
+        counts = conn.pub_counts
+        name = topic.name
+        counts[name] = counts.get(name, 0) + 1
+        conn.out.append(self._ok_frame)
+        conn.out_len += 10
+        self._dirty[conn.id] = None
 
     def _cmd_dpub(self, conn: _Conn, params: list[bytes], body: bytes, now: float) -> None:
         topic_name = self._topic_param("DPUB", params[1])
@@ -1511,12 +1539,11 @@ class NSQD:
         self._check_auth(conn, "DPUB", topic_name, "", now)
         topic = self._get_topic(topic_name, now)
         msg = _Msg(self._new_id(), body, self._timestamp(now), 0, timeout_ms / 1000)
+        self._touched[topic] = None
         try:
             self._topic_put(topic, msg, now)
         except BackendError as exc:
             raise _ClientError("E_DPUB_FAILED", f"DPUB failed {exc}") from None
-        finally:
-            self._pump_topic(topic, now)
         conn.pub_counts[topic_name] = conn.pub_counts.get(topic_name, 0) + 1
         self._write(conn, self._ok_frame)
 
@@ -1525,13 +1552,12 @@ class NSQD:
         topic = self._get_topic(topic_name, now)
         bodies = self._split_mpub(body)
         timestamp = self._timestamp(now)
+        self._touched[topic] = None
         try:
             for part in bodies:
                 self._topic_put(topic, _Msg(self._new_id(), part, timestamp), now)
         except BackendError as exc:
             raise _ClientError("E_MPUB_FAILED", f"MPUB failed {exc}") from None
-        finally:
-            self._pump_topic(topic, now)
         conn.pub_counts[topic_name] = conn.pub_counts.get(topic_name, 0) + len(bodies)
         self._write(conn, self._ok_frame)
 
