@@ -70,8 +70,6 @@ __all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message"]
 
 _log = logging.getLogger("nsq_sansio.sync.consumer")
 
-#: Fraction of msg_timeout between keepalive() TOUCHes (a third: two late ticks still make it).
-KEEPALIVE_FRACTION = 1 / 3
 #: keepalive() warns this long (at most) before max_msg_timeout takes the message back.
 KEEPALIVE_WARNING = 5.0
 
@@ -201,7 +199,7 @@ class Message:
 
     @contextlib.contextmanager
     def keepalive(self) -> Iterator[Message]:
-        """Keep the message alive while the block runs: TOUCH every third of msg_timeout.
+        """Keep the message alive while the block runs: TOUCH half-way to each deadline.
 
         nsqd never extends a message past its ``max_msg_timeout``; shortly before that, a
         warning is logged and :attr:`keepalive_expiring` turns True (nothing is touched
@@ -704,43 +702,42 @@ class Consumer:
             entry.active = False
 
     def _keepalive_tick(self, entry: _Keepalive, now: float) -> None:
-        """TOUCH (unless the deadline is still far) and plan the next tick."""
+        """TOUCH when the core says (:meth:`ConsumerCoordinator.next_touch`, half-way to the
+        deadline) and plan the next tick; warn shortly before max_msg_timeout."""
         message = entry.message
         delivery = message._delivery
         coordinator = self._coordinator
-        deadline = coordinator.deadline(delivery)
         limit = coordinator.max_deadline(delivery)
-        if deadline is None or limit is None:
+        if limit is None:
             message.taken_back = True
             self._stop_keepalive(message)
             return
-        msg_timeout = delivery.deadline - delivery.received_at
-        interval = max(msg_timeout * KEEPALIVE_FRACTION, 0.05)
-        if deadline - now <= msg_timeout - interval + 1e-3 and deadline < limit:
-            new_deadline = coordinator.touch(delivery, now)
-            if new_deadline is None:
+        touch_at = coordinator.next_touch(delivery)
+        if touch_at is not None and now >= touch_at:
+            if coordinator.touch(delivery, now) is None:
                 message.taken_back = True
                 self._stop_keepalive(message)
                 return
-            deadline = new_deadline
-        if deadline >= limit:
-            warn_at = max(limit - min(KEEPALIVE_WARNING, msg_timeout * 0.25), now)
-            if now >= warn_at:
-                if not message._keepalive_warned:
-                    message._keepalive_warned = True
-                    self._emit(KeepaliveExpired(delivery.message.id, delivery.address, limit))
-                    self._logger(delivery.conn_id, str(delivery.address)).warning(
-                        "keepalive: message %s reaches nsqd's max_msg_timeout in %.1fs; nsqd "
-                        "will take it back and redeliver it (TOUCH cannot extend it further)",
-                        delivery.message.id.decode(errors="replace"),
-                        max(limit - now, 0.0),
-                    )
-                self._stop_keepalive(message)
-                return
-            next_at = warn_at
-        else:
-            next_at = min(now + interval, limit)
-        heapq.heappush(self._keepalives, (next_at, next(self._seq), entry))
+            touch_at = coordinator.next_touch(delivery)
+        if touch_at is not None:
+            heapq.heappush(self._keepalives, (touch_at, next(self._seq), entry))
+            return
+        # TOUCH cannot extend it any more: say so shortly before nsqd takes it back.
+        msg_timeout = delivery.deadline - delivery.received_at
+        warn_at = max(limit - min(KEEPALIVE_WARNING, msg_timeout * 0.25), now)
+        if now < warn_at:
+            heapq.heappush(self._keepalives, (warn_at, next(self._seq), entry))
+            return
+        if not message._keepalive_warned:
+            message._keepalive_warned = True
+            self._emit(KeepaliveExpired(delivery.message.id, delivery.address, limit))
+            self._logger(delivery.conn_id, str(delivery.address)).warning(
+                "keepalive: message %s reaches nsqd's max_msg_timeout in %.1fs; nsqd "
+                "will take it back and redeliver it (TOUCH cannot extend it further)",
+                delivery.message.id.decode(errors="replace"),
+                max(limit - now, 0.0),
+            )
+        self._stop_keepalive(message)
 
     def _begin_drain(self, timeout: float | None) -> None:
         now = time.monotonic()
