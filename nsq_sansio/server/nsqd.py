@@ -490,7 +490,9 @@ class NSQD:
         self._mem_limit = self.options.mem_queue_size
         # Topics that got messages from the input being processed: pumped once at its end.
         self._touched: dict[_Topic, None] = {}
-        self._fast_pub = not self.options.tls_required and self.options.auth_check is None
+        # Channels where a FIN freed room for more: pumped once at the end of the input.
+        self._freed: dict[_Channel, None] = {}
+        self._fast_path = not self.options.tls_required and self.options.auth_check is None
         self._heartbeat_frame = (
             _FRAME_HEADER.pack(4 + len(_HEARTBEAT), _FRAME_RESPONSE) + _HEARTBEAT
         )
@@ -978,10 +980,12 @@ class NSQD:
         buf = conn.inbuf
         pos = 0
         max_line = self.options.max_command_line
-        fast_pub = self._fast_pub
+        fast_path = self._fast_path
         max_msg_size = self.options.max_msg_size
         topics = self._topics
         touched = self._touched
+        freed = self._freed
+        subscribed = ClientState.SUBSCRIBED
         try:
             while True:
                 state = conn.state
@@ -1021,7 +1025,7 @@ class NSQD:
                         if line[-1:] == b"\r":
                             line = line[:-1]
                         conn.last_read = now
-                        if fast_pub and line[:4] == b"PUB " and end - pos >= 4:
+                        if fast_path and line[:4] == b"PUB " and end - pos >= 4:
                             # The common case in one step: a PUB to an existing topic whose
                             # body is all here (anything else takes the general path).
                             topic = topics.get(line[4:].decode("ascii", "replace"))
@@ -1032,6 +1036,17 @@ class NSQD:
                                     pos = start + size
                                     self._publish_one(conn, topic, bytes(buf[start:pos]), now)
                                     continue
+                        elif (
+                            line[:4] == b"FIN "
+                            and len(line) == 20
+                            and conn.state is subscribed
+                            and fast_path
+                        ):
+                            channel = conn.channel
+                            msg = None if channel is None else channel.in_flight.get(line[4:])
+                            if channel is not None and msg is not None and msg.owner == conn.id:
+                                self._finish(channel, conn, msg)
+                                continue
                         self._command(conn, line.split(b" "), now, events)
                         continue
                     if conn.pending_size < 0:
@@ -1076,6 +1091,10 @@ class NSQD:
                 for topic in list(touched):
                     self._pump_topic(topic, now)
                 touched.clear()
+            if freed:
+                for channel in list(freed):
+                    self._pump(channel, now)
+                freed.clear()
 
     def _client_error(
         self, conn: _Conn, err: _ClientError, now: float, events: list[ServerEvent]
@@ -1449,14 +1468,30 @@ class NSQD:
         self, conn: _Conn, params: list[bytes], now: float, events: list[ServerEvent]
     ) -> None:
         channel, message_id = self._in_flight_command(conn, params, "FIN", 2)
-        msg = self._take_in_flight(channel, conn, message_id)
-        if isinstance(msg, str):
-            raise _ClientError("E_FIN_FAILED", f"FIN {_text(message_id)} failed {msg}", fatal=False)
+        msg = channel.in_flight.get(message_id)
+        if msg is None:
+            failure = "ID not in flight"
+        elif msg.owner != conn.id:
+            failure = "client does not own message"
+        else:
+            self._finish(channel, conn, msg)
+            return
+        raise _ClientError("E_FIN_FAILED", f"FIN {_text(message_id)} failed {failure}", fatal=False)
+
+    def _finish(self, channel: _Channel, conn: _Conn, msg: _Msg) -> None:
+        """A FIN that matched: the message is done; deliveries it allows come at input end."""
+        in_flight = channel.in_flight
+        del in_flight[msg.id]
+        msg.timer = -1
+        heap = channel.in_flight_heap
+        if len(heap) > 2 * len(in_flight) + 1024:
+            heap[:] = [entry for entry in heap if entry[2].timer == entry[1]]
+            heapify(heap)
         conn.finish_count += 1
         conn.in_flight -= 1
         if conn.in_flight < conn.ready_count:
             self._enqueue_ready(channel, conn)
-            self._pump(channel, now)
+            self._freed[channel] = None
 
     def _cmd_req(
         self, conn: _Conn, params: list[bytes], now: float, events: list[ServerEvent]
