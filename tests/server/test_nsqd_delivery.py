@@ -360,3 +360,28 @@ def test_stats_count_messages_requeues_and_clients() -> None:
     assert client["message_count"] == 4
     (prod,) = stats["producers"]
     assert prod["pub_counts"] == [{"topic": "t", "count": 3}]
+
+
+def test_a_burst_of_pubs_reaches_a_ready_consumer_past_mem_queue_size() -> None:
+    # Deliveries are batched per input chunk, but a full memory queue is pumped first, so an
+    # ephemeral channel (which drops overflow) loses nothing a ready consumer could take.
+    node = make_node(mem_queue_size=2)
+    consumer = Client(node)
+    consumer.sub("t", "c#ephemeral", rdy=100)
+    producer = Client(node)
+    producer.pub("t", b"first")
+    producer.send(b"".join(frames.encode_pub("t", b"%d" % i) for i in range(20)))
+    assert [m.body for m in consumer.messages()] == [b"first"] + [b"%d" % i for i in range(20)]
+    assert producer.responses() == [b"OK"] * 20
+
+
+def test_fins_in_one_chunk_refill_up_to_rdy() -> None:
+    node = make_node()
+    consumer = Client(node)
+    consumer.sub("t", "c", rdy=3)
+    node.multi_publish("t", [b"%d" % i for i in range(9)], 0.0)
+    first = consumer.messages()
+    consumer.send(b"".join(frames.encode_fin(m.id) for m in first))
+    second = consumer.messages()
+    assert [m.body for m in second] == [b"3", b"4", b"5"]
+    assert node.stats(0.0)["topics"][0]["channels"][0]["in_flight_count"] == 3
