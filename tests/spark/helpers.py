@@ -71,3 +71,11 @@ def wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> 
 
 def as_set(values: Iterable[bytes]) -> set[bytes]:
     return set(values)
+
+
+def create_channel(server: Any, topic: str, channel: str) -> None:
+    """Create ``topic`` and ``channel`` over nsqd's HTTP API (the channel then gets every
+    message published from now on)."""
+    for path in (f"topic/create?topic={topic}", f"channel/create?topic={topic}&channel={channel}"):
+        request = urllib.request.Request(f"http://{server.http_address}/{path}", method="POST")
+        urllib.request.urlopen(request, timeout=5).close()

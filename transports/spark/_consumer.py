@@ -44,11 +44,13 @@ __all__ = ["HeldMessage", "SourceConsumer", "lookup_nsqds"]
 _log = logging.getLogger("transports.spark.consumer")
 
 _TICK = 0.05
+_MAX_CONNECTIONS_PER_NSQD = 16
 
 
 @dataclass(eq=False)
 class _Node:
     address: str
+    slot: int
     sock: socket.socket
     conn: ClientConnection
     generation: int
@@ -134,7 +136,10 @@ class SourceConsumer:
         self._touch_interval = touch_interval
         self._lock = threading.RLock()
         self._arrived = threading.Condition(self._lock)
-        self._nodes: dict[str, _Node] = {}
+        # (address, slot): one nsqd caps RDY per connection (max_rdy_count, 2500 by default),
+        # so a max_in_flight above that opens several connections to the same nsqd.
+        self._nodes: dict[tuple[str, int], _Node] = {}
+        self._per_nsqd = 1
         self._known: list[str] = list(self._static)
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
@@ -157,7 +162,7 @@ class SourceConsumer:
         if self._lookupd:
             self._poll(now)
         for address in self._known:
-            self._connect(address, now)
+            self._connect(address, 0, now)
         self._thread = threading.Thread(target=self._run, name="nsq-spark-source", daemon=True)
         self._thread.start()
         if not self._known:
@@ -228,7 +233,8 @@ class SourceConsumer:
 
     def connected(self) -> list[str]:
         with self._lock:
-            return [a for a, n in self._nodes.items() if n.subscribed and not n.closed]
+            live = [n.address for n in self._nodes.values() if n.subscribed and not n.closed]
+            return sorted(set(live))
 
     def _answer_all(self, messages: Iterable[HeldMessage], how: str) -> int:
         sent = 0
@@ -296,6 +302,9 @@ class SourceConsumer:
                 arrived = True
             elif isinstance(event, ConnectionReady):
                 node.conn.subscribe(self.topic, self.channel)
+                per_connection = max(1, event.settings.max_rdy_count)
+                wanted = -(-self._max_in_flight // (per_connection * max(1, len(self._known))))
+                self._per_nsqd = max(self._per_nsqd, min(wanted, _MAX_CONNECTIONS_PER_NSQD))
             elif isinstance(event, Subscribed):
                 node.subscribed = True
                 self._failures.pop(node.address, None)
@@ -332,8 +341,11 @@ class SourceConsumer:
         if self._lookupd and now >= self._next_poll:
             self._poll(now)
         for address in self._known:
-            if address not in self._nodes and now >= self._retry_at.get(address, 0.0):
-                self._connect(address, now)
+            if now < self._retry_at.get(address, 0.0):
+                continue
+            for slot in range(self._per_nsqd):
+                if (address, slot) not in self._nodes:
+                    self._connect(address, slot, now)
 
     def _touch_all(self, now: float) -> None:
         """TOUCH every message in flight: buffered and held for a batch alike.
@@ -371,7 +383,7 @@ class SourceConsumer:
             if address not in self._known:
                 self._known.append(address)
 
-    def _connect(self, address: str, now: float) -> None:
+    def _connect(self, address: str, slot: int, now: float) -> None:
         host, _, port = address.rpartition(":")
         host = host.strip("[]")
         try:
@@ -383,9 +395,9 @@ class SourceConsumer:
         sock.settimeout(30.0)
         self._generation += 1
         conn = ClientConnection(self._config.identify_body(), auth_secret=self._config.auth_secret)
-        node = _Node(address, sock, conn, self._generation)
+        node = _Node(address, slot, sock, conn, self._generation)
         with self._lock:
-            self._nodes[address] = node
+            self._nodes[(address, slot)] = node
             try:
                 self._flush(node)
                 sock.setblocking(False)
@@ -417,8 +429,8 @@ class SourceConsumer:
         if node.closed:
             return
         node.closed = True
-        if self._nodes.get(node.address) is node:
-            del self._nodes[node.address]
+        if self._nodes.get((node.address, node.slot)) is node:
+            del self._nodes[(node.address, node.slot)]
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(node.sock)
         with contextlib.suppress(OSError):

@@ -24,7 +24,6 @@ it answers with no rows and the messages come again, redelivered by nsqd, in lat
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -67,14 +66,13 @@ SOURCE_SCHEMA = StructType(
     ]
 )
 
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-
 
 @dataclass
 class NSQInputPartition(InputPartition):
-    """Rows of one micro-batch (or a slice of it), shipped to the executor that reads them."""
+    """One micro-batch (or a slice of it) as an Arrow record batch, shipped to the executor
+    that reads it (the messages were read on the driver)."""
 
-    rows: list[tuple[Any, ...]]
+    batch: Any  # pyarrow.RecordBatch with SOURCE_SCHEMA's columns
 
 
 def _ids_of(messages: Sequence[HeldMessage]) -> dict[str, str]:
@@ -182,7 +180,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, last = int(start.get("batch", 0)), int(end.get("batch", 0))
-        rows: list[tuple[Any, ...]] = []
+        messages: list[HeldMessage] = []
         for seq in range(first + 1, last + 1):
             held = self._batches.get(seq)
             if held is None:
@@ -194,30 +192,36 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     seq,
                 )
                 continue
-            rows += self._rows(held)
-        if not rows:
+            messages += held
+        if not messages:
             return []
-        count = min(self.options.partitions, len(rows))
-        step = -(-len(rows) // count)
-        return [NSQInputPartition(rows[i : i + step]) for i in range(0, len(rows), step)]
+        count = min(self.options.partitions, len(messages))
+        step = -(-len(messages) // count)
+        return [
+            NSQInputPartition(self._record_batch(messages[i : i + step]))
+            for i in range(0, len(messages), step)
+        ]
 
-    def _rows(self, messages: Sequence[HeldMessage]) -> list[tuple[Any, ...]]:
-        topic, channel = self.options.topic, self.options.channel
-        rows = []
-        for held in messages:
-            message = held.message
-            rows.append(
-                (
-                    message.id.decode("ascii"),
-                    message.body,
-                    _EPOCH + datetime.timedelta(microseconds=message.timestamp // 1000),
-                    message.attempts,
-                    topic,
-                    channel,
-                    held.address,
-                )
-            )
-        return rows
+    def _record_batch(self, messages: Sequence[HeldMessage]) -> Any:
+        import pyarrow as pa
+
+        n = len(messages)
+        columns = [
+            pa.array([h.message.id.decode("ascii") for h in messages], pa.string()),
+            pa.array([h.message.body for h in messages], pa.binary()),
+            pa.array([h.message.timestamp // 1000 for h in messages], pa.timestamp("us", "UTC")),
+            pa.array([h.message.attempts for h in messages], pa.int32()),
+            pa.array([self.options.topic] * n, pa.string()),
+            pa.array([self.options.channel] * n, pa.string()),
+            pa.array([h.address for h in messages], pa.string()),
+        ]
+        schema = pa.schema(
+            [
+                pa.field(name, column.type, nullable=False)
+                for name, column in zip(SOURCE_SCHEMA.fieldNames(), columns, strict=True)
+            ]
+        )
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._finish_through(int(end.get("batch", 0)))
@@ -245,6 +249,6 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # --- executors --------------------------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, NSQInputPartition)
-        return iter(partition.rows)
+        return iter([partition.batch])
