@@ -32,6 +32,16 @@ default, a durable file backend lives in ``transports/embedded/file_backend.py``
 ones drop their overflow, as nsqd does. :meth:`NSQD.close` writes what is in memory, in flight
 and deferred to the backends; :meth:`NSQD.metadata` / :meth:`NSQD.load_metadata` carry the
 topic and channel list (nsqd's ``nsqd.dat``) across a restart.
+
+What the transport still owns: write timeouts (nsqd drops a client whose writes stall for a
+heartbeat interval; ``output_pending`` tells how much is queued), reading back-pressure, and
+sockets. Known, deliberate differences from nsqd: deliveries a command allows are made when
+the whole input chunk has been processed (one batch, same call); IDENTIFY's output buffer
+settings are negotiated and reported but the core never holds output back; an MPUB body must
+hold exactly its messages (nsqd reads them off the stream); the AUTH check is a synchronous
+callable (``NSQDOptions.auth_check``); end-to-end latency percentiles are not computed;
+``requeue_in_flight_on_close`` (off by default) can put a vanished client's messages back at
+once instead of after their timeouts.
 """
 
 from __future__ import annotations
