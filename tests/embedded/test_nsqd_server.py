@@ -373,3 +373,19 @@ def test_https_api(cert_files: tuple[str, str]) -> None:
             c.sub("secure", "c")
             c.command("RDY 1")
             assert c.read_message().body == b"over https"
+
+
+@pytest.mark.parametrize("outer", ["asyncio", "trio"])
+def test_server_built_inside_another_event_loop_runs_on_its_own(outer: str) -> None:
+    """Constructing the servers must not bind anyio objects to the caller's loop."""
+    other = "trio" if outer == "asyncio" else "asyncio"
+
+    async def main() -> None:
+        with ServerThread(Cluster(nsqd_count=1), backend=other) as cluster:
+            with RawConn(cluster.nsqd.tcp_address) as c:
+                c.pub(unique(), b"x")
+                c.expect_ok()
+                c.identify(heartbeat_interval=1000)
+                assert c.read_frame(skip_heartbeats=False) == (0, b"_heartbeat_")  # timer works
+
+    anyio.run(main, backend=outer)

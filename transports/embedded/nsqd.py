@@ -161,7 +161,9 @@ class EmbeddedNSQD:
         self._https_port = 0
         self._task_group: anyio.abc.TaskGroup | None = None
         self._clients: dict[int, _Client] = {}
-        self._timer_wake = anyio.Event()
+        # anyio objects are made in start(), on the server's own loop: this constructor may
+        # run on another thread or event loop (e.g. a trio test starting an asyncio server)
+        self._timer_wake: anyio.Event | None = None
         self._timer_target = math.inf
         self._peers: list[tuple[LookupPeer, list[anyio.Event]]] = []
         self._tcp_port = 0
@@ -255,6 +257,7 @@ class EmbeddedNSQD:
             tls_required=self._tls_required,
             **self._options,
         )
+        self._timer_wake = anyio.Event()
         now = anyio.current_time()
         rng = random.Random(self._seed)
         backend_factory = self._backend_factory()
@@ -379,7 +382,7 @@ class EmbeddedNSQD:
                 wake[0].set()
             self._save_metadata()
         deadline = core.next_deadline()
-        if deadline is not None and deadline < self._timer_target:
+        if deadline is not None and deadline < self._timer_target and self._timer_wake is not None:
             self._timer_wake.set()
 
     async def _timer_loop(self) -> None:
@@ -395,8 +398,11 @@ class EmbeddedNSQD:
                     await anyio.sleep(0.1)  # never spin on a failing timer
                 continue
             self._timer_target = math.inf if deadline is None else deadline
+            wake = self._timer_wake
+            if wake is None:
+                wake = self._timer_wake = anyio.Event()
             with anyio.move_on_after(self._timer_target - now):
-                await self._timer_wake.wait()
+                await wake.wait()
             self._timer_wake = anyio.Event()
             self._timer_target = -math.inf  # while awake, nobody needs to wake us
 
