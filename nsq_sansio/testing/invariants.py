@@ -321,12 +321,17 @@ class Monitor:
                    now: float) -> None:
         self.given_up.add((topic, channel, body))
 
-    def on_nsqd_down(self, nsqd: str, on_disk: set[bytes], now: float) -> None:
-        """Messages homed on a crashed nsqd and not on its disk are excused from delivery."""
+    def on_nsqd_down(self, nsqd: str, on_disk: dict[str, set[bytes]], now: float) -> None:
+        """Messages homed on a crashed nsqd and not on its disk are excused from delivery:
+        a channel's copy survives in the channel's queue or, not yet copied, the topic's."""
+        empty: set[bytes] = set()
         for key, home in self.expected.items():
             if home != nsqd or key in self.finished or key in self.given_up:
                 continue
-            if key[2] not in on_disk:
+            topic, channel, body = key
+            if body not in on_disk.get(f"{topic}:{channel}", empty) and body not in on_disk.get(
+                topic, empty
+            ):
                 self.excused.add(key)
 
     def on_drain_started(self, consumer: str, now: float) -> None:

@@ -117,7 +117,9 @@ class Network:
         self.nodes: dict[str, SimNode] = {}
         self.conns: dict[int, SimConn] = {}
         self._next_id = 1
-        self._group: dict[str, int] = {}
+        #: Active partitions: id -> node name -> group index.
+        self._cuts: dict[int, dict[str, int]] = {}
+        self._next_cut = 1
         #: Bytes carried (written by nodes), for benchmarks.
         self.bytes_sent = 0
         #: Called after every callback into a node (the simulator re-arms its timer there).
@@ -134,36 +136,51 @@ class Network:
         self.nodes[node.name] = node
 
     def reachable(self, a: str, b: str) -> bool:
-        group = self._group
-        if not group:
-            return True
-        ga = group.get(a)
-        gb = group.get(b)
-        return ga is None or gb is None or ga == gb
+        """No active partition separates nodes ``a`` and ``b``."""
+        for mapping in self._cuts.values():
+            ga = mapping.get(a)
+            gb = mapping.get(b)
+            if ga is not None and gb is not None and ga != gb:
+                return False
+        return True
 
     @property
     def partitioned(self) -> bool:
-        return bool(self._group)
+        return bool(self._cuts)
 
-    def partition(self, groups: Iterable[Iterable[str]]) -> None:
-        """Split the listed node groups from each other (unlisted nodes reach everyone)."""
+    def partition(self, groups: Iterable[Iterable[str]]) -> int:
+        """Split the listed node groups from each other (unlisted nodes reach everyone);
+        returns the partition's id for :meth:`heal`. Partitions add up: two nodes talk only
+        when no active partition separates them."""
         mapping: dict[str, int] = {}
         for index, names in enumerate(groups):
             for name in names:
                 if name not in self.nodes:
                     raise ValueError(f"unknown node {name!r} in partition")
                 mapping[name] = index
-        self._group = mapping
+        cut = self._next_cut
+        self._next_cut += 1
+        self._cuts[cut] = mapping
+        return cut
 
-    def heal(self) -> None:
-        """End every partition; held bytes are sent on, in order."""
-        self._group = {}
+    def heal(self, cut: int | None = None) -> None:
+        """End partition ``cut`` (every partition when None); bytes it held are sent on, in
+        order, on connections no other partition still cuts."""
+        if cut is None:
+            self._cuts.clear()
+        else:
+            self._cuts.pop(cut, None)
         now = self.scheduler.now
         resets, self._pending_resets = self._pending_resets, []
-        for _, conn, peer in resets:
-            self.scheduler.call_at(now + conn.latency, self._reset_notice, (conn, peer))
+        for dead, conn, peer in resets:
+            if self.reachable(dead, peer.name):
+                self.scheduler.call_at(now + conn.latency, self._reset_notice, (conn, peer))
+            else:
+                self._pending_resets.append((dead, conn, peer))
         for conn in list(self.conns.values()):
-            if conn.held:
+            if conn.held and conn.server is not None and self.reachable(
+                conn.client.name, conn.server.name
+            ):
                 held, conn.held = conn.held, []
                 for direction, data in held:
                     self._transmit(conn, direction, data)
@@ -310,8 +327,8 @@ class Network:
         source = conn.client if direction == CLIENT_TO_SERVER else conn.server
         target = conn.server if direction == CLIENT_TO_SERVER else conn.client
         assert source is not None and target is not None
-        if self._group and not self.reachable(source.name, target.name):
-            conn.held.append((direction, data))
+        if conn.held or (self._cuts and not self.reachable(source.name, target.name)):
+            conn.held.append((direction, data))  # behind bytes already held: FIFO
             return
         now = self.scheduler.now
         link = self.link

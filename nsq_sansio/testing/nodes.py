@@ -143,14 +143,15 @@ class SimDisk:
     def factory(self, name: str) -> Backend:
         return _DiskQueue(self.queues.setdefault(name, deque()))
 
-    def bodies(self) -> set[bytes]:
-        """Bodies of every record on disk."""
-        found: set[bytes] = set()
-        for records in self.queues.values():
+    def bodies(self) -> dict[str, set[bytes]]:
+        """Bodies of the records on disk, by queue (``topic`` or ``topic:channel``)."""
+        found: dict[str, set[bytes]] = {}
+        for name, records in self.queues.items():
+            bodies = found.setdefault(name, set())
             for data in records:
                 record = decode_record(data)
                 if record is not None:
-                    found.add(record.body)
+                    bodies.add(record.body)
         return found
 
     def lose_volatile(self) -> None:

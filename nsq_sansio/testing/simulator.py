@@ -338,8 +338,8 @@ class Simulator:
                     self.net.drop(conn)
         elif kind is FaultKind.PARTITION:
             others = [name for name in self.nodes if name != node.name]
-            self.net.partition([[node.name], others])
-            self.scheduler.call_at(now + fault.duration, self._heal, None)
+            cut = self.net.partition([[node.name], others])
+            self.scheduler.call_at(now + fault.duration, self._heal, cut)
         elif kind is FaultKind.CRASH or kind is FaultKind.STOP:
             if isinstance(node, NsqdNode):
                 node.crash(now, clean=kind is FaultKind.STOP)
@@ -362,8 +362,8 @@ class Simulator:
             self.add_consumer(cspec, node.base,  # type: ignore[attr-defined]
                               start_at=now + fault.duration)
 
-    def _heal(self, _: object) -> None:
-        self.net.heal()
+    def _heal(self, cut: int) -> None:
+        self.net.heal(cut)
 
     def _restart(self, node: SimNode) -> None:
         if isinstance(node, (NsqdNode, LookupdNode)):

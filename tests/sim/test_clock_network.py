@@ -174,3 +174,26 @@ def test_crash_behind_a_partition_is_seen_when_it_heals() -> None:
     net.heal()
     scheduler.run_until(11.0)
     assert ("eof", conn.id) in [(k, c) for k, c, *_ in client.log]
+
+
+def test_overlapping_partitions_heal_separately_and_keep_each_pipe_fifo() -> None:
+    # Regression: a second partition used to replace the first, and healing it released the
+    # first one's held bytes after newer bytes that had gone straight through (reordering).
+    scheduler, net, client, server = make()
+    other = Recorder(None, "other")
+    net.add_node(other)
+    conn = net.connect(client, "server:80")
+    scheduler.run_until(0.1)
+    cut_client = net.partition([["client"], ["server", "other"]])
+    net.send(conn, client, b"1")
+    cut_other = net.partition([["other"], ["client", "server"]])
+    net.send(conn, client, b"2")
+    net.heal(cut_other)
+    net.send(conn, client, b"3")
+    scheduler.run_until(1.0)
+    assert data_of(server, conn.id) == b""  # client is still cut off
+    assert not net.reachable("client", "server") and net.reachable("other", "server")
+    net.heal(cut_client)
+    net.send(conn, client, b"4")
+    scheduler.run_until(2.0)
+    assert data_of(server, conn.id) == b"1234"

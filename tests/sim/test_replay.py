@@ -80,3 +80,23 @@ def test_violation_message_carries_the_replay_line(monkeypatch: pytest.MonkeyPat
     line = str(info.value).splitlines()[-1]
     assert line == "replay: " + replay_line(SCENARIO)
     assert main(["replay", scenario_blob(SCENARIO)]) == 1
+
+
+def test_crash_excuses_per_channel_copy() -> None:
+    # Regression: a message in flight on one channel of a crashed durable nsqd is lost for that
+    # channel even though the other channel's copy is still on disk.
+    from nsq_sansio.testing import Simulator
+
+    spec = ClusterSpec(nsqd=1, consumers=(
+        ConsumerSpec(count=1, handler=Handler(duration=5.0)),
+        ConsumerSpec(count=1, channel="audit", handler=Handler(duration=0.01), start_at=60.0),
+    ))
+    sim = Simulator(spec, seed=3)
+    sim.schedule_workload(Workload(messages=1, via_tcp=False))
+    sim.run_until(3.0)  # archive holds m0 in flight; audit has it on disk
+    sim.nsqds[0].crash(sim.now)
+    assert ("events", "archive", b"m0") in sim.monitor.excused
+    assert ("events", "audit", b"m0") not in sim.monitor.excused
+    sim.heal_all()
+    assert sim.settle(300.0)
+    assert ("events", "audit", b"m0") in sim.monitor.finished
