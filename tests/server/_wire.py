@@ -41,7 +41,7 @@ class Client:
         return self.decoder.feed(self.raw())
 
     def responses(self) -> list[bytes]:
-        """Every frame's payload, asserting none is a message or heartbeat mix-up is hidden."""
+        """Payloads of every response and error frame (message frames are left out)."""
         return [data for kind, data in self.frames() if kind != MESSAGE]
 
     def messages(self) -> list[Message]:
