@@ -381,11 +381,11 @@ def test_server_built_inside_another_event_loop_runs_on_its_own(outer: str) -> N
     other = "trio" if outer == "asyncio" else "asyncio"
 
     async def main() -> None:
-        with ServerThread(Cluster(nsqd_count=1), backend=other) as cluster:
-            with RawConn(cluster.nsqd.tcp_address) as c:
-                c.pub(unique(), b"x")
-                c.expect_ok()
-                c.identify(heartbeat_interval=1000)
-                assert c.read_frame(skip_heartbeats=False) == (0, b"_heartbeat_")  # timer works
+        runner = ServerThread(Cluster(nsqd_count=1), backend=other)
+        with runner as cluster, RawConn(cluster.nsqd.tcp_address) as c:
+            c.pub(unique(), b"x")
+            c.expect_ok()
+            c.identify(heartbeat_interval=1000)
+            assert c.read_frame(skip_heartbeats=False) == (0, b"_heartbeat_")  # timer works
 
     anyio.run(main, backend=outer)
