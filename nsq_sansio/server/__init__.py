@@ -17,6 +17,7 @@ from .backend import (
 )
 from .events import (
     AdminError,
+    AuthRequested,
     ChannelCreated,
     ChannelDeleted,
     CloseConnection,
@@ -34,6 +35,7 @@ __all__ = [
     "AdminError",
     "AuthCheck",
     "AuthRequest",
+    "AuthRequested",
     "AuthState",
     "Authorization",
     "Backend",

@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import NSQError, ServerError
+from .options import AuthRequest
 
 __all__ = [
     "AdminError",
+    "AuthRequested",
     "ChannelCreated",
     "ChannelDeleted",
     "CloseConnection",
@@ -47,7 +49,18 @@ class CloseConnection:
     error: ServerError | None = None
 
 
-ServerEvent = StartTLS | CloseConnection
+@dataclass(frozen=True, slots=True)
+class AuthRequested:
+    """Ask the auth server about ``request`` (with ``NSQDOptions.auth_by_transport``), then
+    call ``NSQD.auth_result``. ``refresh`` is a re-check after the previous answer's TTL: the
+    connection keeps working meanwhile; otherwise its input waits for the answer."""
+
+    conn_id: int
+    request: AuthRequest
+    refresh: bool = False
+
+
+ServerEvent = StartTLS | CloseConnection | AuthRequested
 
 
 @dataclass(frozen=True, slots=True)

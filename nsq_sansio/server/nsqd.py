@@ -39,7 +39,9 @@ sockets. Known, deliberate differences from nsqd: deliveries a command allows ar
 the whole input chunk has been processed (one batch, same call); IDENTIFY's output buffer
 settings are negotiated and reported but the core never holds output back; an MPUB body must
 hold exactly its messages (nsqd reads them off the stream); the AUTH check is a synchronous
-callable (``NSQDOptions.auth_check``); end-to-end latency percentiles are not computed;
+callable (``NSQDOptions.auth_check``) or a transport's answer to ``AuthRequested``
+(``auth_by_transport``), which re-checks when the TTL ends rather than at the next command;
+end-to-end latency percentiles are not computed;
 ``requeue_in_flight_on_close`` (off by default) can put a vanished client's messages back at
 once instead of after their timeouts.
 """
@@ -72,6 +74,7 @@ from .backend import (
 )
 from .events import (
     AdminError,
+    AuthRequested,
     ChannelCreated,
     ChannelDeleted,
     CloseConnection,
@@ -115,6 +118,7 @@ class ClientState(enum.Enum):
     AWAITING_MAGIC = "awaiting_magic"  # connected; the 4-byte "  V2" has not arrived yet
     INIT = "init"  # may IDENTIFY, AUTH, PUB, SUB
     TLS_HANDSHAKE = "tls_handshake"  # IDENTIFY negotiated TLS; waiting for tls_established()
+    AUTHENTICATING = "authenticating"  # AUTH asked of the transport; waiting for auth_result()
     SUBSCRIBED = "subscribed"  # SUB done: RDY/FIN/REQ/TOUCH/CLS
     CLOSING = "closing"  # CLS received: no more messages, FIN/REQ/TOUCH still allowed
     CLOSED = "closed"  # the core is done with it; the transport closes the socket
@@ -125,6 +129,7 @@ _STATS_STATE = {
     ClientState.AWAITING_MAGIC: 0,
     ClientState.INIT: 0,
     ClientState.TLS_HANDSHAKE: 0,
+    ClientState.AUTHENTICATING: 0,
     ClientState.SUBSCRIBED: 3,
     ClientState.CLOSING: 4,
     ClientState.CLOSED: 1,
@@ -215,6 +220,7 @@ class _Conn:
         "alarm_at",
         "auth",
         "auth_expires",
+        "auth_refreshing",
         "auth_secret",
         "channel",
         "client_id",
@@ -282,6 +288,7 @@ class _Conn:
         self.auth: AuthState | None = None
         self.auth_secret = ""
         self.auth_expires = 0.0
+        self.auth_refreshing = False
         self.channel: _Channel | None = None
         self.ready_count = 0
         self.in_flight = 0
@@ -502,7 +509,7 @@ class NSQD:
         self._touched: dict[_Topic, None] = {}
         # Channels where a FIN freed room for more: pumped once at the end of the input.
         self._freed: dict[_Channel, None] = {}
-        self._fast_path = not self.options.tls_required and self.options.auth_check is None
+        self._fast_path = not self.options.tls_required and not self.options.auth_enabled
         self._heartbeat_frame = (
             _FRAME_HEADER.pack(4 + len(_HEARTBEAT), _FRAME_RESPONSE) + _HEARTBEAT
         )
@@ -553,7 +560,45 @@ class NSQD:
                 return events
         else:
             conn.inbuf += data
+        if conn.state is ClientState.AUTHENTICATING:
+            # Input waits for the auth answer, within the bound of one command.
+            limit = self.options.max_body_size + self.options.max_command_line + 8
+            if len(conn.inbuf) > limit:
+                self._close(conn, "too much input while waiting for AUTH", None, now, events)
+            return events
         self._process(conn, now, events)
+        return events
+
+    def auth_result(
+        self, conn_id: ConnectionId, state: AuthState | None, now: float
+    ) -> list[ServerEvent]:
+        """The answer to an :class:`AuthRequested`: the auth server's :class:`AuthState`, or
+        ``None`` when it could not be asked (the client gets ``E_AUTH_FAILED``)."""
+        conn = self._live_conn(conn_id)
+        events: list[ServerEvent] = []
+        if conn is None:
+            return events
+        if conn.state is ClientState.AUTHENTICATING:
+            conn.state = ClientState.INIT
+            try:
+                self._apply_auth(conn, state, now)
+            except _ClientError as err:
+                self._client_error(conn, err, now, events)
+                return events
+            self._process(conn, now, events)
+        elif conn.auth_refreshing:
+            conn.auth_refreshing = False
+            if state is None:
+                self._client_error(conn, _ClientError("E_AUTH_FAILED", "AUTH failed"), now, events)
+            else:
+                conn.auth = state
+                conn.auth_expires = now + state.ttl
+                self._arm(conn, conn.auth_expires)
+        else:
+            raise LocalProtocolError(
+                f"auth_result() for connection {conn_id} in state {conn.state.value}, "
+                "which has no AUTH waiting"
+            )
         return events
 
     def tls_established(self, conn_id: ConnectionId, now: float) -> list[ServerEvent]:
@@ -999,7 +1044,11 @@ class NSQD:
         try:
             while True:
                 state = conn.state
-                if state is ClientState.CLOSED or state is ClientState.TLS_HANDSHAKE:
+                if (
+                    state is ClientState.CLOSED
+                    or state is ClientState.TLS_HANDSHAKE
+                    or state is ClientState.AUTHENTICATING
+                ):
                     break
                 end = len(buf)
                 if state is ClientState.AWAITING_MAGIC:
@@ -1214,7 +1263,7 @@ class NSQD:
         elif verb == b"IDENTIFY":
             self._cmd_identify(conn, body, now)
         else:
-            self._cmd_auth(conn, body, now)
+            self._cmd_auth(conn, body, now, events)
 
     def _topic_param(self, command: str, raw: bytes) -> str:
         try:
@@ -1310,7 +1359,7 @@ class NSQD:
             "max_deflate_level": options.max_deflate_level,
             "snappy": snappy,
             "sample_rate": conn.sample_rate,
-            "auth_required": options.auth_check is not None,
+            "auth_required": options.auth_enabled,
             "output_buffer_size": conn.output_buffer_size,
             "output_buffer_timeout": int(conn.output_buffer_timeout * 1000),
         }
@@ -1341,29 +1390,42 @@ class NSQD:
             conn.deflate_level = level
         self._write(conn, self._ok_frame)
 
+    @staticmethod
+    def _auth_request(conn: _Conn, secret: str) -> AuthRequest:
+        host = conn.remote_address.rsplit(":", 1)[0] if ":" in conn.remote_address else ""
+        return AuthRequest(remote_ip=host.strip("[]"), tls=conn.tls, secret=secret)
+
     def _query_auth(self, conn: _Conn, secret: str) -> AuthState | None:
         check = self.options.auth_check
         if check is None:
             return None
-        host = conn.remote_address.rsplit(":", 1)[0] if ":" in conn.remote_address else ""
         try:
-            result = check(AuthRequest(remote_ip=host.strip("[]"), tls=conn.tls, secret=secret))
+            result = check(self._auth_request(conn, secret))
         except Exception:
             return None
         return result if isinstance(result, AuthState) else None
 
-    def _cmd_auth(self, conn: _Conn, body: bytes, now: float) -> None:
+    def _cmd_auth(self, conn: _Conn, body: bytes, now: float, events: list[ServerEvent]) -> None:
         if conn.auth is not None and conn.auth.authorizations:
             raise _ClientError("E_INVALID", "AUTH already set")
-        if self.options.auth_check is None:
+        if not self.options.auth_enabled:
             raise _ClientError("E_AUTH_DISABLED", "AUTH disabled")
         secret = body.decode("utf-8", "replace")
-        state = self._query_auth(conn, secret)
+        conn.auth_secret = secret
+        if self.options.auth_by_transport:
+            conn.state = ClientState.AUTHENTICATING
+            events.append(AuthRequested(conn.id, self._auth_request(conn, secret)))
+            return
+        self._apply_auth(conn, self._query_auth(conn, secret), now)
+
+    def _apply_auth(self, conn: _Conn, state: AuthState | None, now: float) -> None:
+        """Answer AUTH from the auth server's verdict (nsqd's checks and texts)."""
         if state is None:
             raise _ClientError("E_AUTH_FAILED", "AUTH failed")
         conn.auth = state
-        conn.auth_secret = secret
         conn.auth_expires = now + state.ttl
+        if self.options.auth_by_transport:
+            self._arm(conn, conn.auth_expires)
         if not state.authorizations:
             raise _ClientError("E_UNAUTHORIZED", "AUTH no authorizations found")
         answer = {
@@ -1374,12 +1436,12 @@ class NSQD:
         self._write_frame(conn, _FRAME_RESPONSE, json.dumps(answer, separators=(",", ":")).encode())
 
     def _check_auth(self, conn: _Conn, command: str, topic: str, channel: str, now: float) -> None:
-        if self.options.auth_check is None:
+        if not self.options.auth_enabled:
             return
         state = conn.auth
         if state is None or not state.authorizations:
             raise _ClientError("E_AUTH_FIRST", f"AUTH required before {command}")
-        if now >= conn.auth_expires:
+        if now >= conn.auth_expires and not self.options.auth_by_transport:
             refreshed = self._query_auth(conn, conn.auth_secret)
             if refreshed is None:
                 raise _ClientError("E_AUTH_FAILED", "AUTH failed")
@@ -1958,6 +2020,18 @@ class NSQD:
             else:
                 self._arm(conn, limit)
             return
+        if (
+            self.options.auth_by_transport
+            and conn.auth is not None
+            and not conn.auth_refreshing
+            and state is not ClientState.AUTHENTICATING
+        ):
+            if now >= conn.auth_expires:
+                conn.auth_refreshing = True
+                request = self._auth_request(conn, conn.auth_secret)
+                events.append(AuthRequested(conn.id, request, refresh=True))
+            else:
+                self._arm(conn, conn.auth_expires)
         heartbeat = conn.heartbeat_interval
         if heartbeat <= 0:
             return

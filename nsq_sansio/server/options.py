@@ -120,8 +120,11 @@ class NSQDOptions:
     #: ``--tls-required``: every command but IDENTIFY needs TLS first.
     tls_required: bool = False
 
-    #: ``--auth-http-address`` as a callable; ``None`` disables AUTH.
+    #: ``--auth-http-address`` as a callable; ``None`` disables AUTH (unless the next is set).
     auth_check: AuthCheck | None = field(default=None, compare=False)
+    #: AUTH is enabled and the transport answers each check: the node emits ``AuthRequested``
+    #: and waits for ``NSQD.auth_result`` (for an auth server reached over the network).
+    auth_by_transport: bool = False
 
     #: Longest command line accepted (nsqd reads commands through a 16 KiB buffer).
     max_command_line: int = 16 * 1024
@@ -175,12 +178,19 @@ class NSQDOptions:
             raise ConfigError(
                 f"NSQDOptions.max_deflate_level must be within 1..9, got {self.max_deflate_level}"
             )
+        if self.auth_by_transport and self.auth_check is not None:
+            raise ConfigError("NSQDOptions: give auth_check or auth_by_transport, not both")
         if self.tls_required and not self.tls_available:
             raise ConfigError("NSQDOptions.tls_required needs tls_available (a certificate)")
         for port_name in ("tcp_port", "http_port"):
             port = getattr(self, port_name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"NSQDOptions.{port_name} must be within 0..65535, got {port}")
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Clients must AUTH before SUB/PUB (IDENTIFY answers ``auth_required``)."""
+        return self.auth_check is not None or self.auth_by_transport
 
     @property
     def effective_max_defer_timeout(self) -> float:

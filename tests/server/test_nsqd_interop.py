@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from nsq_sansio.connection import ClientConnection
+from nsq_sansio.errors import LocalProtocolError
 from nsq_sansio.events import (
     Message,
     PublishAcknowledged,
@@ -18,6 +19,7 @@ from nsq_sansio.server import (
     Authorization,
     AuthRequest,
     AuthState,
+    CloseConnection,
     NSQDOptions,
     ServerEvent,
     StartTLS,
@@ -175,3 +177,74 @@ def test_auth_disabled() -> None:
 
     _, answer = _raw(NSQD(), frames.encode_auth("x"))
     assert answer == b"E_AUTH_DISABLED AUTH disabled"
+
+
+def _frames(node: NSQD, conn: int) -> list[bytes]:
+    from nsq_sansio import frames
+
+    return [data for _, data in frames.FrameDecoder().feed(node.data_to_send(conn))]
+
+
+def test_auth_answered_by_the_transport_holds_input_until_the_answer() -> None:
+    from nsq_sansio import frames
+    from nsq_sansio.server import AuthRequested, ClientState
+
+    node = NSQD(NSQDOptions(auth_by_transport=True), random.Random(3))
+    conn = node.connect(0.0, "192.0.2.9:4000")
+    events = node.receive_data(
+        conn, b"  V2" + frames.encode_auth("s3cret") + frames.encode_pub("allowed", b"x"), 0.0
+    )
+    assert events == [AuthRequested(conn, AuthRequest("192.0.2.9", False, "s3cret"))]
+    assert node.connection_state(conn) is ClientState.AUTHENTICATING
+    assert node.topic_names() == []  # the PUB waits for the answer
+    node.receive_data(conn, frames.encode_nop(), 0.1)
+    node.auth_result(conn, _auth(AuthRequest("192.0.2.9", False, "alice")), 0.2)
+    answer, ok = _frames(node, conn)
+    assert answer.startswith(b'{"identity":"alice"') and ok == b"OK"
+    assert node.topic_names() == ["allowed"]
+    with pytest.raises(LocalProtocolError):
+        node.auth_result(conn, None, 0.3)
+
+
+def test_auth_by_transport_failure_and_refresh_after_ttl() -> None:
+    from nsq_sansio import frames
+    from nsq_sansio.server import AuthRequested
+
+    node = NSQD(NSQDOptions(auth_by_transport=True), random.Random(3))
+    failed = node.connect(0.0, "192.0.2.9:4000")
+    node.receive_data(failed, b"  V2" + frames.encode_auth("x"), 0.0)
+    (close,) = node.auth_result(failed, None, 0.0)
+    assert isinstance(close, CloseConnection) and close.conn_id == failed
+    assert _frames(node, failed) == [b"E_AUTH_FAILED AUTH failed"]
+
+    conn = node.connect(0.0, "192.0.2.9:4001")
+    node.receive_data(conn, b"  V2" + frames.encode_auth("alice"), 0.0)
+    node.auth_result(conn, _auth(AuthRequest("", False, "alice")), 0.0)  # ttl 10s
+    _frames(node, conn)
+    node.receive_data(conn, frames.encode_nop(), 9.0)
+    events = node.handle_timer(10.0)
+    assert [e for e in events if isinstance(e, AuthRequested)] == [
+        AuthRequested(conn, AuthRequest("192.0.2.9", False, "alice"), refresh=True)
+    ]
+    node.receive_data(conn, frames.encode_pub("allowed", b"still"), 10.5)
+    assert _frames(node, conn) == [b"OK"]  # works while the re-check is out
+    node.auth_result(conn, None, 11.0)
+    assert _frames(node, conn) == [b"E_AUTH_FAILED AUTH failed"]
+
+
+def test_auth_by_transport_bounds_waiting_input() -> None:
+    from nsq_sansio import frames
+    from nsq_sansio.server import ClientState
+
+    node = NSQD(NSQDOptions(auth_by_transport=True, max_body_size=2000, max_msg_size=1000))
+    conn = node.connect(0.0, "192.0.2.9:4000")
+    node.receive_data(conn, b"  V2" + frames.encode_auth("x"), 0.0)
+    node.receive_data(conn, b"x" * 100_000, 0.0)
+    assert node.connection_state(conn) is ClientState.CLOSED
+
+
+def test_auth_options_are_exclusive() -> None:
+    from nsq_sansio.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        NSQDOptions(auth_by_transport=True, auth_check=_auth)
