@@ -328,6 +328,7 @@ class Consumer:
         self._fetches: dict[int, list[Any]] = {}
         self._drained = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._task_scopes: set[anyio.CancelScope] = set()
         self._seen: set[NSQDAddress] = set()
         self._reconnects = 0
         self._connection_errors = 0
@@ -342,7 +343,7 @@ class Consumer:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._coord.start(monotonic())
-        self._tg.start_soon(self._pump)
+        self._spawn(self._pump)
         self._dispatch()
 
     async def __aenter__(self) -> Consumer:
@@ -361,8 +362,10 @@ class Consumer:
         try:
             await self._shutdown()
         finally:
-            tg.cancel_scope.cancel()
             self._closed = True
+            for scope in list(self._task_scopes):
+                scope.cancel()
+            tg.cancel_scope.cancel()
             self._wake_readers()
         return await tg.__aexit__(exc_type, exc, tb)
 
@@ -588,9 +591,20 @@ class Consumer:
     # --- internals: plumbing -------------------------------------------------------------------
 
     def _spawn(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        if self._tg is None:
+        """Start a background task, shielded from the cancellation of the code around the
+        ``async with``: on the way out it must still requeue, CLS and close; it stops when
+        :meth:`__aexit__` cancels it (after the quick drain, or its timeout)."""
+        if self._tg is None or self._closed:
             raise LocalProtocolError("the consumer is not running")
-        self._tg.start_soon(func, *args)
+        self._tg.start_soon(self._shielded, func, args)
+
+    async def _shielded(self, func: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        with anyio.CancelScope(shield=True) as scope:
+            self._task_scopes.add(scope)
+            try:
+                await func(*args)
+            finally:
+                self._task_scopes.discard(scope)
 
     def _kick(self) -> None:
         if not self._kicked:

@@ -1,0 +1,316 @@
+"""anyio consumer behaviour against the embedded broker: flow control, failures, shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import uuid
+
+import anyio
+import pytest
+
+from nsq_sansio.consumer import Disconnected, GiveUp, TakenBack
+from transports.anyio import Consumer, KeepaliveExpired, Message, Producer, drain_on_signals
+from transports.embedded import EmbeddedNSQD
+
+from .conftest import NSQDFactory, channel_stats, stop_nsqd
+
+pytestmark = pytest.mark.anyio
+
+
+def fresh(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:12]}"
+
+
+async def publish(address: str, topic: str, bodies: list[bytes]) -> None:
+    async with Producer(address) as p:
+        await p.multi_publish(topic, bodies)
+
+
+async def test_max_in_flight_is_respected_on_the_broker(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"%d" % i for i in range(40)])
+    peak_broker = 0
+    active = 0
+    peak_handlers = 0
+    done = 0
+
+    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=5) as c:
+
+        async def handler(msg: Message) -> None:
+            nonlocal active, peak_handlers, done
+            active += 1
+            peak_handlers = max(peak_handlers, active)
+            await anyio.sleep(0.05)
+            active -= 1
+            done += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.run, handler)  # concurrency defaults to max_in_flight
+            while done < 40:
+                ch = await channel_stats(nsqd, topic, "ch")
+                peak_broker = max(peak_broker, ch.get("in_flight_count", 0))
+                await anyio.sleep(0.01)
+            await c.drain()  # run() returns
+    assert 1 <= peak_broker <= 5
+    assert peak_handlers <= 5
+    assert c.stats().finished == 40
+
+
+async def test_backoff_after_failures(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"%d" % i for i in range(50)])
+    async with Consumer(
+        topic,
+        "ch",
+        nsqd=[nsqd.tcp_address],
+        max_in_flight=5,
+        backoff_multiplier=0.3,
+        max_backoff_duration=1.0,
+        default_requeue_delay=0,
+    ) as c:
+        with anyio.fail_after(10):
+            msg = await c.__anext__()
+            await msg.requeue()  # a failure: backoff starts
+            stats = c.stats()
+            assert stats.backoff_level == 1 and stats.backoff_phase == "waiting"
+            assert stats.rdy == 0
+            # During the window the broker gives us nothing new beyond what was already sent.
+            await anyio.sleep(0.1)
+            ch = await channel_stats(nsqd, topic, "ch")
+            assert ch["clients"][0]["ready_count"] == 0
+            # Results during the window do not count; after it, RDY 1 tests the water and a
+            # success brings the consumer back to normal.
+            phases = []
+            async for m in c:
+                await m.finish()
+                phases.append(c.stats().backoff_phase)
+                if phases[-1] == "normal":
+                    break
+            assert "testing" in phases or phases[-1] == "normal"
+            assert c.stats().backoff_level == 0
+
+
+async def test_max_attempts_gives_up(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    events: list[object] = []
+    await publish(nsqd.tcp_address, topic, [b"poison"])
+    attempts: list[int] = []
+    async with Consumer(
+        topic,
+        "ch",
+        nsqd=[nsqd.tcp_address],
+        max_attempts=3,
+        backoff_enabled=False,
+        on_event=events.append,
+    ) as c:
+        with anyio.fail_after(10):
+            async for msg in c:
+                attempts.append(msg.attempts)
+                await msg.requeue(0)
+                if len(attempts) == 3:
+                    break
+            while not any(isinstance(e, GiveUp) for e in events):
+                await anyio.sleep(0.01)
+    assert attempts == [1, 2, 3]
+    give_up = next(e for e in events if isinstance(e, GiveUp))
+    assert give_up.message.body == b"poison" and give_up.message.attempts == 4
+    assert c.stats().given_up == 1
+    ch = await channel_stats(nsqd, topic, "ch")
+    assert ch["depth"] == 0 and ch["deferred_count"] == 0
+
+
+async def test_drain_with_messages_in_flight(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    bodies = [b"%d" % i for i in range(30)]
+    await publish(nsqd.tcp_address, topic, bodies)
+    handled: list[bytes] = []
+    started = anyio.Event()
+    in_handler = 0
+
+    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=10) as c:
+
+        async def handler(msg: Message) -> None:
+            nonlocal in_handler
+            in_handler += 1
+            if in_handler >= 3:
+                started.set()
+            await anyio.sleep(0.3)
+            handled.append(msg.body)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: c.run(handler, concurrency=3))
+            await started.wait()
+            await c.drain(timeout=5)  # run() returns after this
+    # The three handlers running at drain time finished and FIN'd their messages.
+    assert len(handled) >= 3
+    assert c.stats().finished == len(handled)
+    # Everything else went back to nsqd: another consumer gets exactly the rest.
+    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=30) as c2:
+        rest: list[bytes] = []
+        with anyio.fail_after(10):
+            async for msg in c2:
+                rest.append(msg.body)
+                await msg.finish()
+                if len(rest) == 30 - len(handled):
+                    break
+        await anyio.sleep(0.2)
+        assert c2.stats().received == 30 - len(handled)  # nothing redelivered
+    assert sorted(handled + rest) == sorted(bodies)
+
+
+async def test_broker_killed_and_restarted(make_nsqd: NSQDFactory) -> None:
+    server = make_nsqd()
+    address = server.tcp_address
+    topic = fresh()
+    events: list[object] = []
+    await publish(address, topic, [b"before"])
+    async with Consumer(
+        topic,
+        "ch",
+        nsqd=[address],
+        reconnect_delay=0.05,
+        max_reconnect_delay=0.2,
+        on_event=events.append,
+    ) as c:
+        with anyio.fail_after(15):
+            msg = await c.__anext__()
+            assert msg.body == b"before"
+            await msg.finish()
+            await anyio.sleep(0.1)
+            stop_nsqd(server)
+            while not any(isinstance(e, Disconnected) for e in events):
+                await anyio.sleep(0.01)
+            server = make_nsqd(tcp_address=address)
+            await publish(address, topic, [b"after"])
+            msg = await c.__anext__()
+            assert msg.body == b"after"
+            assert await msg.finish()
+        assert c.stats().reconnects >= 1
+
+
+async def test_slow_handler_heartbeats_still_answered(make_nsqd: NSQDFactory) -> None:
+    # nsqd drops a client after two unanswered heartbeats; here one is due every second
+    # while the handler blocks its task for 3 s.
+    server = make_nsqd()
+    topic = fresh()
+    await publish(server.tcp_address, topic, [b"slow"])
+    events: list[object] = []
+    async with Consumer(
+        topic,
+        "ch",
+        nsqd=[server.tcp_address],
+        heartbeat_interval=1.0,
+        msg_timeout=10.0,
+        on_event=events.append,
+    ) as c:
+        with anyio.fail_after(10):
+            async for msg in c:
+                await anyio.sleep(3.2)
+                assert await msg.finish()
+                break
+        stats = c.stats()
+    assert stats.connection_errors == 0 and stats.reconnects == 0
+    assert not [e for e in events if isinstance(e, TakenBack)]
+    assert not [e for e in events if isinstance(e, Disconnected) and e.error is not None]
+
+
+async def test_keepalive_keeps_a_long_job_alive(make_nsqd: NSQDFactory) -> None:
+    server = make_nsqd()
+    topic = fresh()
+    await publish(server.tcp_address, topic, [b"long job"])
+    events: list[object] = []
+    async with Consumer(
+        topic, "ch", nsqd=[server.tcp_address], msg_timeout=1.0, on_event=events.append
+    ) as c:
+        with anyio.fail_after(10):
+            msg = await c.__anext__()
+            async with msg.keepalive():
+                await anyio.sleep(3.0)  # 3x msg_timeout
+            assert await msg.finish()
+            await anyio.sleep(0.2)
+        assert c.stats().received == 1  # never redelivered
+    assert not [e for e in events if isinstance(e, (TakenBack, KeepaliveExpired))]
+    ch = await channel_stats(server, topic, "ch")
+    assert ch["timeout_count"] == 0 and ch["requeue_count"] == 0
+
+
+async def test_keepalive_warns_at_max_msg_timeout(make_nsqd: NSQDFactory) -> None:
+    server = make_nsqd(msg_timeout=1.0, max_msg_timeout=2.0)
+    topic = fresh()
+    await publish(server.tcp_address, topic, [b"too long"])
+    events: list[object] = []
+    async with Consumer(topic, "ch", nsqd=[server.tcp_address], on_event=events.append) as c:
+        with anyio.fail_after(10):
+            msg = await c.__anext__()
+            async with msg.keepalive():
+                while not any(isinstance(e, KeepaliveExpired) for e in events):
+                    await anyio.sleep(0.05)
+                expired = next(e for e in events if isinstance(e, KeepaliveExpired))
+                assert expired.message_id == msg.id
+                # The warning comes before nsqd takes the message back.
+                assert msg.deadline is not None and msg.deadline > anyio.current_time() - 0.5
+
+
+async def test_cancellation_cleans_up(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"%d" % i for i in range(5)])
+    held: list[Message] = []
+    with anyio.move_on_after(1.0) as scope:
+        async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=5) as c:
+            async for msg in c:
+                held.append(msg)  # never answered
+    assert scope.cancelled_caught
+    assert held
+    # No connection left, nothing in flight: the held messages went back to the queue.
+    with anyio.fail_after(5):
+        while True:
+            ch = await channel_stats(nsqd, topic, "ch")
+            if not ch.get("clients") and ch.get("in_flight_count") == 0:
+                break
+            await anyio.sleep(0.02)
+    assert ch["depth"] + ch["deferred_count"] == 5
+
+
+async def test_fetch_batch_expiry_and_no_wait(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"%d" % i for i in range(5)])
+    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], pull=True, max_in_flight=50) as c:
+        with anyio.fail_after(10):
+            batch = await c.fetch(3, timeout=5)
+            assert len(batch) == 3
+            for msg in batch:
+                await msg.finish()
+            start = anyio.current_time()
+            batch = await c.fetch(10, timeout=0.5)  # only 2 left: returns them at expiry
+            assert len(batch) == 2
+            assert anyio.current_time() - start >= 0.4
+            for msg in batch:
+                await msg.finish()
+            assert await c.fetch(5, no_wait=True) == []
+            # The broker never pushed more than was asked.
+            ch = await channel_stats(nsqd, topic, "ch")
+            assert ch["in_flight_count"] == 0
+            assert c.stats().finished == 5
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+async def test_drain_on_signals(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"%d" % i for i in range(3)])
+    handled: list[bytes] = []
+    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=3) as c:
+        async with drain_on_signals(c, signal.SIGHUP):
+            await anyio.sleep(0.1)  # the receiver is installed
+
+            async def handler(msg: Message) -> None:
+                if not handled:
+                    os.kill(os.getpid(), signal.SIGHUP)
+                await anyio.sleep(0.2)
+                handled.append(msg.body)
+
+            with anyio.fail_after(10):
+                await c.run(handler)  # returns once the signal's drain finished
+    assert c.draining
+    assert c.stats().finished == len(handled) >= 1
