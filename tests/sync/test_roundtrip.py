@@ -214,3 +214,18 @@ def test_a_refused_publish_fails_alone_and_the_pipeline_goes_on() -> None:
         with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=100) as consumer:
             bodies = {m.body for m in _consume(consumer, 100)}
     assert bodies == {b"ok %d" % i for i in range(100)}
+
+
+def test_publish_future_interface(nsqd: Pair) -> None:
+    server, _ = nsqd
+    called: list[object] = []
+    with Producer(server.tcp_address) as producer:
+        future = producer.multi_publish_async(unique(), [b"a", b"b"])
+        future.add_done_callback(called.append)
+        assert future.result(5) is None and future.done() and future.exception() is None
+        wait_for(lambda: called == [future], what="callback")
+        late: list[object] = []
+        future.add_done_callback(late.append)  # already done: called at once
+        assert late == [future]
+        refused = producer.publish_async(unique(), b"x" * (2 * 1024 * 1024))
+        assert isinstance(refused.exception(5), ServerError)

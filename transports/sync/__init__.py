@@ -81,7 +81,7 @@ from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TL
 
 from .consumer import Consumer, EventCallback, KeepaliveExpired, Message
 from .http import HTTPProducer, HTTPPublishError
-from .producer import NoNSQDAvailable, Producer
+from .producer import NoNSQDAvailable, Producer, PublishFuture
 from .signals import drain_on_signals
 
 __all__ = [
@@ -96,6 +96,7 @@ __all__ = [
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",
+    "PublishFuture",
     "TLSOptions",
     "drain_on_signals",
 ]

@@ -32,8 +32,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -62,13 +61,88 @@ from transports._common import (
 
 from ._loop import IOLoop, Link
 
-__all__ = ["NoNSQDAvailable", "Producer"]
+__all__ = ["NoNSQDAvailable", "Producer", "PublishFuture"]
 
 _log = logging.getLogger("nsq_sansio.sync.producer")
 
 
 class NoNSQDAvailable(NSQError):
     """No nsqd of the pool could take the publish before its deadline."""
+
+
+_FUTURE_LOCK = threading.Lock()
+
+
+class PublishFuture:
+    """The answer to one publish: a light ``concurrent.futures.Future`` look-alike
+    (``done()``, ``result(timeout)``, ``exception(timeout)``, ``add_done_callback(fn)``).
+
+    Set once, by the producer's IO thread; an Event is only made when someone waits for it
+    before it is done, so the pipelined path costs a few attribute writes.
+    """
+
+    __slots__ = ("_callbacks", "_done", "_error", "_event")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._error: BaseException | None = None
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[PublishFuture], object]] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._done:
+            return
+        event = self._event
+        if event is None:
+            with _FUTURE_LOCK:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+        # The IO thread writes _done before it reads _event: one of us sees the other.
+        if not self._done and not event.wait(timeout):
+            raise TimeoutError(f"no answer from nsqd within {timeout}s")
+
+    def result(self, timeout: float | None = None) -> None:
+        """None once nsqd said OK; raises nsqd's error, NoNSQDAvailable or TimeoutError."""
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[PublishFuture], object]) -> None:
+        """Call ``fn(future)`` when done (at once if it is; else on the IO thread)."""
+        with _FUTURE_LOCK:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _set(self, error: BaseException | None) -> None:
+        self._error = error
+        if self._callbacks is None:
+            self._done = True
+            callbacks = None
+        else:
+            with _FUTURE_LOCK:
+                self._done = True
+                callbacks = self._callbacks
+        event = self._event
+        if event is not None:
+            event.set()
+        if callbacks:
+            for fn in callbacks:
+                try:
+                    fn(self)
+                except Exception:
+                    _log.exception("publish future callback failed")
 
 
 class _Request:
@@ -79,7 +153,7 @@ class _Request:
         self.topic = topic
         self.payload = payload
         self.deadline = deadline
-        self.future: Future[None] = Future()
+        self.future = PublishFuture()
         self.tried: set[str] = set()
         self.attempts = 0
 
@@ -131,7 +205,11 @@ class Producer:
             node = _Node(format_address(host, port), host, port)
             self._nodes.append(node)
         self._ssl_context = self._options.ssl_context() if self._config.tls_v1 else None
-        self._slots = threading.BoundedSemaphore(max_pending)
+        # Back-pressure: publishes handed over minus publishes answered, bounded.
+        self._space = threading.Condition(threading.Lock())
+        self._submitted = 0
+        self._completed = 0  # IO thread only
+        self._space_waiters = 0
         self._max_pending = max_pending
         self._waiting: deque[_Request] = deque()
         self._rr = itertools.count()
@@ -144,6 +222,7 @@ class Producer:
         self._published = 0
         self._failed = 0
         self._retried = 0
+        self._valid_topics: set[str] = set()
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -221,22 +300,25 @@ class Producer:
 
     def publish_async(
         self, topic: str, body: bytes, *, timeout: float | None = None
-    ) -> Future[None]:
+    ) -> PublishFuture:
         """Queue a ``PUB``; the future resolves with nsqd's answer. Blocks while
         ``max_pending`` publishes are unanswered (back-pressure)."""
-        encode_pub(topic, body)  # validate here, in the caller's thread
+        # Validate here, in the caller's thread (cheaply: topics are remembered).
+        if topic not in self._valid_topics or type(body) is not bytes or not body:
+            encode_pub(topic, body)
+            self._valid_topics.add(topic)
         return self._submit("PUB", topic, body, timeout)
 
     def multi_publish_async(
         self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
-    ) -> Future[None]:
+    ) -> PublishFuture:
         bodies = list(bodies)
         encode_mpub(topic, bodies)
         return self._submit("MPUB", topic, bodies, timeout)
 
     def deferred_publish_async(
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
-    ) -> Future[None]:
+    ) -> PublishFuture:
         encode_dpub(topic, round(delay * 1000), body)
         return self._submit("DPUB", topic, (body, delay), timeout)
 
@@ -285,16 +367,16 @@ class Producer:
     # --- internals: caller side -------------------------------------------------------------
 
     def _pending_count(self) -> int:
-        return self._max_pending - self._slots._value
+        return self._submitted - self._completed
 
-    def _wait(self, future: Future[None], timeout: float | None) -> None:
+    def _wait(self, future: PublishFuture, timeout: float | None) -> None:
         limit = self._timeout if timeout is None else timeout
         try:
             future.result(limit + 1.0)
         except TimeoutError:
             raise TimeoutError(f"nsqd did not answer within {limit}s") from None
 
-    def _submit(self, kind: str, topic: str, payload: Any, timeout: float | None) -> Future[None]:
+    def _submit(self, kind: str, topic: str, payload: Any, timeout: float | None) -> PublishFuture:
         if self._closed:
             raise RuntimeError("Producer is closed")
         if not self._started:
@@ -303,17 +385,43 @@ class Producer:
         if failure is not None:
             raise RuntimeError(f"the producer's IO thread crashed: {failure!r}") from failure
         limit = self._timeout if timeout is None else timeout
-        if not self._slots.acquire(timeout=limit):
-            raise TimeoutError(
-                f"{self._max_pending} publishes unanswered for {limit}s (max_pending reached)"
-            )
+        self._reserve(limit)
         request = _Request(kind, topic, payload, time.monotonic() + limit)
-        request.future.add_done_callback(self._release)
         self._loop.call_soon(lambda: self._dispatch(request))
         return request.future
 
-    def _release(self, _future: Future[None]) -> None:
-        self._slots.release()
+    def _reserve(self, limit: float) -> None:
+        """Count one more publish in flight; block while max_pending are unanswered."""
+        space = self._space
+        with space:
+            if self._submitted - self._completed < self._max_pending:
+                self._submitted += 1
+                return
+            deadline = time.monotonic() + limit
+            self._space_waiters += 1
+            try:
+                while self._submitted - self._completed >= self._max_pending:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError(
+                            f"{self._max_pending} publishes unanswered for {limit}s "
+                            "(max_pending reached)"
+                        )
+                    # Short waits: a completion may race past a waiter registering.
+                    space.wait(min(remaining, 0.05))
+                self._submitted += 1
+            finally:
+                self._space_waiters -= 1
+
+    def _complete(self, request: _Request, error: BaseException | None) -> None:
+        """IO thread: resolve ``request`` once and free its back-pressure slot."""
+        if request.future._done:
+            return
+        self._completed += 1
+        request.future._set(error)
+        if self._space_waiters:
+            with self._space:
+                self._space.notify()
 
     # --- internals: IO thread -------------------------------------------------------------------
 
@@ -335,7 +443,7 @@ class Producer:
         return [n for n in self._nodes if n.ready]
 
     def _dispatch(self, request: _Request) -> None:
-        if request.future.done():
+        if request.future._done:
             return
         if self._closing:
             self._fail_request(request, NSQError("Producer closed"))
@@ -352,7 +460,8 @@ class Producer:
             return
         ready = self._ready_nodes()
         if ready:
-            ready = [n for n in ready if n.address not in request.tried] or ready
+            if request.tried:
+                ready = [n for n in ready if n.address not in request.tried] or ready
         else:
             self._waiting.append(request)
             now = time.monotonic()
@@ -365,19 +474,23 @@ class Producer:
         assert conn is not None and node.link is not None
         request.tried.add(node.address)
         request.attempts += 1
-        if request.kind == "PUB":
-            request_id = conn.publish(request.topic, request.payload)
-        elif request.kind == "MPUB":
-            request_id = conn.multi_publish(request.topic, request.payload)
-        else:
-            body, delay = request.payload
-            request_id = conn.deferred_publish(request.topic, body, delay)
+        try:
+            if request.kind == "PUB":
+                request_id = conn.publish(request.topic, request.payload)
+            elif request.kind == "MPUB":
+                request_id = conn.multi_publish(request.topic, request.payload)
+            else:
+                body, delay = request.payload
+                request_id = conn.deferred_publish(request.topic, body, delay)
+        except NSQError as exc:  # validated by the caller already; never crash the IO thread
+            self._fail_request(request, exc)
+            return
         node.inflight[request_id] = request
 
     def _fail_request(self, request: _Request, error: BaseException) -> None:
-        if not request.future.done():
+        if not request.future._done:
             self._failed += 1
-            request.future.set_exception(error)
+            self._complete(request, error)
 
     def _node_of(self, link: Link) -> _Node:
         node = link.key
@@ -394,10 +507,10 @@ class Producer:
         for event in node.conn.receive_data(data, now):
             if isinstance(event, PublishAcknowledged):
                 request = node.inflight.pop(event.request_id, None)
-                if request is not None and not request.future.done():
+                if request is not None and not request.future._done:
                     node.published += 1
                     self._published += 1
-                    request.future.set_result(None)
+                    self._complete(request, None)
             elif isinstance(event, PublishFailed):
                 request = node.inflight.pop(event.request_id, None)
                 node.failed += 1
@@ -528,6 +641,6 @@ class Producer:
                             f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
                         ),
                     )
-                elif not request.future.done():
+                elif not request.future._done:
                     keep.append(request)
             self._waiting = keep
