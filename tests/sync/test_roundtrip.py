@@ -222,7 +222,8 @@ def test_publish_future_interface(nsqd: Pair) -> None:
     with Producer(server.tcp_address) as producer:
         future = producer.multi_publish_async(unique(), [b"a", b"b"])
         future.add_done_callback(called.append)
-        assert future.result(5) is None and future.done() and future.exception() is None
+        future.result(5)
+        assert future.done() and future.exception() is None
         wait_for(lambda: called == [future], what="callback")
         late: list[object] = []
         future.add_done_callback(late.append)  # already done: called at once
