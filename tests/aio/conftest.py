@@ -24,6 +24,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 
 NSQDFactory = Callable[..., EmbeddedNSQD]
+_THREADS: dict[int, ServerThread[EmbeddedNSQD]] = {}
 
 
 @pytest.fixture
@@ -50,8 +51,8 @@ def make_nsqd() -> Iterator[NSQDFactory]:
             raise result[0]
         thread, server = result[0]
         threads.append(thread)
-        server._test_thread = thread
-        return server
+        _THREADS[id(server)] = thread
+        return server  # type: ignore[no-any-return]
 
     yield start
     for thread in reversed(threads):
@@ -59,7 +60,7 @@ def make_nsqd() -> Iterator[NSQDFactory]:
 
 
 def stop_nsqd(server: EmbeddedNSQD) -> None:
-    server._test_thread.stop()
+    _THREADS.pop(id(server)).stop()
 
 
 @dataclass(frozen=True)

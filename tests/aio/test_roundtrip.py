@@ -171,16 +171,20 @@ async def test_tls_verification_is_on_by_default(make_nsqd: NSQDFactory, test_ca
     assert any("certificate" in str(getattr(e, "error", "")).lower() for e in events)
 
 
+def compression_option(name: str) -> dict[str, Any]:
+    return {name: True}
+
+
 @pytest.mark.parametrize("compression", ["snappy", "deflate"])
 async def test_compression_round_trip(nsqd: EmbeddedNSQD, compression: str) -> None:
     topic = fresh()
     bodies = [bytes([i % 256]) * (100 + i * 37) for i in range(50)]
-    async with Producer(nsqd.tcp_address, **{compression: True}) as p:
+    async with Producer(nsqd.tcp_address, **compression_option(compression)) as p:
         await p.multi_publish(topic, bodies[:25])
         for body in bodies[25:]:
             await p.publish(topic, body)
     async with Consumer(
-        topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=50, **{compression: True}
+        topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=50, **compression_option(compression)
     ) as c:
         got = await collect(c, 50)
         assert c.stats().connections[0].bytes_received > 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import signal
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -539,7 +540,7 @@ class Consumer:
     async def _signal_loop(
         self, scope: anyio.CancelScope, signals: Sequence[int], timeout: float | None
     ) -> None:
-        with scope, anyio.open_signal_receiver(*signals) as receiver:
+        with scope, anyio.open_signal_receiver(*map(signal.Signals, signals)) as receiver:
             async for signum in receiver:
                 self._logger.warning("signal %s received: draining the consumer", signum)
                 if self._coord.state is ConsumerState.RUNNING:
@@ -909,8 +910,6 @@ class Consumer:
 
 
 def _default_signals() -> tuple[int, ...]:
-    import signal
-
     names = ("SIGTERM", "SIGHUP", "SIGINT")
     return tuple(getattr(signal, n) for n in names if hasattr(signal, n))
 

@@ -1,0 +1,86 @@
+"""trio transport: the anyio implementation, checked to run under trio.
+
+The anyio transport is native on trio (anyio maps its tasks, cancel scopes and sockets onto
+trio's own nurseries and streams), so there is one implementation to keep right; these
+classes only make sure they are used inside ``trio.run`` and say so clearly otherwise::
+
+    import trio
+    from transports.trio import Consumer
+
+    async def main() -> None:
+        async with Consumer("events", "archive", nsqd=["127.0.0.1:4150"]) as c:
+            async for msg in c:
+                await msg.finish()
+
+    trio.run(main)
+"""
+
+from __future__ import annotations
+
+import sniffio
+
+from nsq_sansio.errors import LocalProtocolError
+from transports._common import (
+    ConnectionStats,
+    ConsumerStats,
+    HTTPPublishError,
+    ProducerStats,
+    TLSOptions,
+)
+from transports.anyio import consumer as _consumer
+from transports.anyio import producer as _producer
+from transports.anyio.consumer import KeepaliveExpired, Message, drain_on_signals
+from transports.anyio.producer import NoNSQDAvailable
+
+__all__ = [
+    "ConnectionStats",
+    "Consumer",
+    "ConsumerStats",
+    "HTTPProducer",
+    "HTTPPublishError",
+    "KeepaliveExpired",
+    "Message",
+    "NoNSQDAvailable",
+    "Producer",
+    "ProducerStats",
+    "TLSOptions",
+    "drain_on_signals",
+]
+
+
+def _require_trio(what: str) -> None:
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        library = "no event loop"
+    if library != "trio":
+        raise LocalProtocolError(
+            f"transports.trio.{what} must run under trio.run() (found {library}); "
+            "use transports.anyio for asyncio"
+        )
+
+
+class Consumer(_consumer.Consumer):
+    __doc__ = _consumer.Consumer.__doc__
+
+    async def start(self) -> None:
+        _require_trio("Consumer")
+        await super().start()
+
+
+class Producer(_producer.Producer):
+    __doc__ = _producer.Producer.__doc__
+
+    async def __aenter__(self) -> Producer:
+        _require_trio("Producer")
+        await super().__aenter__()
+        return self
+
+
+class HTTPProducer(_producer.HTTPProducer):
+    __doc__ = _producer.HTTPProducer.__doc__
+
+    async def __aenter__(self) -> HTTPProducer:
+        _require_trio("HTTPProducer")
+        await super().__aenter__()
+        return self
