@@ -11,10 +11,13 @@ import time
 
 import pytest
 
-from transports.embedded import Cluster, EmbeddedNSQD, ServerThread
+from nsq_sansio.consumer import ConnectionUp
+from transports.embedded import Cluster, EmbeddedLookupd, EmbeddedNSQD, ServerThread
 from transports.sync import Consumer, NoNSQDAvailable, Producer, drain_on_signals
 
-from ._helpers import running_cluster, running_nsqd, unique, wait_for
+from ._helpers import channel_stats, running_cluster, running_nsqd, unique, wait_for
+
+Pair = tuple[EmbeddedNSQD, ServerThread[EmbeddedNSQD]]
 
 
 def test_several_nsqd_through_lookupd() -> None:
@@ -169,3 +172,58 @@ def test_sigterm_drains_the_consumer() -> None:
         assert signal.getsignal(signal.SIGTERM) is previous
     assert seen == 3
     assert stats.finished == 3 and stats.requeued == 7
+
+
+def test_lookupd_mode_reconnects_only_to_a_rediscovered_nsqd() -> None:
+    topic = unique()
+    with ServerThread(EmbeddedLookupd()) as lookupd:
+        options = {"lookupd_tcp_addresses": [lookupd.tcp_address], "lookupd_ping_interval": 0.2}
+        first = ServerThread(EmbeddedNSQD(**options))
+        address = first.start().tcp_address
+        events: list[object] = []
+        with Consumer(
+            topic,
+            "c",
+            lookupd=[lookupd.http_url],
+            lookupd_poll_interval=0.3,
+            lookupd_poll_jitter=0.0,
+            on_event=events.append,
+        ) as consumer:
+            with Producer(address) as producer:
+                producer.publish(topic, b"one")
+            msg = consumer.get(timeout=10)
+            assert msg is not None and msg.body == b"one"
+            msg.finish()
+            first.stop()
+            wait_for(lambda: consumer.stats().connected == 0, what="disconnect noticed")
+            time.sleep(1.0)  # several polls: the dead nsqd is not retried on its own
+            connects = sum(1 for e in events if isinstance(e, ConnectionUp))
+            assert connects == 1
+            second = ServerThread(EmbeddedNSQD(tcp_address=address, **options))
+            second.start()
+            try:
+                with Producer(address) as producer:
+                    producer.publish(topic, b"two")  # creates the topic: registered again
+                msg = consumer.get(timeout=10)
+                assert msg is not None and msg.body == b"two"
+                msg.finish()
+            finally:
+                second.stop()
+        assert sum(1 for e in events if isinstance(e, ConnectionUp)) == 2
+
+
+def test_an_exception_in_the_block_requeues_and_cleans_up(nsqd: Pair) -> None:
+    server, runner = nsqd
+    topic = unique()
+    with Producer(server.tcp_address) as producer:
+        producer.multi_publish(topic, [b"%d" % i for i in range(5)])
+    with pytest.raises(ZeroDivisionError):  # noqa: SIM117
+        with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=5) as consumer:
+            for _msg in consumer:
+                1 / 0  # noqa: B018
+    wait_for(
+        lambda: (channel_stats(runner, topic, "c") or {}).get("in_flight_count") == 0,
+        what="requeued",
+    )
+    stats = channel_stats(runner, topic, "c")
+    assert stats is not None and stats["depth"] == 5
