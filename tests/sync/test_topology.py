@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -177,7 +178,10 @@ def test_sigterm_drains_the_consumer() -> None:
 def test_lookupd_mode_reconnects_only_to_a_rediscovered_nsqd() -> None:
     topic = unique()
     with ServerThread(EmbeddedLookupd()) as lookupd:
-        options = {"lookupd_tcp_addresses": [lookupd.tcp_address], "lookupd_ping_interval": 0.2}
+        options: dict[str, Any] = {
+            "lookupd_tcp_addresses": [lookupd.tcp_address],
+            "lookupd_ping_interval": 0.2,
+        }
         first = ServerThread(EmbeddedNSQD(**options))
         address = first.start().tcp_address
         events: list[object] = []
