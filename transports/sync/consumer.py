@@ -412,6 +412,8 @@ class Consumer:
 
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds or once drained/closed."""
+        if self._pull:
+            raise RuntimeError("a pull-mode consumer is read with fetch(), not get()")
         if not self._started:
             self.start()
         return self._next_message(timeout)
