@@ -780,9 +780,11 @@ class Consumer:
             self._act(action, delivered)
         if delivered:
             self._unanswered.update(delivered)
-            self._ready.extend(delivered)
-            if self._sleepers:
-                with self._cond:
+            # Under the lock a user thread checks the queue with before it sleeps: no lost
+            # wake-up (one lock per batch read from the socket, not per message).
+            with self._cond:
+                self._ready.extend(delivered)
+                if self._sleepers:
                     self._cond.notify(len(delivered))
 
     def _emit(self, event: object) -> None:
