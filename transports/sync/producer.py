@@ -170,6 +170,8 @@ class _Node:
     retry_at: float = 0.0
     #: Not READY (IDENTIFY/TLS/AUTH answered) by then: give up on this attempt.
     ready_by: float | None = None
+    #: Inside IOLoop.connect(), which may report a failure before it returns.
+    connecting: bool = False
     last_error: str | None = None
     published: int = 0
     failed: int = 0
@@ -437,7 +439,11 @@ class Producer:
             self._config.identify_body(), auth_secret=self._config.auth_secret
         )
         node.ready_by = time.monotonic() + self._config.connect_timeout
-        node.link = self._loop.connect(node, node.host, node.port, self._config.connect_timeout)
+        node.connecting = True
+        link = self._loop.connect(node, node.host, node.port, self._config.connect_timeout)
+        node.connecting = False
+        if node.conn is not None:  # not failed at once (name resolution, refused...)
+            node.link = link
 
     def _ready_nodes(self) -> list[_Node]:
         return [n for n in self._nodes if n.ready]
@@ -544,7 +550,7 @@ class Producer:
 
     def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
         node = self._node_of(link)
-        if node.link is not link:
+        if node.link is not link and not node.connecting:
             return
         if node.conn is not None and node.conn.state is not ConnectionState.CLOSED:
             # The socket failed under the connection: let the core report what was pending.
