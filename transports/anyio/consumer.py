@@ -321,8 +321,7 @@ class Consumer:
         self._conns: dict[int, _Conn] = {}
         self._http: dict[int, anyio.CancelScope] = {}
         self._inbox: deque[Deliver] = deque()
-        self._inbox_event = anyio.Event()
-        self._waiting = 0
+        self._waiters: deque[anyio.Event] = deque()
         self._kick_event = anyio.Event()
         self._kicked = False
         self._pump_target = math.inf
@@ -452,14 +451,15 @@ class Consumer:
                     return Message(self, delivery)
             if self._closed or coord.state is not ConsumerState.RUNNING:
                 return None
-            event = self._inbox_event
-            if event.is_set():
-                event = self._inbox_event = anyio.Event()
-            self._waiting += 1
+            # One event per waiter: a batch of k messages wakes k waiters, not all of them.
+            event = anyio.Event()
+            waiters = self._waiters
+            waiters.append(event)
             try:
                 await event.wait()
             finally:
-                self._waiting -= 1
+                if not event.is_set():
+                    waiters.remove(event)
 
     async def run(
         self,
@@ -613,7 +613,9 @@ class Consumer:
             self._kick_event.set()
 
     def _wake_readers(self) -> None:
-        self._inbox_event.set()
+        waiters = self._waiters
+        while waiters:
+            waiters.popleft().set()
 
     def _emit(self, event: object) -> None:
         if self._on_event is not None:
@@ -656,17 +658,19 @@ class Consumer:
         actions = coord.take_actions()
         if actions:
             inbox = self._inbox
-            delivered = False
+            delivered = 0
             other = False
             for action in actions:
                 if type(action) is Deliver:
                     inbox.append(action)
-                    delivered = True
+                    delivered += 1
                 else:
                     other = True
                     self._act(action)
-            if delivered and self._waiting:
-                self._inbox_event.set()
+            waiters = self._waiters
+            while delivered and waiters:
+                waiters.popleft().set()
+                delivered -= 1
             if other:
                 deadline = coord.next_deadline()
                 if deadline is not None and deadline < self._pump_target:
