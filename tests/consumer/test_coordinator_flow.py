@@ -216,3 +216,28 @@ def test_failing_lookupd_is_reported_and_never_removes_nodes() -> None:
     assert len(failed) == 3
     assert len(w.coordinator.connection_ids()) == 2
     w.coordinator.http_failed(999, "no such request", w.now)  # unknown ids are ignored
+
+
+def test_tls_upgrade_is_asked_of_the_transport_then_subscribes() -> None:
+    from nsq_sansio.consumer import StartTLS
+    from nsq_sansio.frames import encode_frame
+
+    c = ConsumerCoordinator("t", "c", Config(tls_v1=True), rng=random.Random(0),
+                            nsqd=["n:4150"])
+    c.start(0.0)
+    (connect,) = c.take_actions()
+    assert isinstance(connect, Connect)
+    cid = connect.conn_id
+    c.connection_made(cid, 0.0)
+    c.pending_data()
+    answer = b'{"max_rdy_count": 100, "tls_v1": true}'
+    c.receive_data(cid, encode_frame(0, answer) + b"\x16\x03tls-bytes", 0.1)
+    (start_tls,) = c.take_actions()
+    assert start_tls == StartTLS(cid, b"\x16\x03tls-bytes")
+    c.tls_established(cid, 0.2)
+    c.receive_data(cid, encode_frame(0, b"OK"), 0.3)  # the OK read through TLS
+    assert c.pending_data() == [(cid, b"SUB t c\n")]
+    c.receive_data(cid, encode_frame(0, b"OK"), 0.4)
+    assert c.pending_data() == [(cid, b"RDY 1\n")]
+    c.receive_data(cid, encode_frame(0, b"_heartbeat_"), 5.0)
+    assert c.pending_data() == [(cid, b"NOP\n")]
