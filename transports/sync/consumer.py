@@ -189,6 +189,14 @@ class Message:
         self._consumer._post(_REQ, self, (delay, backoff))
         return True
 
+    def finish_nowait(self) -> bool:
+        """Same as :meth:`finish` (which never blocks here); the async transport's name."""
+        return self.finish()
+
+    def requeue_nowait(self, delay: float | None = None, *, backoff: bool = True) -> bool:
+        """Same as :meth:`requeue`; the async transport's name."""
+        return self.requeue(delay, backoff=backoff)
+
     def touch(self) -> bool:
         """``TOUCH``: reset nsqd's timeout for this message (up to its max_msg_timeout).
         False when the message was answered already (nothing is sent)."""
@@ -446,10 +454,20 @@ class Consumer:
                 finally:
                     self._sleepers -= 1
 
-    def run(self, handler: Callable[[Message], object], threads: int = 1) -> None:
+    def run(
+        self,
+        handler: Callable[[Message], object],
+        threads: int = 1,
+        *,
+        concurrency: int | None = None,
+    ) -> None:
         """Call ``handler(msg)`` for every message on ``threads`` worker threads until the
-        consumer is drained or closed. A handler that returns FINs the message (unless it
-        answered itself); one that raises REQs it (with backoff). Ctrl-C starts a drain."""
+        consumer is drained or closed (``concurrency`` is an alias, the async transport's
+        name). A handler that returns FINs the message (unless it answered itself); one that
+        raises REQs it (with backoff). Ctrl-C starts a drain. At most ``max_in_flight``
+        handlers run at once whatever ``threads`` is (no more messages exist)."""
+        if concurrency is not None:
+            threads = concurrency
         if self._pull:
             raise RuntimeError("run() needs a push-mode consumer (pull=False)")
         if threads < 1:
