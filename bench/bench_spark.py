@@ -64,6 +64,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--nsqd", default=None, help="comma-separated nsqd TCP addresses")
+    parser.add_argument("--only", choices=["write", "read"], default=None)
+    parser.add_argument("--max-in-flight", type=int, default=20_000)
+    parser.add_argument("--linger", type=float, default=0.2)
     args = parser.parse_args()
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -118,7 +121,7 @@ def main() -> None:
         "topic", "bench_warmup"
     ).save()
 
-    for arrow in ("true", "false"):
+    for arrow in ("true", "false") if args.only != "read" else ():
         df = frame(args.rows)
         started = time.perf_counter()
         df.write.format("nsq").mode("append").option("nsqd", nsqd).option(
@@ -131,6 +134,11 @@ def main() -> None:
             f"= {args.rows / elapsed:>10,.0f} rows/s"
         )
 
+    if args.only == "write":
+        spark.stop()
+        for process in processes:
+            process.terminate()
+        return
     frame(args.read_rows).write.format("nsq").mode("append").option("nsqd", first).option(
         "topic", read_topic
     ).option("batch_size", "5000").save()
@@ -141,8 +149,9 @@ def main() -> None:
         .option("nsqd", first)
         .option("topic", read_topic)
         .option("channel", "spark")
-        .option("max_in_flight", "20000")
-        .option("max_messages_per_trigger", "20000")
+        .option("max_in_flight", str(args.max_in_flight))
+        .option("max_messages_per_trigger", str(args.max_in_flight))
+        .option("linger", str(args.linger))
         .option("wait_timeout", "1")
         .load()
         .writeStream.format("noop")

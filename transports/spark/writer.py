@@ -18,7 +18,6 @@ import logging
 import random
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +164,7 @@ class _Publisher:
             timeout=options.timeout,
             connect_timeout=options.connect_timeout,
         )
-        self._pending: deque[tuple[Future[None], int]] = deque()
+        self._pending: deque[tuple[Any, int]] = deque()  # (publish future, messages)
         self.partition_id = partition_id
         self.messages = 0
         self.batches = 0
