@@ -457,6 +457,8 @@ class HTTPPublishClient:
                 elif isinstance(event, h11.ConnectionClosed):
                     raise ConnectionLost("nsqd closed the HTTP connection mid-answer")
         except h11.RemoteProtocolError as exc:
+            if not data:
+                raise ConnectionLost("nsqd closed the HTTP connection mid-answer") from exc
             raise ProtocolError(f"bad HTTP answer from nsqd: {exc}") from exc
 
 
@@ -525,7 +527,11 @@ def split_options(
     tls: TLSOptions | None = None
     connect_timeout = 5.0
     for name, value in kwargs.items():
-        if name in _CONFIG_FIELDS:
+        if name == "connect_timeout":  # both: the TCP connect, and the core's handshake deadline
+            connect_timeout = float(value)
+            if "connect_timeout" in _CONFIG_FIELDS:
+                config_changes[name] = value
+        elif name in _CONFIG_FIELDS:
             config_changes[name] = value
         elif name in _TLS_FLAT:
             tls_changes[_TLS_FLAT[name]] = value
@@ -538,8 +544,6 @@ def split_options(
                 tls = TLSOptions(ssl_context=value)
             else:
                 raise ConfigError(f"tls must be True, a TLSOptions or an SSLContext, got {value!r}")
-        elif name == "connect_timeout":
-            connect_timeout = float(value)
         else:
             raise ConfigError(
                 f"unknown option {name!r}: not a Config field nor a transport option "
