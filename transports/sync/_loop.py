@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["IOLoop", "Link", "LoopOwner", "parse_host_port"]
 
@@ -198,17 +198,59 @@ class IOLoop:
     # --- loop thread --------------------------------------------------------------------------
 
     def connect(self, key: object, host: str, port: int, timeout: float) -> Link:
-        """Start a non-blocking connection; ``on_connected`` or ``on_link_error`` follows."""
+        """Start a non-blocking connection; ``on_connected`` or ``on_link_error`` follows
+        (possibly before this returns, for an immediate failure).
+
+        A host name is resolved on a short-lived helper thread, so a slow DNS server never
+        stalls this loop (and the heartbeats of the other connections); IP literals connect
+        at once. ``timeout`` covers the name resolution and the TCP handshake.
+        """
         link = Link(key, host, port)
         link._connect_deadline = time.monotonic() + timeout
         try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            family, kind, proto, _, sockaddr = infos[0]
-            sock = socket.socket(family, kind, proto)
+            infos = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+            )
+        except socket.gaierror:  # a name, not an address: resolve it off the loop
+            self._connecting.append(link)
+
+            def resolve() -> None:
+                result: list[Any] | OSError
+                try:
+                    result = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                except OSError as exc:
+                    result = exc
+                self.call_soon(lambda: self._resolved(link, result))
+
+            threading.Thread(target=resolve, name="nsq-sync-resolve", daemon=True).start()
+            return link
         except OSError as exc:
             link.closed = True
             self._deliver_error(link, exc)
             return link
+        self._open(link, infos[0])
+        return link
+
+    def _resolved(self, link: Link, result: list[Any] | OSError) -> None:
+        if link.closed:  # timed out or closed meanwhile
+            return
+        if link in self._connecting:
+            self._connecting.remove(link)
+        if isinstance(result, OSError) or not result:
+            link.closed = True
+            error = result if isinstance(result, OSError) else OSError(f"{link.host}: no address")
+            self._deliver_error(link, error)
+            return
+        self._open(link, result[0])
+
+    def _open(self, link: Link, info: Any) -> None:
+        family, kind, proto, _, sockaddr = info
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            link.closed = True
+            self._deliver_error(link, exc)
+            return
         sock.setblocking(False)
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -216,6 +258,7 @@ class IOLoop:
         code = sock.connect_ex(sockaddr)
         if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
             sock.close()
+            link.sock = None
             link.closed = True
             self._deliver_error(
                 link,
@@ -223,12 +266,11 @@ class IOLoop:
                     code, f"connect to {link.address}: {errno.errorcode.get(code, code)}"
                 ),
             )
-            return link
+            return
         self._links[sock.fileno()] = link
         self._connecting.append(link)
         link._interest = _WRITE
         self._selector.register(sock, _WRITE, link)
-        return link
 
     def start_tls(
         self, link: Link, context: ssl.SSLContext, server_hostname: str | None, trailing: bytes
