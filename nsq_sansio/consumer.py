@@ -48,7 +48,7 @@ from __future__ import annotations
 import enum
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -105,6 +105,10 @@ CLOSE_WAIT_GRACE = 5.0
 
 
 _new_tuple = tuple.__new__
+
+
+def _no_fin(message_id: bytes) -> None:  # pragma: no cover - never called: no message yet
+    raise LocalProtocolError("FIN on a connection that is not set up")
 
 
 class MessageGone(NSQError):
@@ -286,6 +290,7 @@ class _Link:
         "conn_id",
         "handshake_deadline",
         "last_message_at",
+        "marks",
         "max_msg_timeout",
         "max_rdy",
         "max_req_timeout",
@@ -296,6 +301,7 @@ class _Link:
         "rdy_at",
         "remaining",
         "seen",
+        "send_fin",
         "target",
         "touched",
         "tracked",
@@ -327,6 +333,10 @@ class _Link:
         self.touched: dict[bytes, float] = {}
         #: Ids handed to user code, when the transport reports it (mark_delivered).
         self.seen: set[bytes] = set()
+        #: True once ``touched`` or ``seen`` were used (spares the hot path two lookups).
+        self.marks = False
+        #: ``proto.finish``, bound once the connection exists.
+        self.send_fin: Callable[[bytes], None] = _no_fin
         #: Subscribed and the consumer running: messages go to the user (the hot-path test).
         self.accepting = False
 
@@ -658,6 +668,7 @@ class ConsumerCoordinator:
             return
         link.phase = LinkPhase.HANDSHAKING
         link.proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
+        link.send_fin = link.proto.finish
         self._dirty.add(conn_id)
 
     def connection_failed(
@@ -709,16 +720,18 @@ class ConsumerCoordinator:
         make = _new_tuple
         address = link.address
         deadline = now + link.msg_timeout
-        max_attempts = self._max_attempts
+        attempts_limit = self._max_attempts or 0xFFFF
+        setdefault = tracked.setdefault
         count = 0
         for event in events:
             if type(event) is message_type:
-                message_id = event[0]
-                if (max_attempts and event[3] > max_attempts) or message_id in tracked:
+                if event[3] > attempts_limit:
                     self._on_message(link, event, now)
                     continue
                 delivery = make(Deliver, (conn_id, event, address, now, deadline))
-                tracked[message_id] = delivery
+                if setdefault(event[0], delivery) is not delivery:  # nsqd resent a held id
+                    self._on_message(link, event, now)
+                    continue
                 append(delivery)
                 count += 1
             else:
@@ -820,24 +833,23 @@ class ConsumerCoordinator:
         link = self._current(delivery)
         if link is not None:
             self._explicit_delivery = True
+            link.marks = True
             link.seen.add(delivery.message.id)
 
     def finish(self, delivery: Deliver, now: float) -> bool:
         """FIN: the message was handled. False (and a TakenBack) if it was no longer ours."""
-        link = self._links.get(delivery[0])
+        conn_id = delivery[0]
+        link = self._links.get(conn_id)
         if link is not None:
             message_id = delivery[1][0]
             tracked = link.tracked
             if tracked.get(message_id) is delivery:
                 del tracked[message_id]
-                proto = link.proto
-                assert proto is not None
-                proto.finish(message_id)
-                self._dirty.add(link.conn_id)
+                link.send_fin(message_id)
+                self._dirty.add(conn_id)
                 self.finished += 1
-                if link.touched:
+                if link.marks:
                     link.touched.pop(message_id, None)
-                if link.seen:
                     link.seen.discard(message_id)
                 if not self._calm:
                     self._after_answer(link, Outcome.SUCCESS, now)
@@ -881,6 +893,7 @@ class ConsumerCoordinator:
         link.proto.touch(delivery.message.id)
         self._dirty.add(link.conn_id)
         deadline = min(now + link.msg_timeout, delivery.received_at + link.max_msg_timeout)
+        link.marks = True
         link.touched[delivery.message.id] = deadline
         return deadline
 
