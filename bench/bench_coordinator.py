@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nsq_sansio import ClientConnection, ConnectionState, Message  # noqa: E402
-from nsq_sansio.config import Config  # noqa: E402
-from nsq_sansio.consumer import Connect, ConsumerCoordinator, Deliver  # noqa: E402
-from nsq_sansio.frames import encode_frame, encode_message_frame  # noqa: E402
+from nsq_sansio import ClientConnection, ConnectionState, Message
+from nsq_sansio.config import Config
+from nsq_sansio.consumer import Connect, ConsumerCoordinator, Deliver
+from nsq_sansio.frames import encode_frame, encode_message_frame
 
 CHUNK = 64 * 1024
 CONNECTIONS = 4
