@@ -842,9 +842,8 @@ class ConsumerCoordinator:
         link = self._links.get(conn_id)
         if link is not None:
             message_id = delivery[1][0]
-            tracked = link.tracked
-            if tracked.get(message_id) is delivery:
-                del tracked[message_id]
+            current = link.tracked.pop(message_id, None)
+            if current is delivery:
                 link.send_fin(message_id)
                 self._dirty.add(conn_id)
                 self.finished += 1
@@ -854,6 +853,8 @@ class ConsumerCoordinator:
                 if not self._calm:
                     self._after_answer(link, Outcome.SUCCESS, now)
                 return True
+            if current is not None:
+                link.tracked[message_id] = current  # a newer delivery of that id: keep it
         self._report_gone(delivery, "FIN")
         return False
 
