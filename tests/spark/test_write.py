@@ -92,3 +92,23 @@ def test_null_body_fails_instead_of_dropping(spark: Any, nsqd_pair: list[Any]) -
             "topic", "nulls"
         ).save()
     assert "null 'body'" in str(excinfo.value)
+
+
+def test_write_fails_over_to_the_nsqd_that_answers(spark: Any, nsqd_pair: list[Any]) -> None:
+    """One address of the list refuses connections: every partition publishes to the other."""
+    from pyspark.sql import functions as F
+
+    live = nsqd_pair[1]
+    df = spark.range(5000, numPartitions=4).select(
+        F.format_string("f-%d", "id").cast("binary").alias("body")
+    )
+    (
+        df.write.format("nsq")
+        .mode("append")
+        .option("nsqd", f"127.0.0.1:1,{live.tcp_address}")
+        .option("topic", "failover")
+        .option("connect_timeout", "0.5")
+        .save()
+    )
+    assert message_count([live], "failover") == 5000
+    assert len(set(drain([live], "failover", "c"))) == 5000
