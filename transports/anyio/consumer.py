@@ -478,9 +478,20 @@ class Consumer:
             raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
         logger = self._logger
 
+        inbox = self._inbox
+        conns = self._conns
+        coord = self._coord
+
         async def worker() -> None:
             while True:
-                msg = await self._next_message()
+                if inbox:  # fast path, as in __anext__
+                    delivery = inbox.popleft()
+                    if delivery.conn_id not in conns:
+                        continue
+                    coord.mark_delivered(delivery)
+                    msg: Message | None = Message(self, delivery)
+                else:
+                    msg = await self._next_message()
                 if msg is None:
                     return
                 try:
