@@ -1,0 +1,172 @@
+"""The demo on the anyio transport (asyncio or trio): broker, producers and consumers share
+one event loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+
+from transports._common import TLSOptions
+from transports.anyio import Consumer, Message, Producer
+from transports.embedded import Cluster
+
+from .demo import (
+    CHANNELS,
+    TOPIC,
+    ChannelTally,
+    DemoOptions,
+    DemoResult,
+    Progress,
+    Tally,
+    Workload,
+)
+
+__all__ = ["http_post", "run_async"]
+
+PUBLISHERS = 8
+PUSH_CONSUMERS = 2
+FETCHERS = 8
+
+
+async def http_post(address: str, path: str, timeout: float = 5.0) -> int:
+    """POST ``path`` (no body) to ``host:port`` and return the HTTP status."""
+    host, _, port = address.rpartition(":")
+    with anyio.fail_after(timeout):
+        async with await anyio.connect_tcp(host.strip("[]"), int(port)) as stream:
+            await stream.send(
+                f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            data = b""
+            while b"\r\n" not in data:
+                try:
+                    data += await stream.receive()
+                except anyio.EndOfStream:
+                    break
+    try:
+        return int(data.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
+    """Run the demo handler on ``msg`` and answer it (FIN, or REQ with/without backoff)."""
+    body, attempts = msg.body, msg.attempts
+    if ch.handle(workload, body, attempts):
+        if msg.finish_nowait():
+            ch.record_finish(body, attempts)
+    else:
+        poison = workload.is_poison(Workload.parse(body)[0])
+        if msg.requeue_nowait(backoff=poison):
+            ch.record_requeue()
+
+
+async def run_async(
+    options: DemoOptions,
+    workload: Workload,
+    tally: Tally,
+    progress: Progress,
+    result: DemoResult,
+    tls: tuple[str, str] | None,
+) -> None:
+    nsqd_options: dict[str, Any] = {}
+    client_tls: dict[str, Any] = {}
+    if tls is not None:
+        nsqd_options.update(tls_cert=tls[0], tls_key=tls[1])
+        client_tls = {"tls_v1": True, "tls": TLSOptions(ca_file=tls[0])}
+    async with Cluster(nsqd_count=2, nsqd_options=nsqd_options) as cluster:
+        # Topic and both channels exist on every nsqd before the first publish, so neither
+        # channel misses the messages published before its consumers connect.
+        for nsqd in cluster.nsqds:
+            paths = [f"/topic/create?topic={TOPIC}"]
+            paths += [f"/channel/create?topic={TOPIC}&channel={ch}" for ch in CHANNELS]
+            for path in paths:
+                status = await http_post(nsqd.http_address, path)
+                if status != 200:
+                    raise RuntimeError(f"nsqd {nsqd.http_address}: POST {path} -> {status}")
+        await cluster.wait_registered(TOPIC)
+        lookupd = cluster.lookupd_http_urls
+        nsqd_addresses = cluster.nsqd_tcp_addresses
+        stop = anyio.Event()
+        push_consumers: list[Consumer] = []
+        pull_consumers: list[Consumer] = []
+        client_options = {**options.client_options(), **client_tls}
+
+        async def push(index: int) -> None:
+            ch = tally.channels["push"]
+            async with Consumer(
+                TOPIC,
+                "push",
+                lookupd=lookupd,
+                on_event=tally.on_event("push"),
+                client_id=f"demo-push-{index}",
+                **client_options,
+            ) as consumer:
+                push_consumers.append(consumer)
+                async for msg in consumer:
+                    answer(ch, workload, msg)
+
+        async def pull() -> None:
+            ch = tally.channels["pull"]
+            async with Consumer(
+                TOPIC,
+                "pull",
+                lookupd=lookupd,
+                pull=True,
+                on_event=tally.on_event("pull"),
+                client_id="demo-pull",
+                **client_options,
+            ) as consumer:
+                pull_consumers.append(consumer)
+
+                async def fetcher() -> None:
+                    while not stop.is_set():
+                        for msg in await consumer.fetch(options.batch, timeout=0.25):
+                            answer(ch, workload, msg)
+
+                async with anyio.create_task_group() as tg:
+                    for _ in range(FETCHERS):
+                        tg.start_soon(fetcher)
+
+        async def publish() -> None:
+            batches: Iterator[tuple[str, int, list[int]]] = workload.batches()
+            async with Producer(
+                nsqd_addresses, **options.producer_options(), **client_tls
+            ) as producer:
+
+                async def worker() -> None:
+                    for kind, defer_ms, seqs in batches:
+                        if kind == "dpub":
+                            body = workload.body(seqs[0], defer_ms)
+                            await producer.deferred_publish(TOPIC, body, defer_ms / 1000.0)
+                            tally.add_published(1, deferred=True)
+                        else:
+                            await producer.multi_publish(TOPIC, [workload.body(s) for s in seqs])
+                            tally.add_published(len(seqs), deferred=False)
+
+                tally.publish_started = time.monotonic()
+                async with anyio.create_task_group() as tg:
+                    for _ in range(PUBLISHERS):
+                        tg.start_soon(worker)
+                tally.publish_done = time.monotonic()
+
+        with anyio.move_on_after(options.timeout) as deadline:
+            async with anyio.create_task_group() as tg:
+                for i in range(PUSH_CONSUMERS):
+                    tg.start_soon(push, i)
+                tg.start_soon(pull)
+                tg.start_soon(publish)
+                while not tally.complete() or tally.published < workload.count:
+                    progress.update()
+                    await anyio.sleep(0.2)
+                # Everything is accounted for: drain (RDY 0, in-flight answered, CLS).
+                stop.set()
+                for consumer in push_consumers:
+                    await consumer.drain(timeout=5.0)
+        if deadline.cancelled_caught:
+            result.timed_out = True
+        if not tally.publish_done:
+            tally.publish_done = time.monotonic()

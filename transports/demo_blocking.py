@@ -1,0 +1,185 @@
+"""The demo on the blocking transport: the broker runs on a background thread (its own
+event loop), producers and consumers are the threaded clients of ``transports.sync``."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from transports._common import TLSOptions
+from transports.embedded import Cluster, ServerThread
+from transports.sync import Consumer, Message, Producer, PublishFuture
+
+from .demo import (
+    CHANNELS,
+    TOPIC,
+    ChannelTally,
+    DemoOptions,
+    DemoResult,
+    Progress,
+    Tally,
+    Workload,
+)
+
+__all__ = ["run_blocking"]
+
+PUSH_CONSUMERS = 2
+FETCHERS = 4
+PIPELINE = 64  # unanswered publishes in flight
+
+
+def http_post(address: str, path: str, timeout: float = 5.0) -> int:
+    """POST ``path`` to ``host:port``; the HTTP status (0 when unreachable)."""
+    request = urllib.request.Request(f"http://{address}{path}", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except OSError:
+        return 0
+
+
+def answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
+    body, attempts = msg.body, msg.attempts
+    if ch.handle(workload, body, attempts):
+        if msg.finish():
+            ch.record_finish(body, attempts)
+    else:
+        poison = workload.is_poison(Workload.parse(body)[0])
+        if msg.requeue(backoff=poison):
+            ch.record_requeue()
+
+
+def run_blocking(
+    options: DemoOptions,
+    workload: Workload,
+    tally: Tally,
+    progress: Progress,
+    result: DemoResult,
+    tls: tuple[str, str] | None,
+) -> None:
+    nsqd_options: dict[str, Any] = {}
+    client_tls: dict[str, Any] = {}
+    if tls is not None:
+        nsqd_options.update(tls_cert=tls[0], tls_key=tls[1])
+        client_tls = {"tls_v1": True, "tls": TLSOptions(ca_file=tls[0])}
+    with ServerThread(Cluster(nsqd_count=2, nsqd_options=nsqd_options)) as cluster:
+        for nsqd in cluster.nsqds:
+            paths = [f"/topic/create?topic={TOPIC}"]
+            paths += [f"/channel/create?topic={TOPIC}&channel={ch}" for ch in CHANNELS]
+            for path in paths:
+                status = http_post(nsqd.http_address, path)
+                if status != 200:
+                    raise RuntimeError(f"nsqd {nsqd.http_address}: POST {path} -> {status}")
+        cluster.wait_registered_blocking(TOPIC)
+        lookupd = cluster.lookupd_http_urls
+        nsqd_addresses = cluster.nsqd_tcp_addresses
+        client_options = {**options.client_options(), **client_tls}
+        stop = threading.Event()
+        consumers: list[Consumer] = []
+        errors: list[BaseException] = []
+
+        def guarded(target: Any, *args: Any) -> threading.Thread:
+            def run() -> None:
+                try:
+                    target(*args)
+                except BaseException as err:  # reported in the result, never lost
+                    errors.append(err)
+                    stop.set()
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            return thread
+
+        def push(index: int) -> None:
+            ch = tally.channels["push"]
+            consumer = Consumer(
+                TOPIC,
+                "push",
+                lookupd=lookupd,
+                on_event=tally.on_event("push"),
+                client_id=f"demo-push-{index}",
+                **client_options,
+            )
+            consumers.append(consumer)
+            with consumer:
+                for msg in consumer:  # ends once the consumer is drained
+                    answer(ch, workload, msg)
+
+        def pull() -> None:
+            ch = tally.channels["pull"]
+            consumer = Consumer(
+                TOPIC,
+                "pull",
+                lookupd=lookupd,
+                pull=True,
+                on_event=tally.on_event("pull"),
+                client_id="demo-pull",
+                **client_options,
+            )
+            consumers.append(consumer)
+
+            def fetcher() -> None:
+                while not stop.is_set():
+                    for msg in consumer.fetch(options.batch, timeout=0.25):
+                        answer(ch, workload, msg)
+
+            with consumer:
+                threads = [guarded(fetcher) for _ in range(FETCHERS)]
+                for thread in threads:
+                    thread.join()
+
+        def publish() -> None:
+            batches: Iterator[tuple[str, int, list[int]]] = workload.batches()
+            pending: list[tuple[PublishFuture, int, bool]] = []
+            with Producer(nsqd_addresses, **options.producer_options(), **client_tls) as producer:
+                tally.publish_started = time.monotonic()
+                for kind, defer_ms, seqs in batches:
+                    if stop.is_set():
+                        return
+                    if kind == "dpub":
+                        future = producer.deferred_publish_async(
+                            TOPIC, workload.body(seqs[0], defer_ms), defer_ms / 1000.0
+                        )
+                    else:
+                        future = producer.multi_publish_async(
+                            TOPIC, [workload.body(s) for s in seqs]
+                        )
+                    pending.append((future, len(seqs), kind == "dpub"))
+                    if len(pending) >= PIPELINE:
+                        for done, count, deferred in pending[: PIPELINE // 2]:
+                            done.result()
+                            tally.add_published(count, deferred)
+                        del pending[: PIPELINE // 2]
+                for done, count, deferred in pending:
+                    done.result()
+                    tally.add_published(count, deferred)
+                tally.publish_done = time.monotonic()
+
+        threads = [guarded(push, i) for i in range(PUSH_CONSUMERS)]
+        threads.append(guarded(pull))
+        threads.append(guarded(publish))
+        deadline = time.monotonic() + options.timeout
+        while not stop.is_set() and (not tally.complete() or tally.published < workload.count):
+            if time.monotonic() > deadline:
+                result.timed_out = True
+                break
+            progress.update()
+            time.sleep(0.2)
+        stop.set()
+        for consumer in consumers:
+            if consumer.channel == "push":
+                consumer.drain(timeout=5.0)
+            else:
+                consumer.close()
+        for thread in threads:
+            thread.join(15.0)
+        if errors:
+            result.error = f"{type(errors[0]).__name__}: {errors[0]}"
+        if not tally.publish_done:
+            tally.publish_done = time.monotonic()
