@@ -102,7 +102,6 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._replayed: set[int] = set()
         self._committed_ids: set[tuple[str, bytes]] = set()
         self._first_call = True
-        self._available_now = False
 
     def __getstate__(self) -> dict[str, Any]:  # never ship connections to executors
         return {"options": self.options}
@@ -137,8 +136,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_messages_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """availableNow on a queue: read until the channel stays empty for ``wait_timeout``."""
-        self._available_now = True
+        """availableNow on a queue: read until the channel stays empty for ``wait_timeout``.
+
+        A queue has no "latest offset" to stop at: ``latestOffset`` returning its ``start``
+        (nothing arrived within ``wait_timeout``) is what ends the run, as Spark expects."""
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         consumer = self._consumer_started()
@@ -241,7 +242,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def stop(self) -> None:
-        """REQ what is held (Spark may not have committed it) and close the connections."""
+        """REQ what is held (Spark may not have committed it) and close the connections.
+
+        pyspark 4.3 ends a query by killing the source's process without calling this; then
+        nsqd takes the held messages back after ``msg_timeout`` (20 s by default)."""
         consumer, self._consumer = self._consumer, None
         self._batches.clear()
         if consumer is not None:
