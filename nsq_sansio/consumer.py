@@ -54,7 +54,7 @@ from typing import NamedTuple
 
 from .backoff import Backoff, BackoffPhase, Outcome, reconnect_delay
 from .config import Config
-from .connection import ClientConnection
+from .connection import ClientConnection, ConnectionState
 from .discovery import (
     LookupAnswer,
     LookupdAddress,
@@ -68,6 +68,7 @@ from .events import (
     CloseWait,
     ConnectionClosed,
     ConnectionReady,
+    Event,
     Message,
     MessageTakenBack,
     ServerSettings,
@@ -700,9 +701,15 @@ class ConsumerCoordinator:
         link = self._links.get(conn_id)
         if link is None or link.proto is None:
             return
-        events = link.proto.receive_data(data, now)
+        proto = link.proto
+        events = proto.receive_data(data, now)
         self._dirty.add(conn_id)
         if not events:
+            return
+        if proto.state is ConnectionState.CLOSED:
+            # The batch ends with ConnectionClosed: nothing before it can be answered any more
+            # (nsqd requeues those messages), and no command may be sent.
+            self._close_from_events(link, events, now)
             return
         message_type = Message
         if not (link.accepting and self._calm):
@@ -786,8 +793,9 @@ class ConsumerCoordinator:
             if link.proto is not None:
                 beat = link.proto.next_deadline()
                 if beat is not None and now >= beat:
-                    for event in link.proto.handle_timer(now):
-                        self._on_event(link, event, now)
+                    events = link.proto.handle_timer(now)
+                    if events:
+                        self._close_from_events(link, events, now)
         if self._state is ConsumerState.DRAINING:
             if self._drain_deadline is not None and now >= self._drain_deadline:
                 self._drain_deadline = None
@@ -1119,6 +1127,20 @@ class ConsumerCoordinator:
             self._check_drained()
         elif isinstance(event, ConnectionClosed):
             self._drop(link, event.error, now, close=True)
+
+    def _close_from_events(self, link: _Link, events: list[Event], now: float) -> None:
+        error: NSQError | None = ConnectionLost(f"connection {link.conn_id} closed")
+        for event in events:
+            if isinstance(event, MessageTakenBack):
+                self.taken_back += 1
+                self._actions.append(
+                    TakenBack(
+                        link.conn_id, link.address, event.message_id, event.command, event.error
+                    )
+                )
+            elif isinstance(event, ConnectionClosed):
+                error = event.error
+        self._drop(link, error, now, close=True)
 
     def _on_subscribed(self, link: _Link, now: float) -> None:
         proto = link.proto
