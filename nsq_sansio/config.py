@@ -76,6 +76,8 @@ class Config:
     #: Pull mode: how long a message that arrived for no waiting fetch is held before REQ 0.
     pull_hold_timeout: float = 1.0
     # -- IDENTIFY (connection level) --------------------------------------------------------
+    #: Sent to nsqd to name this client; the core cannot look the host up (no IO), so
+    #: transports fill both in (go-nsq's default: the short and the full hostname).
     client_id: str | None = None
     hostname: str | None = None
     user_agent: str = DEFAULT_USER_AGENT

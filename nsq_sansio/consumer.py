@@ -16,6 +16,7 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
             handle_timer(now)
         user code: finish(d, now) / requeue(d, now, delay=None, backoff=True) / touch(d, now)
                    set_max_in_flight(n, now) / fetch(...) / drain(now, unseen=queue)
+        transport (optional): mark_delivered(d) when a Deliver reaches user code
 
 What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
 
