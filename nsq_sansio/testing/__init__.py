@@ -15,7 +15,16 @@ ready-made field scenarios in :mod:`nsq_sansio.testing.scenarios`.
 from .clock import Scheduler
 from .invariants import Invariant, InvariantViolation, Monitor, Violation
 from .network import LinkSpec, Network, SimConn
-from .nodes import ConsumerNode, Handler, LookupdNode, NsqdNode, ProducerNode, SimDisk, SimNode
+from .nodes import (
+    HANG,
+    ConsumerNode,
+    Handler,
+    LookupdNode,
+    NsqdNode,
+    ProducerNode,
+    SimDisk,
+    SimNode,
+)
 from .simulator import (
     ClusterSpec,
     ConsumerSpec,
@@ -32,6 +41,7 @@ from .simulator import (
 )
 
 __all__ = [
+    "HANG",
     "ClusterSpec",
     "ConsumerNode",
     "ConsumerSpec",

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .simulator import Simulator
 
 __all__ = [
+    "HANG",
     "ConsumerNode",
     "Handler",
     "LookupdNode",
@@ -521,16 +522,21 @@ class Handler:
         hang = self.hang_rate > 0 and rng.random() < self.hang_rate
         return base, hang
 
-    def outcome(self, delivery: Deliver, rng: random.Random) -> bool:
-        """True to FIN, False to REQ."""
+    def outcome(self, delivery: Deliver, rng: random.Random) -> bool | None:
+        """True to FIN, False to REQ, None to never answer (``fn`` returned :data:`HANG`)."""
         if self.failure_rate and rng.random() < self.failure_rate:
             return False
         if self.fn is not None:
             try:
-                self.fn(delivery.body)
+                if self.fn(delivery.body) is HANG:
+                    return None
             except Exception:
                 return False
         return True
+
+
+#: What a handler function returns to simulate a worker stuck on the message forever.
+HANG = object()
 
 
 @dataclass(slots=True)
@@ -809,7 +815,10 @@ class ConsumerNode(SimNode):
         now = self.sim.now
         handler = self.handler
         try:
-            if handler.outcome(job.delivery, self.rng):
+            verdict = handler.outcome(job.delivery, self.rng)
+            if verdict is None:
+                pass  # stuck: never answers (nsqd times the message out)
+            elif verdict:
                 if self.coord.finish(job.delivery, now):
                     self.stats.finished += 1
                     self.sim.monitor.on_handled(self.name, job.delivery, now)

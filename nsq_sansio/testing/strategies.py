@@ -49,18 +49,27 @@ def link_specs() -> SearchStrategy[LinkSpec]:
     )
 
 
-def handlers(*, max_duration: float = 2.0) -> SearchStrategy[Handler]:
-    """Simulated user code: durations up to ``max_duration``, failures, concurrency limits,
-    keepalive. Keep ``max_duration`` under the cluster's msg_timeout for jobs that finish."""
-    return st.builds(
-        Handler,
-        duration=st.sampled_from([0.0, 0.001, 0.05, 0.5, max_duration]),
-        jitter=st.sampled_from([0.0, 0.01, 0.2]),
-        failure_rate=st.sampled_from([0.0, 0.0, 0.05, 0.3]),
-        keepalive=st.booleans(),
-        backoff=st.booleans(),
-        concurrency=st.sampled_from([None, 1, 4]),
-    )
+def handlers(*, max_duration: float = 2.0, long_job: float = 15.0, hangs: bool = False
+             ) -> SearchStrategy[Handler]:
+    """Simulated user code: durations up to ``max_duration`` (kept under the cluster's
+    msg_timeout), and with keepalive also ``long_job`` (past msg_timeout, under
+    max_msg_timeout); failures, concurrency limits; with ``hangs``, rare jobs that never
+    answer (a stuck worker)."""
+
+    def build(keepalive: bool) -> SearchStrategy[Handler]:
+        durations = [0.0, 0.001, 0.05, 0.5, max_duration] + ([long_job] if keepalive else [])
+        return st.builds(
+            Handler,
+            duration=st.sampled_from(durations),
+            jitter=st.sampled_from([0.0, 0.01, 0.2]),
+            failure_rate=st.sampled_from([0.0, 0.0, 0.05, 0.3]),
+            keepalive=st.just(keepalive),
+            backoff=st.booleans(),
+            concurrency=st.sampled_from([None, 1, 4]),
+            hang_rate=st.sampled_from([0.0, 0.0, 0.0, 0.02] if hangs else [0.0]),
+        )
+
+    return st.booleans().flatmap(build)
 
 
 def consumer_configs() -> SearchStrategy[Config]:
@@ -100,7 +109,7 @@ def _workable(spec: ConsumerSpec, msg_timeout: float) -> ConsumerSpec:
     return dataclasses.replace(spec, handler=dataclasses.replace(handler, concurrency=None))
 
 
-def consumer_specs(*, max_count: int = 3, msg_timeout: float = 10.0
+def consumer_specs(*, max_count: int = 3, msg_timeout: float = 10.0, hangs: bool = False
                    ) -> SearchStrategy[ConsumerSpec]:
     """Consumer groups whose handlers can keep up with nsqd's ``msg_timeout``."""
     return st.builds(
@@ -108,7 +117,7 @@ def consumer_specs(*, max_count: int = 3, msg_timeout: float = 10.0
         count=st.integers(1, max_count),
         channel=st.sampled_from(["archive", "audit"]),
         config=consumer_configs(),
-        handler=handlers(),
+        handler=handlers(hangs=hangs),
         use_lookupd=st.booleans(),
         start_at=st.sampled_from([0.0, 0.0, 3.0]),
         pull=st.sampled_from([False, False, True]),
@@ -116,13 +125,14 @@ def consumer_specs(*, max_count: int = 3, msg_timeout: float = 10.0
     ).map(lambda spec: _workable(spec, msg_timeout))
 
 
-def cluster_specs(*, max_nsqd: int = 4, max_lookupd: int = 2) -> SearchStrategy[ClusterSpec]:
+def cluster_specs(*, max_nsqd: int = 4, max_lookupd: int = 2, hangs: bool = False
+                  ) -> SearchStrategy[ClusterSpec]:
     """1..max_nsqd nsqd, 1..max_lookupd lookupd, one or two consumer groups."""
     return st.builds(
         ClusterSpec,
         nsqd=st.integers(1, max_nsqd),
         lookupd=st.integers(1, max_lookupd),
-        consumers=st.lists(consumer_specs(), min_size=1, max_size=2).map(tuple),
+        consumers=st.lists(consumer_specs(hangs=hangs), min_size=1, max_size=2).map(tuple),
         durable=st.booleans(),
         link=link_specs(),
     )
@@ -172,8 +182,8 @@ def fault_schedules(cluster: ClusterSpec, *, duration: float = 30.0, max_faults:
 
 @st.composite
 def _scenarios(draw: Any, max_nsqd: int, max_messages: int, max_faults: int,
-               duration: float) -> Scenario:
-    cluster = draw(cluster_specs(max_nsqd=max_nsqd))
+               duration: float, hangs: bool) -> Scenario:
+    cluster = draw(cluster_specs(max_nsqd=max_nsqd, hangs=hangs))
     return Scenario(
         cluster=cluster,
         workload=draw(workloads(max_messages=max_messages)),
@@ -184,7 +194,9 @@ def _scenarios(draw: Any, max_nsqd: int, max_messages: int, max_faults: int,
 
 
 def scenarios(*, max_nsqd: int = 4, max_messages: int = 200, max_faults: int = 4,
-              duration: float = 30.0) -> SearchStrategy[Scenario]:
-    """Whole runs: a cluster, a workload, a fault schedule and a seed."""
-    result: SearchStrategy[Scenario] = _scenarios(max_nsqd, max_messages, max_faults, duration)
+              duration: float = 30.0, hangs: bool = False) -> SearchStrategy[Scenario]:
+    """Whole runs: a cluster, a workload, a fault schedule and a seed. ``hangs`` adds handlers
+    that, rarely, never answer a message (stuck workers)."""
+    result: SearchStrategy[Scenario] = _scenarios(max_nsqd, max_messages, max_faults, duration,
+                                                  hangs)
     return result
