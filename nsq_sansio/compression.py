@@ -19,8 +19,12 @@ from .errors import CompressionError, ConfigError
 
 __all__ = ["DEFAULT_MAX_EXPANSION", "Codec", "DeflateCodec", "SnappyCodec"]
 
-#: Most plaintext one call to ``decompress_iter`` may produce before it is taken as a bomb.
+#: Without an explicit ``max_expansion``, one call's output may reach this much, or ``MAX_RATIO``
+#: times its input, whichever is more: beyond what deflate (about 1032:1) or snappy (about 22:1)
+#: can legitimately reach, so only a corrupt or hostile stream trips it. Memory is bounded
+#: separately: output is produced, and decoded by the connection, in bounded pieces.
 DEFAULT_MAX_EXPANSION = 64 * 1024 * 1024
+MAX_RATIO = 1100
 #: Deflate output is produced in pieces of at most this size.
 _PIECE = 256 * 1024
 
@@ -28,6 +32,13 @@ _SNAPPY_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
 _SNAPPY_MAX_UNCOMPRESSED = 65536
 # snappy's worst-case compressed size of 64 KiB, plus the 4-byte checksum.
 _SNAPPY_MAX_CHUNK = 4 + 32 + _SNAPPY_MAX_UNCOMPRESSED + _SNAPPY_MAX_UNCOMPRESSED // 6
+
+
+def _limit(max_expansion: int | None, size: int) -> int:
+    """An explicit bound is absolute; the default one scales with the input."""
+    if max_expansion is not None:
+        return max_expansion
+    return max(DEFAULT_MAX_EXPANSION, MAX_RATIO * size)
 
 
 class Codec(Protocol):
@@ -43,7 +54,7 @@ class DeflateCodec:
 
     __slots__ = ("_compressor", "_decompressor", "level", "max_expansion")
 
-    def __init__(self, level: int = 6, *, max_expansion: int = DEFAULT_MAX_EXPANSION) -> None:
+    def __init__(self, level: int = 6, *, max_expansion: int | None = None) -> None:
         if not 1 <= level <= 9:
             raise ConfigError(f"deflate level must be within 1..9, got {level}")
         self.level = level
@@ -58,6 +69,7 @@ class DeflateCodec:
 
     def decompress_iter(self, data: bytes) -> Iterator[bytes]:
         decompressor = self._decompressor
+        limit = _limit(self.max_expansion, len(data))
         produced = 0
         pending = data
         while pending:
@@ -69,10 +81,8 @@ class DeflateCodec:
             if decompressor.eof:
                 raise CompressionError("deflate stream ended; nsqd never ends it mid-connection")
             produced += len(piece)
-            if produced > self.max_expansion:
-                raise CompressionError(
-                    f"{len(data)} compressed bytes expanded past {self.max_expansion} bytes"
-                )
+            if produced > limit:
+                raise CompressionError(f"{len(data)} compressed bytes expanded past {limit} bytes")
             if piece:
                 yield piece
 
@@ -87,7 +97,7 @@ class SnappyCodec:
 
     __slots__ = ("_buffer", "_compressor", "_seen_identifier", "max_expansion")
 
-    def __init__(self, *, max_expansion: int = DEFAULT_MAX_EXPANSION) -> None:
+    def __init__(self, *, max_expansion: int | None = None) -> None:
         self.max_expansion = max_expansion
         self._compressor = snappy.StreamCompressor()
         self._buffer = bytearray()
@@ -137,13 +147,12 @@ class SnappyCodec:
                 pos = stop
         finally:
             del buffer[:pos]
+        limit = _limit(self.max_expansion, len(data))
         for start in range(0, len(batch), 16):
             piece = self._decode(batch[start : start + 16])
             produced += len(piece)
-            if produced > self.max_expansion:
-                raise CompressionError(
-                    f"{len(data)} compressed bytes expanded past {self.max_expansion} bytes"
-                )
+            if produced > limit:
+                raise CompressionError(f"{len(data)} compressed bytes expanded past {limit} bytes")
             if piece:
                 yield piece
 

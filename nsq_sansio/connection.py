@@ -546,7 +546,8 @@ class ClientConnection:
     def _on_identify(self, payload: bytes, events: list[Event]) -> None:
         if payload == frames.OK:
             self.settings = ServerSettings.default()
-            for feature in ("tls_v1", "snappy", "deflate"):
+            # Compression is an optimisation and falls back to none; TLS never falls back.
+            for feature in ("tls_v1",):
                 if self._requested.get(feature):
                     raise ProtocolError(
                         f"{feature} was requested but nsqd does not negotiate features"
