@@ -161,10 +161,16 @@ def main() -> None:
     running = query.start()
     running.awaitTermination()
     elapsed = time.perf_counter() - started
-    read = sum(p["numInputRows"] for p in running.recentProgress)
+    progress = [p for p in running.recentProgress if p["numInputRows"]]
+    read = sum(p["numInputRows"] for p in progress)
+    busy = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
     print(
         f"streaming read (availableNow, noop sink): {read:>9,} rows in {elapsed:6.2f}s "
         f"= {read / elapsed:>10,.0f} rows/s (includes query start and the final idle wait)"
+    )
+    print(
+        f"  {len(progress)} micro-batches of up to {args.max_in_flight:,}; inside them "
+        f"{read / busy:,.0f} rows/s ({busy:.2f}s of trigger execution)"
     )
     spark.stop()
     for process in processes:
