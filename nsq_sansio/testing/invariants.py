@@ -8,6 +8,8 @@ Per step (from the wire, independently of the state machines' own bookkeeping):
   un-answered, un-expired messages as the RDY it last received there (so a consumer never has
   more in flight than its RDY allowed).
 * ``BACKOFF_RDY``: while a consumer backs off (waiting or testing) it never sends RDY > 1.
+* ``ATTEMPTS``: nsqd counts every delivery of a message on a channel: 1, 2, 3... (what
+  ``max_attempts`` relies on).
 
 At the end:
 
@@ -59,6 +61,7 @@ class Invariant(enum.Enum):
     DISCOVERY = "discovery"
     BROKER_EMPTY = "broker_empty"
     CLIENT_API = "client_api"
+    ATTEMPTS = "attempts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +219,7 @@ class Monitor:
         self.deliveries: dict[tuple[str, str, bytes], int] = {}
         self.first_handled_at: dict[tuple[str, str, bytes], float] = {}
         self._id_body: dict[tuple[str, bytes], bytes] = {}
+        self._attempts: dict[tuple[str, str, bytes], int] = {}
         self.lookup_requests: list[tuple[float, str, str]] = []
         self.draining: set[str] = set()
         self.drain_leftovers: dict[str, int] = {}
@@ -263,6 +267,14 @@ class Monitor:
         if pipe.topic_channel is not None:
             key = (pipe.topic_channel[0], pipe.topic_channel[1], body)
             self.deliveries[key] = self.deliveries.get(key, 0) + 1
+            counted = (pipe.nsqd, pipe.topic_channel[1], message_id)
+            expected = self._attempts.get(counted, 0) + 1
+            if attempts != expected:
+                self.violate(Invariant.ATTEMPTS, now,
+                             f"{pipe.nsqd} delivered {message_id!r} ({body!r}) on "
+                             f"{pipe.topic_channel[1]} with attempts {attempts}, expected "
+                             f"{expected}")
+            self._attempts[counted] = attempts
 
     def fin_sent(self, pipe: _Pipe, message_id: bytes, now: float) -> None:
         body = self._id_body.get((pipe.nsqd, message_id))
