@@ -66,6 +66,9 @@ class Config:
     # -- RDY redistribution -----------------------------------------------------------------
     #: A connection holding RDY that received nothing for this long gives it up (low-RDY mode).
     low_rdy_idle_timeout: float = 10.0
+    #: Low-RDY mode: a connection gives its RDY up after holding it this long, even if busy,
+    #: so that every nsqd is served in turn (go-nsq's low_rdy_timeout).
+    low_rdy_timeout: float = 30.0
     #: Period of the RDY redistribution check.
     rdy_redistribute_interval: float = 5.0
     # -- graceful shutdown and pull mode ----------------------------------------------------
@@ -119,6 +122,7 @@ class Config:
         _check_float("connect_timeout", self.connect_timeout, 0.001, _HOUR)
         _check_float("pull_hold_timeout", self.pull_hold_timeout, 0.0, 60.0)
         _check_float("low_rdy_idle_timeout", self.low_rdy_idle_timeout, 1.0, 300.0)
+        _check_float("low_rdy_timeout", self.low_rdy_timeout, 1.0, 300.0)
         _check_float("rdy_redistribute_interval", self.rdy_redistribute_interval, 0.001, 5.0)
         _check_float("drain_timeout", self.drain_timeout, 0.0, _HOUR)
         _check_int("max_waiting_fetches", self.max_waiting_fetches, 1, 1_000_000)

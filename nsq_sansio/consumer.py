@@ -853,7 +853,11 @@ class ConsumerCoordinator:
             message_id = delivery[1][0]
             current = link.tracked.pop(message_id, None)
             if current is delivery:
-                link.send_fin(message_id)
+                try:
+                    link.send_fin(message_id)
+                except LocalProtocolError:  # that id was already answered in the same read
+                    self._report_gone(delivery, "FIN")
+                    return False
                 self._dirty.add(conn_id)
                 self.finished += 1
                 if link.marks:
@@ -887,7 +891,11 @@ class ConsumerCoordinator:
             delay = self.requeue_delay(delivery.message.attempts, link.conn_id)
         elif link.max_req_timeout is not None:
             delay = min(delay, link.max_req_timeout)
-        link.proto.requeue(delivery.message.id, delay)
+        try:
+            link.proto.requeue(delivery.message.id, delay)
+        except LocalProtocolError:  # that id was already answered in the same read
+            self._report_gone(delivery, "REQ")
+            return False
         self.requeued += 1
         failed = backoff and self._config.backoff_active
         self._after_answer(link, Outcome.FAILURE if failed else Outcome.NEUTRAL, now)
@@ -900,7 +908,11 @@ class ConsumerCoordinator:
         if link is None or link.proto is None:
             self._report_gone(delivery, "TOUCH")
             return None
-        link.proto.touch(delivery.message.id)
+        try:
+            link.proto.touch(delivery.message.id)
+        except LocalProtocolError:  # that id was already answered in the same read
+            self._report_gone(delivery, "TOUCH")
+            return None
         self._dirty.add(link.conn_id)
         deadline = min(now + link.msg_timeout, delivery.received_at + link.max_msg_timeout)
         link.marks = True
@@ -972,6 +984,8 @@ class ConsumerCoordinator:
                 link.touched.pop(message.id, None)
                 link.seen.discard(message.id)
                 self._report_gone(previous, "TIMEOUT")
+        if not proto.is_in_flight(message.id):
+            return  # a copy earlier in this read was already answered: nsqd has one copy only
         if not link.accepting:
             proto.requeue(message.id, 0.0)  # draining: give it to another consumer at once
             self.requeued += 1
@@ -1076,9 +1090,10 @@ class ConsumerCoordinator:
         link.touched.pop(message_id, None)
         link.seen.discard(message_id)
         assert link.proto is not None
-        link.proto.requeue(message_id, 0.0)
-        self._dirty.add(link.conn_id)
-        self.requeued += 1
+        if link.proto.is_in_flight(message_id):
+            link.proto.requeue(message_id, 0.0)
+            self._dirty.add(link.conn_id)
+            self.requeued += 1
 
     def _flush_buffer(self, now: float | None) -> None:
         """Requeue held pull messages whose hold ended (all of them when ``now`` is None)."""
@@ -1365,11 +1380,13 @@ class ConsumerCoordinator:
 
     def _redistribute(self, now: float) -> None:
         """Periodic check: warm up idle newcomers, and with fewer RDY than connections move
-        RDY away from connections that received nothing for low_rdy_idle_timeout."""
+        RDY away from connections that received nothing for low_rdy_idle_timeout, or that
+        held it for low_rdy_timeout (so a busy nsqd cannot keep it from the others)."""
         links = self._subscribed()
         if not links:
             return
         idle_after = self._config.low_rdy_idle_timeout
+        held_too_long = self._config.low_rdy_timeout
         released: set[int] = set()
         scarce = self._budget() < len(links) or (self._pull and self._alloc_total < len(links))
         for link in links:
@@ -1378,7 +1395,10 @@ class ConsumerCoordinator:
             if (
                 scarce
                 and link.target > 0
-                and now - max(link.last_message_at, link.rdy_at) >= idle_after
+                and (
+                    now - max(link.last_message_at, link.rdy_at) >= idle_after
+                    or now - link.rdy_at >= held_too_long
+                )
             ):
                 released.add(link.conn_id)
                 link.target = 0

@@ -3,6 +3,7 @@ RDY budget; a broken connection is dropped and retried."""
 
 from __future__ import annotations
 
+import os
 import random
 
 from hypothesis import given, settings
@@ -32,7 +33,7 @@ FRAMES = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=int(os.environ.get("CONSUMER_EXAMPLES", "150")), deadline=None)
 @given(
     frames=st.lists(FRAMES, max_size=25),
     cuts=st.lists(st.integers(1, 40), max_size=10),

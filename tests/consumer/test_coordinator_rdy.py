@@ -120,3 +120,22 @@ def test_new_connection_lowers_existing_ones_first() -> None:
 
 def _deliveries(w: World) -> list[Deliver]:
     return list(w.inbox)
+
+
+def test_busy_holder_gives_rdy_up_after_low_rdy_timeout() -> None:
+    config = Config(max_in_flight=1, low_rdy_idle_timeout=10.0, low_rdy_timeout=30.0,
+                    rdy_redistribute_interval=5.0)
+    w = World(2, config, seed=1)
+    w.start()
+    w.publish(0, 200)
+    w.publish(1, 200)
+    served: set[int] = set()
+    for _ in range(80):  # a steady stream: the holder never goes idle
+        w.advance(1.0)
+        for d in list(w.inbox):
+            served.add(d.conn_id)
+            w.coordinator.finish(d, w.now)
+        w.inbox.clear()
+        w.pump()
+        assert w.coordinator.total_rdy <= 1
+    assert served == {1, 2}, "both nsqd must be served in turn"
