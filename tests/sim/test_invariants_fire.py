@@ -134,3 +134,16 @@ def test_spec_is_what_the_control_runs_use() -> None:
     result = run_scenario(dataclasses.replace(scn, seed=12))
     assert result.messages_expected == 200
     assert result.messages_finished == 200
+
+
+def test_nsqd_forgetting_attempts_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    scn = scenario(handler=Handler(duration=0.01, failure_rate=0.3, backoff=False))
+    run_scenario(scn)
+    original = NSQD._deliver
+
+    def amnesiac(self: NSQD, channel: Any, conn: Any, msg: Any, now: float) -> None:
+        msg.attempts = 0  # every delivery looks like the first: max_attempts never triggers
+        original(self, channel, conn, msg, now)
+
+    monkeypatch.setattr(NSQD, "_deliver", amnesiac)
+    assert Invariant.ATTEMPTS in caught(scn)
