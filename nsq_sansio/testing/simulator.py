@@ -476,9 +476,19 @@ def run_scenario(scenario: Scenario, *, check_discovery: bool = True) -> RunResu
 
 def _encode(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # only what differs from the defaults: short lines (a blob replays on the same version)
         out: dict[str, Any] = {"__type__": type(value).__name__}
         for f in dataclasses.fields(value):
-            out[f.name] = _encode(getattr(value, f.name))
+            current = getattr(value, f.name)
+            if f.default is not dataclasses.MISSING:
+                default: Any = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                out[f.name] = _encode(current)
+                continue
+            if current != default or type(current) is not type(default):
+                out[f.name] = _encode(current)
         return out
     if isinstance(value, enum.Enum):
         return {"__enum__": type(value).__name__, "value": value.value}
