@@ -415,6 +415,8 @@ class ConsumerCoordinator:
         self._fetches = FetchQueue()
         self._next_redistribute: float | None = None
         self._drain_deadline: float | None = None
+        #: Pull mode: the next deadline of a held message (the budget grows when it passes).
+        self._next_expiry: float | None = None
         #: True while running in push mode outside backoff: answers need no bookkeeping
         #: beyond the FIN itself (the hot path's test).
         self._calm = False
@@ -579,6 +581,8 @@ class ConsumerCoordinator:
                 pull = self._fetches.next_deadline()
                 if pull is not None:
                     candidates.append(pull)
+                if self._next_expiry is not None and self._fetches.waiting:
+                    candidates.append(self._next_expiry)
         elif self._state is ConsumerState.DRAINING and self._drain_deadline is not None:
             candidates.append(self._drain_deadline)
         for link in self._links.values():
@@ -1079,7 +1083,7 @@ class ConsumerCoordinator:
                 self._recalm()
                 self._rebalance(now)
             elif self._pull and link.alloc > 0:
-                self._send_rdy(link, len(link.tracked) + link.alloc, now)
+                self._send_rdy(link, self._live_in_flight(link, now) + link.alloc, now)
         elif self._state is ConsumerState.DRAINING:
             self._maybe_close_drained(link, now)
             self._check_drained()
@@ -1321,18 +1325,21 @@ class ConsumerCoordinator:
             return
         budget = self._budget()
         if self._pull:
-            in_flight = sum(len(link.tracked) for link in links)
-            wanted = max(0, min(self._fetches.outstanding, budget - in_flight))
-            caps = [max(0, link.max_rdy - len(link.tracked)) for link in links]
+            # What nsqd counts in flight: messages past their deadline were taken back already
+            # (a stuck handler must not hold the budget forever).
+            self._next_expiry = None
+            live = [self._live_in_flight(link, now) for link in links]
+            wanted = max(0, min(self._fetches.outstanding, budget - sum(live)))
+            caps = [max(0, link.max_rdy - n) for link, n in zip(links, live, strict=True)]
             if wanted >= len(links):
                 allocs = even_shares(wanted, caps)
             else:
                 allocs = self._pick_holders(links, wanted, now, exclude, caps)
             self._alloc_total = sum(allocs)
             targets = []
-            for link, alloc in zip(links, allocs, strict=True):
+            for link, alloc, n in zip(links, allocs, live, strict=True):
                 link.alloc = alloc
-                targets.append(len(link.tracked) + alloc if alloc else 0)
+                targets.append(n + alloc if alloc else 0)
         elif budget >= len(links):
             targets = even_shares(budget, [link.max_rdy if link.warm else 1 for link in links])
         else:
@@ -1346,6 +1353,21 @@ class ConsumerCoordinator:
         for link in links:
             if link.rdy < link.target:
                 self._send_rdy(link, min(link.target, limit - self._total_rdy + link.rdy), now)
+
+    def _live_in_flight(self, link: _Link, now: float) -> int:
+        """Messages held here that nsqd still counts in flight (deadline not passed); notes the
+        next deadline so the budget is recomputed when it passes (pull mode)."""
+        live = 0
+        touched = link.touched
+        expiry = self._next_expiry
+        for message_id, delivery in link.tracked.items():
+            deadline = touched.get(message_id, delivery.deadline) if touched else delivery.deadline
+            if deadline > now:
+                live += 1
+                if expiry is None or deadline < expiry:
+                    expiry = deadline
+        self._next_expiry = expiry
+        return live
 
     def _pick_holders(
         self,

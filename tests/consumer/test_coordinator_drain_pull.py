@@ -220,3 +220,19 @@ def test_mark_delivered_makes_drain_requeue_the_unmarked_at_once() -> None:
     w.pump()
     assert w.of_type(DrainComplete)
     assert w.server_depth() == 3 and w.server_in_flight() == 0
+
+
+def test_pull_stuck_handler_does_not_hold_the_budget_forever() -> None:
+    w = World(1, Config(max_in_flight=1), pull=True, node_options={"msg_timeout": 20.0})
+    w.start()
+    w.publish(0, 2)
+    c = w.coordinator
+    c.fetch(1, w.now)
+    w.pump()
+    (first,) = w.results[-1].messages  # the user is stuck on it and never answers
+    c.fetch(1, w.now)
+    w.pump()
+    assert len(w.results) == 1  # budget used: nothing more is asked of nsqd
+    w.advance(21.0)  # nsqd took the stuck one back: the budget is free again
+    assert len(w.results) == 2 and len(w.results[-1].messages) == 1
+    assert c.total_rdy <= 1
