@@ -204,8 +204,11 @@ class _Pipe:
 class Monitor:
     """Collects what happened in a run and checks the invariants."""
 
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: Simulator, *, rdy_per_write: bool = False) -> None:
         self.sim = sim
+        #: Check the RDY sum after every RDY written, not only after every step: a consumer
+        #: must then write the decreases that fund an increase first.
+        self.rdy_per_write = rdy_per_write
         self.violations: list[Violation] = []
         self._pipes: dict[int, _Pipe] = {}
         self._consumer_pipes: dict[str, dict[int, _Pipe]] = {}
@@ -249,6 +252,16 @@ class Monitor:
     def rdy_sent(self, pipe: _Pipe, count: int, now: float) -> None:
         from .nodes import ConsumerNode
 
+        if self.rdy_per_write:
+            node = self.sim.nodes.get(pipe.client)
+            pipes = self._consumer_pipes.get(pipe.client, {})
+            total = sum(p.client_rdy for p in pipes.values())
+            if isinstance(node, ConsumerNode) and total > node.coord.max_in_flight:
+                detail = ", ".join(f"{p.nsqd}={p.client_rdy}" for p in pipes.values())
+                self.violate(Invariant.RDY_SUM, now,
+                             f"{pipe.client} RDY sum {total} > max_in_flight "
+                             f"{node.coord.max_in_flight} after writing RDY {count} to "
+                             f"{pipe.nsqd} ({detail})")
         if count <= 1:
             return
         node = self.sim.nodes.get(pipe.client)

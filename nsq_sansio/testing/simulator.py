@@ -164,7 +164,7 @@ class Simulator:
     run. ``strict`` raises :class:`InvariantViolation` at the first violated step."""
 
     def __init__(self, spec: ClusterSpec | None = None, *, seed: int = 0, strict: bool = True,
-                 replay: str = "") -> None:
+                 replay: str = "", rdy_per_write: bool = False) -> None:
         self.spec = spec if spec is not None else ClusterSpec()
         self.seed = seed
         self.strict = strict
@@ -173,7 +173,7 @@ class Simulator:
         self.scheduler = Scheduler()
         self.net = Network(self.scheduler, random.Random(self.rng.getrandbits(64)), self.spec.link)
         self.net.after = self.after
-        self.monitor = Monitor(self)
+        self.monitor = Monitor(self, rdy_per_write=rdy_per_write)
         self.net.observer_factories.append(self.monitor.observe)
         self.nodes: dict[str, SimNode] = {}
         self.nsqds: list[NsqdNode] = []

@@ -147,3 +147,20 @@ def test_nsqd_forgetting_attempts_is_caught(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(NSQD, "_deliver", amnesiac)
     assert Invariant.ATTEMPTS in caught(scn)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="consumer.py: pending_data() walks the _dirty set, so within one step an RDY "
+    "increase can be written before the decrease that pays for it (the wire briefly shows a "
+    "sum above max_in_flight); write decreases first to pass the per-write check",
+)
+def test_rdy_sum_holds_after_every_single_write() -> None:
+    from nsq_sansio.testing import Simulator
+
+    spec = ClusterSpec(nsqd=3, consumers=(ConsumerSpec(count=2),))
+    for seed in range(5):
+        sim = Simulator(spec, seed=seed, rdy_per_write=True)
+        sim.schedule_workload(Workload(messages=300))
+        sim.run_until(20.0)
