@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import ssl
+from collections import deque
 from collections.abc import Callable, Sequence
 from time import monotonic
 from types import TracebackType
@@ -74,11 +75,12 @@ class NoNSQDAvailable(NSQError):
 
 
 class _Pending:
-    __slots__ = ("error", "event")
+    __slots__ = ("deadline", "error", "event")
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float) -> None:
         self.event = anyio.Event()
-        self.error: NSQError | None = None
+        self.error: NSQError | TimeoutError | None = None
+        self.deadline = deadline
 
 
 class _Node:
@@ -137,7 +139,9 @@ class Producer:
                 _Node(host, port, ConnectionLogger(self._logger, format_address(host, port)))
             )
         self._timeout = timeout
-        self._slots = anyio.Semaphore(max_pending)
+        self._free = max_pending
+        self._slot_waiters: deque[anyio.Event] = deque()
+        self._watchdog: anyio.Event | None = None
         self._max_pending = max_pending
         self._rr = itertools.count()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -214,33 +218,87 @@ class Producer:
             raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
         if self._closed:
             raise LocalProtocolError("the producer is closed")
-        async with self._slots:
+        # Back-pressure without a checkpoint per publish while slots are free.
+        if self._free > 0:
+            self._free -= 1
+        else:
+            await self._wait_for_slot()
+        try:
+            deadline = monotonic() + self._timeout
             errors: list[BaseException] = []
-            with anyio.fail_after(self._timeout):
-                for node in self._candidates():
-                    if errors:
-                        self._retried += 1
-                    try:
+            node = self._nodes[next(self._rr) % len(self._nodes)]
+            candidates = [node] if node.ready else self._candidates()
+            i = 0
+            while i < len(candidates):
+                node = candidates[i]
+                i += 1
+                if errors:
+                    self._retried += 1
+                try:
+                    with anyio.fail_after(max(deadline - monotonic(), 0)):
                         proto = await self._ensure(node)
-                    except NSQError as exc:
-                        errors.append(exc)
-                        continue
-                    pending = _Pending()
-                    request_id = build(proto)
-                    node.pending[request_id] = pending
-                    node.wake.set()
-                    await pending.event.wait()
-                    error = pending.error
-                    if error is None:
-                        node.published += 1
-                        self._published += 1
-                        return
-                    if isinstance(error, ServerError):
-                        self._failed += 1
-                        raise error
-                    errors.append(error)
+                except (NSQError, TimeoutError) as exc:
+                    errors.append(exc)
+                    if len(candidates) == 1 and len(self._nodes) > 1:
+                        candidates = [node, *(n for n in self._candidates() if n is not node)]
+                    continue
+                pending = _Pending(deadline)
+                request_id = build(proto)
+                node.pending[request_id] = pending
+                node.wake.set()
+                if self._watchdog is None:
+                    self._watchdog = anyio.Event()
+                    assert self._tg is not None
+                    self._tg.start_soon(self._expire_pending)
+                await pending.event.wait()
+                error = pending.error
+                if error is None:
+                    node.published += 1
+                    self._published += 1
+                    return
+                if isinstance(error, ServerError | TimeoutError):
+                    self._failed += 1
+                    raise error
+                errors.append(error)
+                if len(candidates) == 1 and len(self._nodes) > 1:
+                    candidates = [node, *(n for n in self._candidates() if n is not node)]
             self._failed += 1
             raise NoNSQDAvailable(errors)
+        finally:
+            self._release_slot()
+
+    async def _wait_for_slot(self) -> None:
+        event = anyio.Event()
+        self._slot_waiters.append(event)
+        try:
+            await event.wait()
+        except BaseException:
+            if event.is_set():  # the slot was handed to us: pass it on
+                self._release_slot()
+            else:
+                self._slot_waiters.remove(event)
+            raise
+
+    def _release_slot(self) -> None:
+        if self._slot_waiters:
+            self._slot_waiters.popleft().set()  # hand the slot over directly
+        else:
+            self._free += 1
+
+    async def _expire_pending(self) -> None:
+        """Fail publishes unanswered past their deadline (one cheap timer, not one per call)."""
+        tick = min(max(self._timeout / 4, 0.01), 1.0)
+        while True:
+            await anyio.sleep(tick)
+            now = monotonic()
+            for node in self._nodes:
+                for request_id, pending in list(node.pending.items()):
+                    if now >= pending.deadline:
+                        del node.pending[request_id]
+                        pending.error = TimeoutError(
+                            f"no answer from {node.address} after {self._timeout:g}s"
+                        )
+                        pending.event.set()
 
     # --- connections ---------------------------------------------------------------------------
 
