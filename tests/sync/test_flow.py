@@ -74,7 +74,7 @@ def test_backoff_on_failures(nsqd: Pair) -> None:
         wait_for(lambda: broker_rdy() == 0, what="RDY 0 on the broker")
         # after the window: RDY 1 to test the waters, then successes bring RDY back
         wait_for(lambda: consumer.stats().backoff_phase == "testing", timeout=5, what="testing")
-        assert broker_rdy() == 1
+        wait_for(lambda: broker_rdy() == 1, what="RDY 1 on the broker while testing")
         while True:
             msg = consumer.get(timeout=5)
             assert msg is not None
