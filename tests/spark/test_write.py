@@ -112,3 +112,30 @@ def test_write_fails_over_to_the_nsqd_that_answers(spark: Any, nsqd_pair: list[A
     )
     assert message_count([live], "failover") == 5000
     assert len(set(drain([live], "failover", "c"))) == 5000
+
+
+def test_commit_reports_what_each_partition_published(
+    nsqd_pair: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver-side commit/abort (run here directly, with what real partition writes to
+    the embedded nsqd returned) report per-partition counts; a failed partition shows up."""
+    from transports.spark import NSQCommitMessage, WriteOptions
+    from transports.spark.writer import NSQArrowWriter, _Publisher
+
+    options = WriteOptions.parse(
+        {"topic": "reported", "nsqd": nsqd_pair[0].tcp_address, "batch_size": "100"}
+    )
+    results = [
+        _Publisher(options, options.nsqd, pid).publish_all(b"m%d" % i for i in range(count))
+        for pid, count in ((0, 250), (1, 1000))
+    ]
+    assert results == [NSQCommitMessage(0, 250, 3), NSQCommitMessage(1, 1000, 10)]
+    assert message_count([nsqd_pair[0]], "reported") == 1250
+    writer = NSQArrowWriter(options, options.nsqd)
+    with caplog.at_level("INFO", logger="transports.spark.writer"):
+        writer.commit(list(results))
+        writer.abort([results[0], None])
+    assert writer.published == {0: 250, 1: 1000}
+    text = caplog.text
+    assert "commit: 1250 messages published to 'reported' by 2 partitions {0: 250, 1: 1000}" in text
+    assert "abort: 250 messages" in text and "1 partitions failed" in text
