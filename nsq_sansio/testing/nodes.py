@@ -32,8 +32,8 @@ from ..errors import NSQError
 from ..events import ConnectionClosed, ConnectionReady, PublishAcknowledged, PublishFailed
 from ..pull import FetchEnd, FetchResult
 from ..server.backend import Backend, decode_record
+from ..server.events import ChannelCreated, ChannelDeleted, ServerEvent, TopicCreated
 from ..server.events import CloseConnection as ServerClose
-from ..server.events import ServerEvent
 from ..server.events import StartTLS as ServerStartTLS
 from ..server.lookupd import Lookupd, LookupdAPIError, LookupdOptions
 from ..server.lookupd_client import (
@@ -303,11 +303,13 @@ class NsqdNode(SimNode):
         if registry:
             self.disk.metadata = nsqd.metadata()
             for event in registry:
+                channel = event.channel if isinstance(event, (ChannelCreated,
+                                                              ChannelDeleted)) else None
                 for peer in self.peers:
-                    if type(event).__name__.endswith("Created"):
-                        peer.register(now, event.topic, getattr(event, "channel", None))
+                    if isinstance(event, (TopicCreated, ChannelCreated)):
+                        peer.register(now, event.topic, channel)
                     else:
-                        peer.unregister(now, event.topic, getattr(event, "channel", None))
+                        peer.unregister(now, event.topic, channel)
         for index, peer_conn in self.peer_conns.items():
             data = self.peers[index].data_to_send()
             if data:
@@ -382,6 +384,7 @@ class LookupdNode(SimNode):
         self.lookupd = Lookupd(options)
         self.tcp: dict[int, int] = {}  # SimConn.id -> handle
         self.http: dict[int, h11.Connection] = {}
+        self.targets: dict[int, str] = {}  # SimConn.id -> target of the request being read
         self.http_requests = 0
 
     @property
@@ -427,11 +430,11 @@ class LookupdNode(SimNode):
                 self._close_http(conn)
                 return
             if isinstance(event, h11.Request):
-                self._pending_target = event.target.decode()
+                self.targets[conn.id] = event.target.decode()
             elif isinstance(event, h11.EndOfMessage):
                 self.http_requests += 1
                 self.sim.monitor.on_lookup_request(self.name, conn.client.name, now)
-                status, body = self.answer(self._pending_target, now)
+                status, body = self.answer(self.targets.pop(conn.id, "/"), now)
                 out = server.send(h11.Response(status_code=status, headers=[
                     ("Content-Type", "application/json"), ("Content-Length", str(len(body))),
                 ])) or b""
@@ -443,8 +446,6 @@ class LookupdNode(SimNode):
                     return
                 server.start_next_cycle()
         return
-
-    _pending_target = ""
 
     def answer(self, target: str, now: float) -> tuple[int, bytes]:
         """The HTTP API answers the simulator needs (``/lookup``, ``/nodes``, ``/ping``)."""
@@ -466,6 +467,7 @@ class LookupdNode(SimNode):
 
     def _close_http(self, conn: SimConn) -> None:
         self.http.pop(conn.id, None)
+        self.targets.pop(conn.id, None)
         self.sim.net.close(conn, self)
 
     def on_eof(self, conn: SimConn, now: float) -> None:
