@@ -317,3 +317,34 @@ async def test_drain_on_signals(nsqd: EmbeddedNSQD) -> None:
             await c.run(handler)  # returns once the signal's drain finished
     assert c.draining
     assert c.stats().finished == len(handled) >= 1
+
+
+async def test_lookupd_mode_reconnects_to_a_rediscovered_nsqd(
+    make_nsqd: NSQDFactory, nsqlookupd: object
+) -> None:
+    lookupd_tcp = nsqlookupd.tcp_address  # type: ignore[attr-defined]
+    lookupd_http = nsqlookupd.http_url  # type: ignore[attr-defined]
+    server = make_nsqd(lookupd_tcp_addresses=[lookupd_tcp], lookupd_ping_interval=0.2)
+    address = server.tcp_address
+    topic = fresh()
+    events: list[object] = []
+    await publish(address, topic, [b"before"])
+    async with Consumer(
+        topic, "ch", lookupd=[lookupd_http], lookupd_poll_interval=0.2, on_event=events.append
+    ) as c:
+        with anyio.fail_after(15):
+            msg = await c.__anext__()
+            assert msg.body == b"before" and await msg.finish()
+            stop_nsqd(server)
+            while not any(isinstance(e, Disconnected) for e in events):
+                await anyio.sleep(0.01)
+            make_nsqd(
+                tcp_address=address,
+                lookupd_tcp_addresses=[lookupd_tcp],
+                lookupd_ping_interval=0.2,
+            )
+            await publish(address, topic, [b"after"])
+            msg = await c.__anext__()
+            assert msg.body == b"after" and await msg.finish()
+        stats = c.stats()
+    assert stats.reconnects >= 1 and stats.connection_errors >= 1

@@ -53,6 +53,9 @@ async def test_publish_consume_round_trip(nsqd: EmbeddedNSQD) -> None:
         cstats = c.stats()
     assert sorted(bodies) == sorted(b"m%d" % i for i in range(20))
     assert cstats.received == 20 and cstats.finished == 20
+    (conn,) = cstats.connections
+    assert (conn.received, conn.finished, conn.requeued) == (20, 20, 0)
+    assert conn.address == nsqd.tcp_address and conn.connected
     # Leaving `async with` closed the connection: the broker has no client and nothing in flight.
     with anyio.fail_after(5):
         while (await channel_stats(nsqd, topic, "ch")).get("clients"):

@@ -150,8 +150,13 @@ class Message:
             return False
         self.answered = True
         consumer = self._consumer
-        ok = consumer._coord.finish(self._delivery, monotonic())
+        delivery = self._delivery
+        ok = consumer._coord.finish(delivery, monotonic())
         consumer._kick()
+        if ok:
+            conn = consumer._conns.get(delivery.conn_id)
+            if conn is not None:
+                conn.finished += 1
         return ok
 
     async def finish(self) -> bool:
@@ -164,8 +169,13 @@ class Message:
             return False
         self.answered = True
         consumer = self._consumer
-        ok = consumer._coord.requeue(self._delivery, monotonic(), delay, backoff=backoff)
+        delivery = self._delivery
+        ok = consumer._coord.requeue(delivery, monotonic(), delay, backoff=backoff)
         consumer._kick()
+        if ok:
+            conn = consumer._conns.get(delivery.conn_id)
+            if conn is not None:
+                conn.requeued += 1
         return ok
 
     async def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
@@ -663,13 +673,14 @@ class Consumer:
             # Let readers and user code run between iterations (batches the next writes).
             await anyio.lowlevel.checkpoint()
 
-    def _dispatch(self) -> None:
-        """Act on everything the coordinator decided; queue its bytes for the writers."""
+    def _dispatch(self) -> int:
+        """Act on everything the coordinator decided; queue its bytes for the writers.
+        Returns how many messages were delivered (for the reader's per-connection count)."""
         coord = self._coord
         actions = coord.take_actions()
+        delivered = 0
         if actions:
             inbox = self._inbox
-            delivered = 0
             other = False
             for action in actions:
                 if type(action) is Deliver:
@@ -679,9 +690,10 @@ class Consumer:
                     other = True
                     self._act(action)
             waiters = self._waiters
-            while delivered and waiters:
+            wake = delivered
+            while wake and waiters:
                 waiters.popleft().set()
-                delivered -= 1
+                wake -= 1
             if other:
                 deadline = coord.next_deadline()
                 if deadline is not None and deadline < self._pump_target:
@@ -692,6 +704,7 @@ class Consumer:
             if conn is not None and not conn.closing:
                 conn.out.append(data)
                 conn.wake.set()
+        return delivered
 
     def _act(self, action: object) -> None:
         if isinstance(action, Connect):
@@ -851,7 +864,7 @@ class Consumer:
                 data = b""
             conn.bytes_in += len(data)
             coord.receive_data(conn_id, data, monotonic())
-            dispatch()
+            conn.received += dispatch()
             if not data:
                 # The coordinator has closed it (CloseConnection); the writer flushes and ends
                 # the task, even if nothing was decided.
