@@ -604,6 +604,14 @@ def run_demo(options: DemoOptions, *, stream: TextIO | None = None) -> DemoResul
 
             from .demo_async import run_async
 
+            if options.runtime == "trio":
+                try:
+                    import trio  # noqa: F401
+                except ImportError:
+                    raise RuntimeError(
+                        "--runtime trio needs trio: python -m pip install 'nsq-sansio[trio]'"
+                    ) from None
+
             anyio.run(
                 run_async, options, workload, tally, progress, result, tls, backend=options.runtime
             )
