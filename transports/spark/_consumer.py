@@ -287,6 +287,7 @@ class SourceConsumer:
                             continue
                         self._feed(node, data, now)
                     self._housekeeping(now)
+                self._blocking_chores(now)
         except Exception:  # pragma: no cover - a bug here must not hang the query silently
             _log.exception("nsq source IO thread crashed")
             with self._lock:
@@ -338,14 +339,24 @@ class SourceConsumer:
                         self._drop(node, str(event.error))
         if now >= self._next_touch:
             self._touch_all(now)
+
+    def _blocking_chores(self, now: float) -> None:
+        """Lookupd polls and connects, called WITHOUT the lock held: a slow lookupd or a
+        blackholed nsqd must not stall take()/finish() (a trigger) for connect_timeout."""
         if self._lookupd and now >= self._next_poll:
             self._poll(now)
-        for address in self._known:
-            if now < self._retry_at.get(address, 0.0):
-                continue
-            for slot in range(self._per_nsqd):
-                if (address, slot) not in self._nodes:
-                    self._connect(address, slot, now)
+        with self._lock:
+            wanted = [
+                (address, slot)
+                for address in self._known
+                if now >= self._retry_at.get(address, 0.0)
+                for slot in range(self._per_nsqd)
+                if (address, slot) not in self._nodes
+            ]
+        for address, slot in wanted:
+            if self._stop.is_set():
+                return
+            self._connect(address, slot, now)
 
     def _touch_all(self, now: float) -> None:
         """TOUCH every message in flight: buffered and held for a batch alike.
@@ -379,9 +390,10 @@ class SourceConsumer:
         except NSQError as exc:
             _log.warning("%s", exc)
             return
-        for address in found:
-            if address not in self._known:
-                self._known.append(address)
+        with self._lock:
+            for address in found:
+                if address not in self._known:
+                    self._known.append(address)
 
     def _connect(self, address: str, slot: int, now: float) -> None:
         host, _, port = address.rpartition(":")
@@ -389,14 +401,15 @@ class SourceConsumer:
         try:
             sock = socket.create_connection((host, int(port)), timeout=self._connect_timeout)
         except OSError as exc:
-            self._schedule_retry(address, f"connect failed: {exc}", now)
+            with self._lock:
+                self._schedule_retry(address, f"connect failed: {exc}", now)
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(30.0)
-        self._generation += 1
         conn = ClientConnection(self._config.identify_body(), auth_secret=self._config.auth_secret)
-        node = _Node(address, slot, sock, conn, self._generation)
         with self._lock:
+            self._generation += 1
+            node = _Node(address, slot, sock, conn, self._generation)
             self._nodes[(address, slot)] = node
             try:
                 self._flush(node)
