@@ -9,13 +9,11 @@ from hypothesis import given, note
 from nsq_sansio.testing import Scenario, replay_line, run_scenario
 from nsq_sansio.testing.strategies import scenarios
 
-from ._profile import NIGHTLY, SIM
+from ._profile import SIM
 
 
 @SIM
-# stuck handlers only nightly until the backoff/stuck-test-message bug is fixed
-# (tests/sim/test_stuck_handlers.py)
-@given(scenarios(max_nsqd=4, max_messages=150, max_faults=4, hangs=NIGHTLY))
+@given(scenarios(max_nsqd=4, max_messages=150, max_faults=4, hangs=True))
 def test_cluster_keeps_its_promises_under_faults(scenario: Scenario) -> None:
     note(replay_line(scenario))
     result = run_scenario(scenario)
