@@ -70,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    processes: list[mp.Process] = []
+    processes: list[Any] = []  # spawned broker processes
     if args.nsqd:
         nsqd = args.nsqd
         http = None

@@ -30,7 +30,7 @@ def test_write_and_read_through_lookupd(spark: Any, tmp_path: Path) -> None:
         lookupd = cluster.lookupd.http_url
         for server in cluster.nsqds:
             create_channel(server, topic, channel)
-        thread.call(cluster.wait_registered, topic)
+        thread.portal.call(cluster.wait_registered, topic)
 
         rows = 2000
         (

@@ -24,7 +24,7 @@ def test_dead_nsqd_in_the_list_does_not_stop_the_others(nsqd_pair: list[Any]) ->
     consumer = SourceConsumer("mixed", "c", nsqd=["127.0.0.1:1", live.tcp_address])
     consumer.start()
     try:
-        got = []
+        got: list[Any] = []
         while len(got) < 300:
             batch = consumer.take(300 - len(got), 2.0)
             assert batch, "the live nsqd stopped delivering"
