@@ -410,6 +410,9 @@ class ConsumerCoordinator:
         self._next_fetch_id = 1
         self._actions: list[Action] = []
         self._dirty: set[int] = set()
+        #: Connections whose RDY went down since the last flush: written first, so that the
+        #: sum of RDY nsqd sees never exceeds max_in_flight, not even between two writes.
+        self._lowered: set[int] = set()
         self._total_rdy = 0
         self._alloc_total = 0
         self._fetches = FetchQueue()
@@ -548,10 +551,26 @@ class ConsumerCoordinator:
         return link.proto.data_to_send()
 
     def pending_data(self) -> list[tuple[int, bytes]]:
-        """``(conn_id, bytes)`` for every connection with something to write."""
+        """``(conn_id, bytes)`` for every connection with something to write, connections
+        whose RDY was lowered first (write them in this order)."""
         out: list[tuple[int, bytes]] = []
-        if not self._dirty:
+        dirty = self._dirty
+        if not dirty:
             return out
+        links = self._links
+        order: Iterable[int] = dirty
+        if self._lowered:
+            lowered = [conn_id for conn_id in self._lowered if conn_id in dirty]
+            order = lowered + [conn_id for conn_id in dirty if conn_id not in self._lowered]
+            self._lowered.clear()
+        for conn_id in order:
+            link = links.get(conn_id)
+            if link is not None and link.proto is not None:
+                data = link.proto.data_to_send()
+                if data:
+                    out.append((conn_id, data))
+        dirty.clear()
+        return out
         links = self._links
         for conn_id in self._dirty:
             link = links.get(conn_id)
@@ -1304,6 +1323,8 @@ class ConsumerCoordinator:
             return
         proto.send_ready(count)
         self._dirty.add(link.conn_id)
+        if count < link.rdy:
+            self._lowered.add(link.conn_id)
         if count and not link.rdy:
             link.rdy_at = now
         self._total_rdy += count - link.rdy

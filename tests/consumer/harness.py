@@ -67,6 +67,9 @@ class World:
         self.http: dict[int, SendHTTPRequest] = {}
         self.rdy_sent: list[tuple[int, int]] = []
         self.sent: list[tuple[int, bytes]] = []  # (conn_id, command line) client -> nsqd
+        #: RDY as written on each wire, and raises that took the written sum over budget.
+        self.wire_rdy: dict[int, int] = {}
+        self.over_budget: list[tuple[float, int, int]] = []
         for node in self.nodes.values():
             node.create_topic(TOPIC, 0.0)
             node.create_channel(TOPIC, CHANNEL, 0.0)
@@ -121,6 +124,7 @@ class World:
         for conn_id, (addr, server_id) in list(self.wire.items()):
             if addr == address:
                 del self.wire[conn_id]
+                self.wire_rdy.pop(conn_id, None)
                 self.nodes[address].connection_lost(server_id, self.now)
                 self.coordinator.connection_failed(conn_id, "connection reset", self.now)
         self.pump()
@@ -169,6 +173,7 @@ class World:
             if action.final_data:
                 self._to_server(action.conn_id, action.final_data)
             wired = self.wire.pop(action.conn_id, None)
+            self.wire_rdy.pop(action.conn_id, None)
             if wired is not None:
                 self.nodes[wired[0]].connection_lost(wired[1], self.now)
         elif isinstance(action, Deliver):
@@ -187,7 +192,13 @@ class World:
         address, server_id = wired
         for line in data.split(b"\n"):
             if line.startswith(b"RDY "):
-                self.rdy_sent.append((conn_id, int(line[4:])))
+                count = int(line[4:])
+                self.rdy_sent.append((conn_id, count))
+                raised = count > self.wire_rdy.get(conn_id, 0)
+                self.wire_rdy[conn_id] = count
+                total = sum(self.wire_rdy.values())
+                if raised and total > self.coordinator.max_in_flight:
+                    self.over_budget.append((self.now, total, self.coordinator.max_in_flight))
             if line[:4] in (b"RDY ", b"FIN ", b"REQ ", b"TOUC", b"CLS", b"SUB "):
                 self.sent.append((conn_id, line))
         for event in self.nodes[address].receive_data(server_id, data, self.now):
@@ -201,6 +212,7 @@ class World:
             node.connection_lost(event.conn_id, self.now)
             if conn_id is not None:
                 del self.wire[conn_id]
+                self.wire_rdy.pop(conn_id, None)
                 if data:
                     self.coordinator.receive_data(conn_id, data, self.now)
                 self.coordinator.receive_data(conn_id, b"", self.now)

@@ -139,3 +139,17 @@ def test_busy_holder_gives_rdy_up_after_low_rdy_timeout() -> None:
         w.pump()
         assert w.coordinator.total_rdy <= 1
     assert served == {1, 2}, "both nsqd must be served in turn"
+
+
+def test_lowered_connections_are_written_before_raised_ones() -> None:
+    # The second rotation moves RDY 1 from connection 2 back to connection 1 in one step: RDY 0
+    # on 2 must reach the wire before RDY 1 on 1, or nsqd briefly sees 2 over max_in_flight 1.
+    config = Config(max_in_flight=1, low_rdy_idle_timeout=10.0, rdy_redistribute_interval=5.0)
+    w = World(2, config)
+    w.start()
+    assert w.rdy_by_conn() == {1: 1, 2: 0}
+    w.advance(10.0)
+    assert w.rdy_by_conn() == {1: 0, 2: 1}
+    w.advance(10.0)
+    assert w.rdy_by_conn() == {1: 1, 2: 0}
+    assert w.over_budget == []

@@ -178,6 +178,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert c.total_rdy == 0
 
     @invariant()
+    def every_write_stays_within_budget(self) -> None:
+        # Connections are written lowered-RDY first: no raise is ever seen over budget.
+        assert self.world.over_budget == []
+
+    @invariant()
     def server_agrees_on_rdy(self) -> None:
         held = server_ready_counts(self.world)
         for conn_id, count in self.world.rdy_by_conn().items():
