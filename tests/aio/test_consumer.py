@@ -348,3 +348,55 @@ async def test_lookupd_mode_reconnects_to_a_rediscovered_nsqd(
             assert msg.body == b"after" and await msg.finish()
         stats = c.stats()
     assert stats.reconnects >= 1 and stats.connection_errors >= 1
+
+
+async def test_run_requeues_when_the_handler_raises(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"flaky"])
+    seen: list[int] = []
+    async with Consumer(
+        topic, "ch", nsqd=[nsqd.tcp_address], backoff_enabled=False, default_requeue_delay=0
+    ) as c:
+
+        async def handler(msg: Message) -> None:
+            seen.append(msg.attempts)
+            if msg.attempts == 1:
+                raise RuntimeError("downstream is down")
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(c.run, handler)
+                while c.stats().finished < 1:
+                    await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+    assert seen == [1, 2]
+    stats = c.stats()
+    assert (stats.requeued, stats.finished) == (1, 1)
+
+
+async def test_touch_requeue_delay_and_pause(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"a", b"b"])
+    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=1) as c:
+        with anyio.fail_after(10):
+            msg = await c.__anext__()
+            before = msg.deadline
+            await anyio.sleep(0.05)
+            after = await msg.touch()
+            assert before is not None and after is not None and after > before
+            c.set_max_in_flight(0)  # pause (RDY 0 goes out before the REQ): nothing arrives
+            start = time.monotonic()
+            assert await msg.requeue(0.5, backoff=False)
+            assert not await msg.finish()  # answered once only
+            await anyio.sleep(0.7)
+            ch = await channel_stats(nsqd, topic, "ch")
+            assert ch["clients"][0]["ready_count"] == 0 and ch["in_flight_count"] == 0
+            c.set_max_in_flight(1)
+            got = []
+            async for m in c:
+                got.append(m.body)
+                await m.finish()
+                if len(got) == 2:
+                    break
+            assert sorted(got) == [b"a", b"b"]
+            assert time.monotonic() - start >= 0.5
