@@ -15,16 +15,14 @@ from hypothesis import HealthCheck, settings
 PROFILE = os.environ.get("NSQ_SIM_PROFILE", "ci").strip().lower()
 NIGHTLY = PROFILE == "nightly"
 
-_COMMON = {
-    "deadline": None,
-    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
-    "print_blob": True,
-}
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
+_EXAMPLES = os.environ.get("NSQ_SIM_EXAMPLES")
 
 #: Settings for whole-cluster property tests.
 SIM = (
-    settings(max_examples=int(os.environ.get("NSQ_SIM_EXAMPLES", "1000")), **_COMMON)
+    settings(max_examples=int(_EXAMPLES or "1000"), deadline=None,
+             suppress_health_check=_HEALTH, print_blob=True)
     if NIGHTLY
-    else settings(max_examples=int(os.environ.get("NSQ_SIM_EXAMPLES", "30")), derandomize=True,
-                  database=None, **_COMMON)
+    else settings(max_examples=int(_EXAMPLES or "30"), derandomize=True, database=None,
+                  deadline=None, suppress_health_check=_HEALTH, print_blob=True)
 )
