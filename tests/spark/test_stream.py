@@ -49,7 +49,13 @@ def test_available_now_reads_exactly_the_published_set(
     publish(nsqd_pair, topic, bodies)
 
     df = _source(
-        spark, nsqd_pair, topic, channel, max_in_flight="800", max_messages_per_trigger="700"
+        spark,
+        nsqd_pair,
+        topic,
+        channel,
+        max_in_flight="800",
+        max_messages_per_trigger="700",
+        partitions="3",
     )
     query = (
         df.writeStream.format("memory")
