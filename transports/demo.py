@@ -66,8 +66,9 @@ class DemoOptions:
     batch: int = 100  # MPUB batch and fetch batch
     deferred_every: int = 100  # 1 message in N is published with DPUB (0: none)
     fail_per_mille: int = 10  # messages whose first attempt fails (requeued, no backoff)
-    #: 1 message in N always fails (REQ with backoff) and is given up; 0: 10 to 20 of them.
-    poison_every: int = 0
+    #: Messages that always fail (REQ with backoff) and are given up after max_attempts;
+    #: None: one per 1,000 messages, between 1 and 20.
+    give_ups: int | None = None
     max_attempts: int = 3
     timeout: float = 300.0
     progress: bool = True
@@ -89,6 +90,8 @@ class DemoOptions:
             raise ValueError("--fail-per-mille must be between 0 and 1000")
         if self.max_attempts < 2:
             raise ValueError("--max-attempts must be >= 2 (failed messages are retried)")
+        if self.give_ups is not None and self.give_ups < 0:
+            raise ValueError("--give-ups must be >= 0")
         if self.timeout <= 0:
             raise ValueError("--timeout must be > 0")
 
@@ -127,7 +130,11 @@ class Workload:
         self.options = options
         self.count = options.messages
         self._pad = b"." * (options.body_size - MIN_BODY_SIZE)
-        self.poison_every = options.poison_every or max(200, min(10_000, self.count // 10))
+        give_ups = options.give_ups
+        if give_ups is None:
+            give_ups = min(20, max(1, self.count // 1000))
+        self.give_ups = min(give_ups, self.count)
+        self.poison_every = self.count // self.give_ups if self.give_ups else 0
 
     def deferred_ms(self, seq: int) -> int:
         every = self.options.deferred_every
@@ -137,7 +144,7 @@ class Workload:
 
     def is_poison(self, seq: int) -> bool:
         every = self.poison_every
-        return seq % every == every - 1
+        return bool(every) and seq % every == every - 1
 
     def fails_first(self, seq: int) -> bool:
         return (seq * 2654435761 >> 8) % 1000 < self.options.fail_per_mille
@@ -166,7 +173,7 @@ class Workload:
             yield "mpub", 0, batch
 
     def expected_given_up(self) -> int:
-        return sum(1 for seq in range(self.count) if self.is_poison(seq))
+        return self.give_ups
 
     def expected_deferred(self) -> int:
         return sum(1 for seq in range(self.count) if self.deferred_ms(seq))
@@ -675,6 +682,12 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
         help="messages per 1000 whose first attempt fails (default %(default)s)",
     )
     p.add_argument(
+        "--give-ups",
+        type=int,
+        default=None,
+        help="messages that always fail and are given up (default: 1 per 1000, 1 to 20)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=defaults.timeout,
@@ -698,6 +711,7 @@ def demo_main(argv: Sequence[str] | None = None) -> int:
             batch=args.batch,
             max_attempts=args.max_attempts,
             fail_per_mille=args.fail_per_mille,
+            give_ups=args.give_ups,
             timeout=args.timeout,
             progress=not args.no_progress,
         )
