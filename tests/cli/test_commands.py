@@ -1,0 +1,284 @@
+"""``nsq-sansio tail | pub | stat | to-file | nsqd | lookupd`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from transports.embedded import Cluster, EmbeddedNSQD
+from transports.sync import Producer
+
+from .conftest import channel_stats, cli, cli_popen, http_post, one_line_error
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_pub_stdin_then_tail_raw_prints_every_line(nsqd: EmbeddedNSQD) -> None:
+    lines = [f"line {i}" for i in range(50)]
+    pub = cli(
+        "pub",
+        "--topic",
+        "events",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--batch-size",
+        "7",
+        input=("\n".join(lines) + "\n").encode(),
+    )
+    assert pub.returncode == 0, pub.stderr
+    assert b"published 50 messages" in pub.stderr
+
+    tail = cli("tail", "--topic", "events", "--nsqd-tcp-address", nsqd.tcp_address, "-n", "50")
+    assert tail.returncode == 0, tail.stderr
+    assert sorted(tail.stdout.decode().splitlines()) == sorted(lines)
+
+
+def test_tail_json_through_lookupd_and_finishes_what_it_printed(nsq_cluster: Cluster) -> None:
+    nsqd = nsq_cluster.nsqd
+    assert nsq_cluster.lookupd is not None
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish("clicks", [b"a", "é".encode(), b"\xff\x00"])
+    nsq_cluster.wait_registered_blocking("clicks")
+
+    tail = cli(
+        "tail",
+        "-topic",
+        "clicks",
+        "--channel",
+        "audit",
+        "--format",
+        "json",
+        "-n",
+        "3",
+        "--lookupd-http-address",
+        nsq_cluster.lookupd.http_address,
+    )
+    assert tail.returncode == 0, tail.stderr
+    records = [json.loads(line) for line in tail.stdout.decode().splitlines()]
+    assert len(records) == 3
+    bodies = {r.get("body") or r.get("body_base64") for r in records}
+    assert bodies == {"a", "é", "/wA="}
+    for r in records:
+        assert r["topic"] == "clicks" and r["channel"] == "audit"
+        assert r["attempts"] == 1 and r["nsqd"] == nsqd.tcp_address
+        assert re.fullmatch(r"[0-9a-f]{16}", r["id"])
+    stats = channel_stats(nsqd.http_address, "clicks", "audit")
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats["requeue_count"] == 0
+
+
+def test_pub_file_with_rate_limit_and_custom_delimiter(nsqd: EmbeddedNSQD, tmp_path: Path) -> None:
+    source = tmp_path / "input.txt"
+    source.write_bytes(b"|".join(f"m{i}".encode() for i in range(40)))
+    started = time.monotonic()
+    pub = cli(
+        "pub",
+        "--topic",
+        "paced",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--file",
+        str(source),
+        "--delimiter",
+        "|",
+        "--rate",
+        "100",
+    )
+    elapsed = time.monotonic() - started
+    assert pub.returncode == 0, pub.stderr
+    http_post(nsqd.http_address, "/channel/create?topic=paced&channel=c")
+    # 40 messages at 100/s: the last batch may not leave before ~0.3 s
+    assert elapsed >= 0.3
+    stats = json.loads(cli_stats_json(nsqd.http_address))
+    topic = next(t for t in stats["topics"] if t["topic_name"] == "paced")
+    assert topic["message_count"] == 40
+
+
+def cli_stats_json(http_address: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{http_address}/stats?format=json", timeout=5) as r:
+        return r.read().decode()
+
+
+def test_stat_table_from_every_nsqd_found_through_lookupd() -> None:
+    from transports.embedded import ServerThread
+
+    with ServerThread(Cluster(nsqd_count=2)) as cluster:
+        assert cluster.lookupd is not None
+        for i, node in enumerate(cluster.nsqds):
+            http_post(node.http_address, "/topic/create?topic=orders")
+            http_post(node.http_address, "/channel/create?topic=orders&channel=billing")
+            with Producer(node.tcp_address) as producer:
+                producer.multi_publish("orders", [b"x"] * (3 + i))
+        cluster.wait_registered_blocking("orders", producers=2)
+        result = cli(
+            "stat",
+            "--lookupd-http-address",
+            cluster.lookupd.http_address,
+            "--topic",
+            "orders",
+            "--count",
+            "2",
+            "--status-every",
+            "100ms",
+        )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.decode()
+    assert out.count("2 nsqd") == 2
+    rows = [line.split() for line in out.splitlines() if line.startswith("orders")]
+    # topic row and channel row, twice; the channel holds 3 + 4 messages over both nsqd
+    billing = [r for r in rows if r[1] == "billing"]
+    assert len(billing) == 2
+    nodes, depth, in_flight = billing[-1][2:5]
+    assert (nodes, depth, in_flight) == ("2", "7", "0")
+    assert billing[-1][9] == "0"  # msg/s between the two tables: nothing published
+
+
+def test_to_file_writes_rolling_files_and_fins_only_after_fsync(
+    nsqd: EmbeddedNSQD, tmp_path: Path
+) -> None:
+    http_post(nsqd.http_address, "/topic/create?topic=archive")
+    http_post(nsqd.http_address, "/channel/create?topic=archive&channel=to_file")
+    bodies = [f"record-{i:04d}".encode() for i in range(300)]
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish("archive", bodies)
+    result = cli(
+        "to-file",
+        "--topic",
+        "archive",
+        "--channel",
+        "to_file",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--output-dir",
+        str(tmp_path),
+        "--max-in-flight",
+        "50",
+        "--rotate-size",
+        "1000",
+        "-n",
+        "300",
+    )
+    assert result.returncode == 0, result.stderr
+    files = sorted(tmp_path.glob("archive.*.log"))
+    assert len(files) >= 3  # 300 x 12 bytes, rotated at 1000 bytes
+    lines = [line for f in files for line in f.read_bytes().splitlines()]
+    assert sorted(lines) == bodies
+    stats = channel_stats(nsqd.http_address, "archive", "to_file")
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+
+
+def test_to_file_stops_cleanly_on_sigterm(nsqd: EmbeddedNSQD, tmp_path: Path) -> None:
+    http_post(nsqd.http_address, "/topic/create?topic=live")
+    http_post(nsqd.http_address, "/channel/create?topic=live&channel=arch")
+    proc = cli_popen(
+        "to-file",
+        "--topic",
+        "live",
+        "--channel",
+        "arch",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--output-dir",
+        str(tmp_path),
+        "--sync-interval",
+        "100ms",
+    )
+    try:
+        with Producer(nsqd.tcp_address) as producer:
+            producer.multi_publish("live", [b"one", b"two", b"three"])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            written = b"".join(f.read_bytes() for f in tmp_path.glob("live.*.log"))
+            if len(written.splitlines()) == 3:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert b"archived 3 messages" in err
+    assert sorted(written.splitlines()) == [b"one", b"three", b"two"]
+    stats = channel_stats(nsqd.http_address, "live", "arch")
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+
+
+def test_nsqd_and_lookupd_subcommands_serve_until_sigterm() -> None:
+    lookupd = cli_popen("lookupd", "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0")
+    nsqd = None
+    try:
+        assert lookupd.stderr is not None
+        line = lookupd.stderr.readline().decode()
+        match = re.search(r"TCP (\S+) HTTP (\S+)", line)
+        assert match, line
+        lookupd_tcp, lookupd_http = match.groups()
+        nsqd = cli_popen(
+            "nsqd",
+            "-tcp-address",
+            "127.0.0.1:0",
+            "-http-address",
+            "127.0.0.1:0",
+            "-lookupd-tcp-address",
+            lookupd_tcp,
+        )
+        assert nsqd.stderr is not None
+        match = re.search(r"TCP (\S+) HTTP (\S+)", nsqd.stderr.readline().decode())
+        assert match
+        nsqd_tcp, _ = match.groups()
+        pub = cli("pub", "--topic", "t", "--nsqd-tcp-address", nsqd_tcp, input=b"hello\n")
+        assert pub.returncode == 0, pub.stderr
+        tail = cli("tail", "--topic", "t", "--lookupd-http-address", lookupd_http, "-n", "1")
+        assert tail.returncode == 0, tail.stderr
+        assert tail.stdout == b"hello\n"
+        for proc in (nsqd, lookupd):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+            assert proc.returncode == 0
+    finally:
+        for proc in (nsqd, lookupd):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+# --- errors: one clear line, non-zero exit, no traceback -------------------------------------
+
+
+def test_unreachable_nsqd_is_one_line() -> None:
+    for command in ("tail", "pub", "to-file"):
+        result = cli(command, "--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1", input=b"x\n")
+        line = one_line_error(result)
+        assert result.returncode == 1
+        assert line.startswith(f"nsq-sansio {command}: cannot connect to nsqd 127.0.0.1:1")
+
+
+def test_unreachable_lookupd_is_one_line() -> None:
+    for args in (("tail", "--topic", "t"), ("stat",)):
+        result = cli(*args, "--lookupd-http-address", "127.0.0.1:1")
+        line = one_line_error(result)
+        assert "cannot reach http://127.0.0.1:1/" in line
+
+
+def test_bad_topic_name_is_one_line(nsqd: EmbeddedNSQD) -> None:
+    for command in ("tail", "pub", "to-file", "stat"):
+        address = nsqd.http_address if command == "stat" else nsqd.tcp_address
+        flag = "--nsqd-http-address" if command == "stat" else "--nsqd-tcp-address"
+        result = cli(command, "--topic", "bad topic!", flag, address, input=b"x\n")
+        line = one_line_error(result)
+        assert "invalid topic name 'bad topic!'" in line
+
+
+def test_usage_errors_exit_2() -> None:
+    assert cli("no-such-command").returncode == 2
+    assert cli("tail").returncode == 2  # --topic is required
+    result = cli("--help")
+    assert result.returncode == 0
+    for command in ("demo", "tail", "pub", "stat", "to-file", "nsqd", "lookupd"):
+        assert command in result.stdout.decode()
