@@ -102,7 +102,7 @@ def cli_stats_json(http_address: str) -> str:
     import urllib.request
 
     with urllib.request.urlopen(f"http://{http_address}/stats?format=json", timeout=5) as r:
-        return r.read().decode()
+        return str(r.read().decode())
 
 
 def test_stat_table_from_every_nsqd_found_through_lookupd() -> None:
@@ -237,10 +237,10 @@ def test_nsqd_and_lookupd_subcommands_serve_until_sigterm() -> None:
         tail = cli("tail", "--topic", "t", "--lookupd-http-address", lookupd_http, "-n", "1")
         assert tail.returncode == 0, tail.stderr
         assert tail.stdout == b"hello\n"
-        for proc in (nsqd, lookupd):
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=10)
-            assert proc.returncode == 0
+        for server in (nsqd, lookupd):
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=10)
+            assert server.returncode == 0
     finally:
         for proc in (nsqd, lookupd):
             if proc is not None and proc.poll() is None:
