@@ -824,7 +824,9 @@ class Consumer:
                     self._dispatch()
                     try:
                         await self._reader(conn)
-                    except _SOCKET_ERRORS as exc:
+                    except Exception as exc:  # socket errors; anything else is logged too
+                        if not isinstance(exc, _SOCKET_ERRORS):
+                            conn.log.exception("unexpected error; closing the connection")
                         if conn.conn_id in self._conns and not conn.closing:
                             coord.connection_failed(conn.conn_id, exc, monotonic())
                             self._dispatch()
@@ -890,7 +892,9 @@ class Consumer:
                 if conn.closing:
                     scope.cancel()
                     return
-        except _SOCKET_ERRORS as exc:
+        except Exception as exc:
+            if not isinstance(exc, _SOCKET_ERRORS):
+                conn.log.exception("unexpected error while writing; closing the connection")
             if conn.conn_id in self._conns and not conn.closing:
                 coord.connection_failed(conn.conn_id, exc, monotonic())
                 self._dispatch()
