@@ -400,3 +400,33 @@ async def test_touch_requeue_delay_and_pause(nsqd: EmbeddedNSQD) -> None:
                     break
             assert sorted(got) == [b"a", b"b"]
             assert time.monotonic() - start >= 0.5
+
+
+async def test_nothing_left_behind(nsqd: EmbeddedNSQD, anyio_backend: str) -> None:
+    import threading
+
+    threads_before = set(threading.enumerate())
+    tasks_before: set[object] = set()
+    if anyio_backend == "asyncio":
+        import asyncio
+
+        tasks_before = set(asyncio.all_tasks())
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"x"] * 5)
+    with anyio.move_on_after(0.5):
+        async with (
+            Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=5) as c,
+            Producer(nsqd.tcp_address) as p,
+        ):
+            await p.publish(topic, b"y")
+            async for msg in c:
+                async with msg.keepalive():
+                    await anyio.sleep(10)  # cancelled
+    await anyio.sleep(0)
+    if anyio_backend == "asyncio":
+        import asyncio
+
+        assert set(asyncio.all_tasks()) == tasks_before
+    # The event loop's own resolver threads (getaddrinfo) may stay cached; nothing else may.
+    new = [t.name for t in set(threading.enumerate()) - threads_before]
+    assert all(name.startswith(("Trio thread", "asyncio_", "AnyIO worker")) for name in new), new
