@@ -507,7 +507,9 @@ class Consumer:
                 try:
                     await handler(msg)
                 except Exception:
-                    logger.exception("handler failed for message %s; requeueing", msg.id.decode())
+                    ConnectionLogger(logger, msg.address).exception(
+                        "handler failed for message %s; requeueing", msg.id.decode()
+                    )
                     if not msg.answered:
                         msg.requeue_nowait()
                 else:
