@@ -51,7 +51,9 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from itertools import repeat
+from operator import itemgetter
+from typing import NamedTuple, cast
 
 from .backoff import Backoff, BackoffPhase, Outcome, reconnect_delay
 from .config import Config
@@ -107,6 +109,8 @@ CLOSE_WAIT_GRACE = 5.0
 
 
 _new_tuple = tuple.__new__
+_message_id: Callable[[Message], bytes] = itemgetter(0)  # Message.id
+_attempts: Callable[[Message], int] = itemgetter(3)  # Message.attempts
 
 
 def _no_fin(message_id: bytes) -> None:  # pragma: no cover - never called: no message yet
@@ -726,6 +730,7 @@ class ConsumerCoordinator:
         if link is None or link.proto is None:
             return
         proto = link.proto
+        held = proto.in_flight_count
         events = proto.receive_data(data, now)
         self._dirty.add(conn_id)
         if not events:
@@ -745,7 +750,38 @@ class ConsumerCoordinator:
                     if link.conn_id not in self._links:
                         return
             return
-        # The hot path, inlined: a subscribed push connection outside backoff and drain.
+        count = len(events)
+        max_attempts = self._max_attempts
+        messages = cast("list[Message]", events)  # if the test below passes
+        if proto.in_flight_count - held == count and (
+            not max_attempts or max(map(_attempts, messages)) <= max_attempts
+        ):
+            # The hot path: a subscribed push connection outside backoff and drain, and a read
+            # of messages only. The connection's in-flight set grew by one per event, so every
+            # event is a Message with an id new to this connection (none is held here: what is
+            # tracked is in flight there), and none is over max_attempts. No per-message
+            # Python loop: the handles, the tracking and the actions are built in C.
+            deliveries = list(
+                map(
+                    _new_tuple,
+                    repeat(Deliver),
+                    zip(
+                        repeat(conn_id),
+                        messages,
+                        repeat(link.address),
+                        repeat(now),
+                        repeat(now + link.msg_timeout),
+                    ),
+                )
+            )
+            link.tracked.update(zip(map(_message_id, messages), deliveries, strict=True))
+            self._actions += deliveries
+            self.received += count
+            link.remaining -= count
+            link.last_message_at = now
+            self._after_messages(link, now)
+            return
+        # Mixed reads (a heartbeat, a message sent again, one over max_attempts), one by one.
         tracked = link.tracked
         append = self._actions.append
         make = _new_tuple
@@ -870,29 +906,75 @@ class ConsumerCoordinator:
 
     def finish(self, delivery: Deliver, now: float) -> bool:
         """FIN: the message was handled. False (and a TakenBack) if it was no longer ours."""
-        conn_id = delivery[0]
-        link = self._links.get(conn_id)
-        if link is not None:
+        try:
+            link = self._links[delivery[0]]
             message_id = delivery[1][0]
-            current = link.tracked.pop(message_id, None)
+            current = link.tracked.pop(message_id)
+        except KeyError:  # its connection is gone, or it was answered or taken back
+            self._report_gone(delivery, "FIN")
+            return False
+        if current is not delivery:  # a newer delivery of that id: keep it
+            link.tracked[message_id] = current
+            self._report_gone(delivery, "FIN")
+            return False
+        try:
+            link.send_fin(message_id)
+        except LocalProtocolError:  # that id was already answered in the same read
+            self._report_gone(delivery, "FIN")
+            return False
+        self._dirty.add(delivery[0])
+        self.finished += 1
+        if link.marks:
+            link.touched.pop(message_id, None)
+            link.seen.discard(message_id)
+        if not self._calm:
+            self._after_answer(link, Outcome.SUCCESS, now)
+        return True
+
+    def finish_many(self, deliveries: Iterable[Deliver], now: float) -> int:
+        """FIN every delivery, in order: the same as :meth:`finish` on each, for a transport
+        that collects its users' answers (one call, one lookup per run of deliveries from the
+        same connection). Returns how many were FIN'd; each of the others was no longer ours
+        and gave a TakenBack, exactly as :meth:`finish` would."""
+        finish = self.finish
+        if not self._calm:  # backoff, drain or pull: every answer has consequences
+            return sum([finish(delivery, now) for delivery in deliveries])
+        # Outside backoff a FIN only forgets the message: no per-answer decision to make.
+        links = self._links
+        done = 0  # FIN'd here; finish() counts its own
+        others = 0
+        conn_id = None
+        fast = False
+        tracked: dict[bytes, Deliver] = {}
+        send_fin: Callable[[bytes], None] = _no_fin
+        for delivery in deliveries:
+            if delivery[0] != conn_id:
+                conn_id = delivery[0]
+                link = links.get(conn_id)
+                # touched/seen entries to clean up, or a connection gone: one by one
+                fast = link is not None and not link.marks
+                if link is not None and fast:
+                    tracked = link.tracked
+                    send_fin = link.send_fin
+                    self._dirty.add(conn_id)
+            if not fast:
+                others += finish(delivery, now)
+                continue
+            message_id = delivery[1][0]
+            current = tracked.pop(message_id, None)
             if current is delivery:
                 try:
-                    link.send_fin(message_id)
+                    send_fin(message_id)
                 except LocalProtocolError:  # that id was already answered in the same read
                     self._report_gone(delivery, "FIN")
-                    return False
-                self._dirty.add(conn_id)
-                self.finished += 1
-                if link.marks:
-                    link.touched.pop(message_id, None)
-                    link.seen.discard(message_id)
-                if not self._calm:
-                    self._after_answer(link, Outcome.SUCCESS, now)
-                return True
-            if current is not None:
-                link.tracked[message_id] = current  # a newer delivery of that id: keep it
-        self._report_gone(delivery, "FIN")
-        return False
+                    continue
+                done += 1
+                continue
+            if current is not None:  # a newer delivery of that id: keep it
+                tracked[message_id] = current
+            self._report_gone(delivery, "FIN")
+        self.finished += done
+        return done + others
 
     def requeue(
         self,

@@ -1,0 +1,205 @@
+"""The push hot path (a read of messages only, built without a per-message loop) and the
+batched answer ``finish_many``: same results as the one-by-one paths, in every odd case."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nsq_sansio.config import Config
+from nsq_sansio.consumer import (
+    Action,
+    Connect,
+    ConsumerCoordinator,
+    Deliver,
+    GiveUp,
+    MessageGone,
+    TakenBack,
+)
+from nsq_sansio.frames import HEARTBEAT, encode_frame, encode_message_frame
+
+TS = 1_700_000_000_000_000_000
+
+
+def coordinator(
+    n: int = 2, config: Config | None = None, seed: int = 1
+) -> tuple[ConsumerCoordinator, list[int]]:
+    """``n`` subscribed connections, their first message already in (RDY spread out)."""
+    nodes = [f"10.0.0.{i}:4150" for i in range(1, n + 1)]
+    config = config or Config(max_in_flight=100 * n)
+    c = ConsumerCoordinator("t", "c", config, rng=random.Random(seed), nsqd=nodes)
+    c.start(0.0)
+    ids = [a.conn_id for a in c.take_actions() if isinstance(a, Connect)]
+    for conn_id in ids:
+        c.connection_made(conn_id, 0.0)
+        c.receive_data(conn_id, encode_frame(0, b'{"max_rdy_count": 2500}'), 0.0)
+        c.receive_data(conn_id, encode_frame(0, b"OK"), 0.0)
+    c.pending_data()
+    c.take_actions()
+    return c, ids
+
+
+def msg(index: int, attempts: int = 1, body: bytes = b"body") -> bytes:
+    return encode_message_frame(b"%016x" % index, TS + index, attempts, body)
+
+
+def delivered(actions: list[Action]) -> list[Deliver]:
+    return [a for a in actions if type(a) is Deliver]
+
+
+def test_a_read_of_messages_gives_one_handle_each_in_order() -> None:
+    c, (one, _) = coordinator()
+    c.receive_data(one, b"".join(msg(i) for i in range(50)), 5.0)
+    ds = delivered(c.take_actions())
+    assert [d.id for d in ds] == [b"%016x" % i for i in range(50)]
+    assert all(d.conn_id == one and d.received_at == 5.0 and d.deadline == 65.0 for d in ds)
+    assert all(d.message.timestamp == TS + i and d.attempts == 1 for i, d in enumerate(ds))
+    assert c.link_info(one) is not None and c.link_info(one)[2] == 50  # type: ignore[index]
+    assert c.in_flight_count() == 50 and c.stats["received"] == 50
+    assert all(c.deadline(d) == 65.0 for d in ds)
+    assert sum(c.finish(d, 6.0) for d in ds) == 50
+    fins = b"".join(data for conn_id, data in c.pending_data() if conn_id == one)
+    assert fins.count(b"FIN ") == 50
+    assert c.in_flight_count() == 0 and c.stats["finished"] == 50
+
+
+def test_a_heartbeat_among_messages() -> None:
+    c, (one, _) = coordinator()
+    data = msg(1) + encode_frame(0, HEARTBEAT) + msg(2)
+    c.receive_data(one, data, 1.0)
+    assert [d.id for d in delivered(c.take_actions())] == [b"%016x" % 1, b"%016x" % 2]
+    assert b"NOP\n" in b"".join(data for _, data in c.pending_data())
+    assert c.in_flight_count() == 2
+
+
+def test_a_message_over_max_attempts_in_a_read_is_given_up_the_others_delivered() -> None:
+    c, (one, _) = coordinator(config=Config(max_in_flight=200, max_attempts=3))
+    c.receive_data(one, msg(1) + msg(2, attempts=4) + msg(3, attempts=3), 1.0)
+    actions = c.take_actions()
+    assert [d.id for d in delivered(actions)] == [b"%016x" % 1, b"%016x" % 3]
+    (give_up,) = [a for a in actions if isinstance(a, GiveUp)]
+    assert give_up.message.id == b"%016x" % 2
+    assert b"FIN %016x\n" % 2 in b"".join(data for _, data in c.pending_data())
+    assert c.in_flight_count() == 2 and c.stats["given_up"] == 1
+
+
+def test_a_held_message_sent_again_in_a_read_makes_the_old_handle_stale() -> None:
+    c, (one, _) = coordinator()
+    c.receive_data(one, msg(1) + msg(2), 1.0)
+    old1, old2 = delivered(c.take_actions())
+    c.receive_data(one, msg(3) + msg(1, attempts=2), 70.0)  # 1 timed out on nsqd
+    actions = c.take_actions()
+    new3, new1 = delivered(actions)
+    (gone,) = [a for a in actions if isinstance(a, TakenBack)]
+    assert gone.command == "TIMEOUT" and gone.message_id == old1.id
+    assert new1.attempts == 2 and new1.id == old1.id
+    assert not c.finish(old1, 71.0)  # stale: nothing sent
+    assert c.finish(new1, 71.0) and c.finish(old2, 71.0) and c.finish(new3, 71.0)
+    out = b"".join(data for _, data in c.pending_data())
+    assert out.count(b"FIN %016x\n" % 1) == 1
+    assert c.in_flight_count() == 0
+
+
+def test_the_same_id_twice_in_one_read() -> None:
+    c, (one, _) = coordinator()
+    c.receive_data(one, msg(1) + msg(1, attempts=2), 1.0)
+    actions = c.take_actions()
+    first, second = delivered(actions)
+    assert [a.command for a in actions if isinstance(a, TakenBack)] == ["TIMEOUT"]
+    assert not c.finish(first, 2.0) and c.finish(second, 2.0)
+    assert c.in_flight_count() == 0
+
+
+def test_rdy_is_refreshed_by_a_big_read() -> None:
+    c, (one,) = coordinator(1, Config(max_in_flight=100))
+    c.receive_data(one, msg(0), 1.0)  # warms up: RDY 100
+    c.pending_data()
+    for d in delivered(c.take_actions()):
+        c.finish(d, 1.0)
+    c.receive_data(one, b"".join(msg(i) for i in range(1, 81)), 2.0)  # 20 left < 25%
+    out = b"".join(data for _, data in c.pending_data())
+    assert b"RDY 100\n" in out
+    assert c.total_rdy <= c.max_in_flight
+
+
+# --- finish_many: exactly finish() on each ----------------------------------------------------
+
+
+def answer_all(c: ConsumerCoordinator, ds: list[Deliver], batched: bool, now: float) -> int:
+    if batched:
+        return c.finish_many(ds, now)
+    return sum(c.finish(d, now) for d in ds)
+
+
+def outcome(c: ConsumerCoordinator, actions: list[Action]) -> object:
+    gone = [(a.conn_id, a.message_id, a.command) for a in actions if isinstance(a, TakenBack)]
+    assert all(isinstance(a.error, MessageGone) for a in actions if isinstance(a, TakenBack)
+               and a.command == "FIN")
+    return (
+        gone,
+        sorted(c.pending_data()),
+        c.stats,
+        c.in_flight_count(),
+        c.total_rdy,
+        c.backoff_phase,
+        [c.link_info(i) for i in c.connection_ids()],
+    )
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_finish_many_counts_and_reports_like_finish(batched: bool) -> None:
+    c, (one, two) = coordinator()
+    c.receive_data(one, b"".join(msg(i) for i in range(5)), 1.0)
+    c.receive_data(two, b"".join(msg(i) for i in range(10, 15)), 1.0)
+    ds = delivered(c.take_actions())
+    c.pending_data()
+    c.touch(ds[1], 2.0)  # a link with marks
+    batch = [ds[0], ds[5], ds[1], ds[0], ds[6], ds[9]]  # interleaved, one answered twice
+    assert answer_all(c, batch, batched, 3.0) == 5
+    actions = c.take_actions()
+    gone = [a for a in actions if isinstance(a, TakenBack)]
+    assert [(g.message_id, g.command) for g in gone] == [(ds[0].id, "FIN")]
+    assert c.deadline(ds[1]) is None and c.in_flight_count() == 5
+    assert c.stats["finished"] == 5
+    assert c.finish_many([], 3.0) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    plan=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 7)), max_size=24),
+    stale=st.booleans(),
+    drop=st.booleans(),
+    backoff=st.booleans(),
+    touch=st.integers(-1, 7),
+)
+def test_finish_many_is_finish_on_each(
+    plan: list[tuple[int, int]], stale: bool, drop: bool, backoff: bool, touch: int
+) -> None:
+    results = []
+    for batched in (False, True):
+        c, ids = coordinator()
+        for k, conn_id in enumerate(ids):
+            c.receive_data(conn_id, b"".join(msg(100 * k + i) for i in range(8)), 1.0)
+        ds = delivered(c.take_actions())
+        held = {(ids.index(d.conn_id), int(d.id, 16) % 100): d for d in ds}
+        if stale:  # message 0 of connection 0 timed out and came back
+            c.receive_data(ids[0], msg(0, attempts=2), 2.0)
+            held[(0, 0)] = delivered(c.take_actions())[0]
+            held[(0, 8)] = ds[0]  # the stale handle, answered too
+        if touch >= 0:
+            c.touch(held[(1, touch)], 2.0)
+        if backoff:  # a failure: backoff, answers have consequences again
+            c.requeue(held[(1, 7)], 2.0)
+        if drop:
+            c.connection_failed(ids[1], "reset", 2.0)
+        c.pending_data()
+        c.take_actions()
+        batch = [held[key] for key in plan if key in held]
+        if stale:
+            batch.append(held[(0, 8)])
+        answered = answer_all(c, batch, batched, 3.0)
+        results.append((answered, outcome(c, c.take_actions())))
+    assert results[0] == results[1]
