@@ -465,10 +465,13 @@ def run_scenario(scenario: Scenario, *, check_discovery: bool = True) -> RunResu
     sim.heal_all()
     sim.settle(scenario.settle)
     if check_discovery:
-        # discovery needs a poll after the last change: give every consumer a few intervals
+        # discovery needs a poll after the last change (and replacements started by the
+        # faults must have started): give every consumer a few intervals after that
         longest = max((c.config.lookupd_poll_interval * (1 + c.config.lookupd_poll_jitter)
                        for c in scenario.cluster.consumers), default=0.0)
-        sim.run_for(3 * longest + scenario.cluster.lookupd_options.tombstone_lifetime)
+        last_start = max((f.at + f.duration for f in scenario.faults), default=0.0)
+        sim.run_until(max(sim.now, last_start) + 3 * longest
+                      + scenario.cluster.lookupd_options.tombstone_lifetime)
     sim.monitor.check_final(sim.now, discovery=check_discovery)
     sim.raise_if_violated()
     return sim.result()
