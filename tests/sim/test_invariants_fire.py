@@ -149,13 +149,8 @@ def test_nsqd_forgetting_attempts_is_caught(monkeypatch: pytest.MonkeyPatch) -> 
     assert Invariant.ATTEMPTS in caught(scn)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="consumer.py: pending_data() walks the _dirty set, so within one step an RDY "
-    "increase can be written before the decrease that pays for it (the wire briefly shows a "
-    "sum above max_in_flight); write decreases first to pass the per-write check",
-)
+# Regression: the consumer used to write an RDY increase before the decrease that paid for
+# it (pending_data() walked a set); found with rdy_per_write=True.
 def test_rdy_sum_holds_after_every_single_write() -> None:
     from nsq_sansio.testing import Simulator
 
