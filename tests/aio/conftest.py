@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
-import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,26 +32,13 @@ def make_nsqd() -> Iterator[NSQDFactory]:
     threads: list[ServerThread[EmbeddedNSQD]] = []
 
     def start(**options: Any) -> EmbeddedNSQD:
-        # Built on a plain thread: EmbeddedNSQD creates anyio objects in __init__, which must
-        # not bind to the test's own event loop (trio) when the server runs on asyncio.
-        result: list[Any] = []
-
-        def build() -> None:
-            try:
-                thread = ServerThread(EmbeddedNSQD(**options))
-                result.append((thread, thread.start()))
-            except BaseException as exc:  # pragma: no cover - reported below
-                result.append(exc)
-
-        worker = threading.Thread(target=build)
-        worker.start()
-        worker.join()
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        thread, server = result[0]
+        # built right here, possibly inside the test's own (trio) loop: EmbeddedNSQD makes its
+        # anyio objects in start(), on the server thread's loop
+        thread = ServerThread(EmbeddedNSQD(**options))
+        server = thread.start()
         threads.append(thread)
         _THREADS[id(server)] = thread
-        return server  # type: ignore[no-any-return]
+        return server
 
     yield start
     for thread in reversed(threads):

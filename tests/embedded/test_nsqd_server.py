@@ -203,16 +203,13 @@ def test_nsqd_registers_with_a_lookupd_that_starts_later() -> None:
 
 def test_cluster_of_two_nsqds_both_registered() -> None:
     with ServerThread(Cluster(nsqd_count=2)) as cluster:
-        assert cluster.lookupd is not None
+        lookupd = cluster.lookupd
+        assert lookupd is not None
         for n in cluster.nsqds:
             http_request(n.http_address, "POST", "/topic/create?topic=shared")
 
         def both() -> bool:
-            status, body, _ = http_request(
-                cluster.lookupd.http_address,
-                "GET",
-                "/lookup?topic=shared",  # type: ignore[union-attr]
-            )
+            status, body, _ = http_request(lookupd.http_address, "GET", "/lookup?topic=shared")
             return status == 200 and len(json.loads(body)["producers"]) == 2
 
         wait_for(both)
@@ -387,5 +384,46 @@ def test_server_built_inside_another_event_loop_runs_on_its_own(outer: str) -> N
             c.expect_ok()
             c.identify(heartbeat_interval=1000)
             assert c.read_frame(skip_heartbeats=False) == (0, b"_heartbeat_")  # timer works
+
+    anyio.run(main, backend=outer)
+
+
+@pytest.mark.parametrize("outer", ["asyncio", "trio"])
+def test_servers_constructed_in_one_loop_run_on_a_thread_with_the_other(outer: str) -> None:
+    """EmbeddedNSQD/EmbeddedLookupd/Cluster built directly in a trio (asyncio) coroutine, then
+    run by a ServerThread on asyncio (trio): every anyio object must belong to the server's
+    loop (timers, lookupd registration and delivery all work)."""
+    other = "trio" if outer == "asyncio" else "asyncio"
+
+    async def main() -> None:
+        lookupd_runner = ServerThread(EmbeddedLookupd(), backend=other)
+        cluster_runner = ServerThread(Cluster(nsqd_count=1), backend=other)
+        with lookupd_runner as lookupd, cluster_runner as cluster:
+            nsqd = EmbeddedNSQD(lookupd_tcp_addresses=[lookupd.tcp_address], msg_timeout=1.0)
+            with ServerThread(nsqd, backend=other) as server:
+                topic = unique()
+                with RawConn(server.tcp_address) as c:
+                    c.identify(heartbeat_interval=1000)
+                    assert c.read_frame(skip_heartbeats=False) == (0, b"_heartbeat_")
+                    c.sub(topic, "c")
+                    c.command("RDY 1")
+                    with RawConn(server.tcp_address) as p:
+                        p.pub(topic, b"x")
+                        p.expect_ok()
+                    first = c.read_message()
+                    # not FIN'd: the server's timer takes it back and delivers it again
+                    again = c.read_message()
+                    assert (first.body, again.body, again.attempts) == (b"x", b"x", 2)
+
+                def registered() -> bool:
+                    status, body, _ = http_request(
+                        lookupd.http_address, "GET", f"/lookup?topic={topic}"
+                    )
+                    return status == 200 and len(json.loads(body)["producers"]) == 1
+
+                wait_for(registered, timeout=10.0)
+            with RawConn(cluster.nsqd.tcp_address) as c:
+                c.identify(heartbeat_interval=1000)
+                assert c.read_frame(skip_heartbeats=False) == (0, b"_heartbeat_")
 
     anyio.run(main, backend=outer)
