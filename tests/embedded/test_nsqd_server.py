@@ -427,3 +427,33 @@ def test_servers_constructed_in_one_loop_run_on_a_thread_with_the_other(outer: s
                 assert c.read_frame(skip_heartbeats=False) == (0, b"_heartbeat_")
 
     anyio.run(main, backend=outer)
+
+
+@pytest.mark.parametrize("caller", ["asyncio", "trio"])
+def test_wait_registered_and_core_reads_from_another_loop_use_the_servers_clock(
+    caller: str,
+) -> None:
+    """A trio test driving a Cluster that runs on an asyncio ServerThread (and the reverse):
+    trio's clock is far from asyncio's, so passing the caller's ``anyio.current_time()`` to
+    the lookupd's registry made every producer look expired."""
+    server_backend = "trio" if caller == "asyncio" else "asyncio"
+    runner = ServerThread(Cluster(nsqd_count=2), backend=server_backend)
+    with runner as cluster:
+        lookupd = cluster.lookupd
+        assert lookupd is not None
+        topic = unique()
+        for n in cluster.nsqds:
+            http_request(n.http_address, "POST", f"/topic/create?topic={topic}")
+        # now() is the server loop's clock, whoever asks
+        servers: list[EmbeddedLookupd | EmbeddedNSQD] = [lookupd, *cluster.nsqds]
+        for server in servers:
+            assert abs(runner.call(anyio.current_time) - server.now()) < 1.0
+            assert abs(runner.call(server.now) - server.now()) < 1.0
+
+        async def main() -> None:
+            assert abs(runner.call(anyio.current_time) - lookupd.now()) < 1.0
+            await cluster.wait_registered(topic, timeout=10.0)
+            assert len(lookupd.core.lookup(topic, lookupd.now())["producers"]) == 2
+
+        anyio.run(main, backend=caller)
+        runner.portal.call(cluster.wait_registered, topic)  # on the cluster's own loop, as before

@@ -46,7 +46,7 @@ def channel_stats(
     server = runner.server
 
     def read() -> dict[str, Any] | None:
-        stats = server.core.stats(time.monotonic(), topic=topic, channel=channel)
+        stats = server.core.stats(server.now(), topic=topic, channel=channel)
         for t in stats["topics"]:
             for c in t["channels"]:
                 if c["channel_name"] == channel:

@@ -12,6 +12,8 @@ from urllib.parse import quote
 import anyio
 import anyio.abc
 
+from nsq_sansio.server.lookupd import LookupdAPIError
+
 from .lookupd import EmbeddedLookupd
 from .nsqd import EmbeddedNSQD
 
@@ -55,19 +57,27 @@ class Cluster:
         return [n.tcp_address for n in self.nsqds]
 
     async def wait_registered(self, topic: str, timeout: float = 5.0) -> None:
-        """Wait until every nsqd that has ``topic`` is listed by the lookupd's ``/lookup``."""
+        """Wait until every nsqd that has ``topic`` is listed by the lookupd's ``/lookup``.
+
+        Awaitable from the cluster's own loop or from any other (a trio test with the
+        cluster on a :class:`ServerThread`): the registry is read with the lookupd's clock,
+        :meth:`EmbeddedLookupd.now`, never the caller's ``anyio.current_time()``.
+        """
         if self.lookupd is None:
             return
         lookupd = self.lookupd
         with anyio.fail_after(timeout):
             while True:
-                expected = sum(1 for n in self.nsqds if n.core_has_topic(topic))
                 try:
-                    found = len(lookupd.core.lookup(topic, anyio.current_time())["producers"])
-                except Exception:
-                    found = 0
-                if found >= expected:
-                    return
+                    expected = sum(1 for n in self.nsqds if n.core_has_topic(topic))
+                    try:
+                        found = len(lookupd.core.lookup(topic, lookupd.now())["producers"])
+                    except LookupdAPIError:  # TOPIC_NOT_FOUND: nobody registered it yet
+                        found = 0
+                    if found >= expected:
+                        return
+                except RuntimeError:  # read from another thread while the loop changed it
+                    pass
                 await anyio.sleep(0.01)
 
     def wait_registered_blocking(

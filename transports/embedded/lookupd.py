@@ -26,6 +26,7 @@ from nsq_sansio.server.lookupd import (
     LookupdOptions,
 )
 
+from ._clock import LoopClock
 from ._net import bind, format_address, local_port, parse_address, remote_address
 from .http import (
     HTTPRequest,
@@ -66,6 +67,7 @@ class EmbeddedLookupd:
         self._tcp_port = 0
         self._http_port = 0
         self._host = "127.0.0.1"
+        self._clock = LoopClock()
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -105,6 +107,11 @@ class EmbeddedLookupd:
             return "::1"
         return self._host
 
+    def now(self) -> float:
+        """The server loop's clock, the ``now`` its :attr:`core` takes; callable from any
+        thread or event loop (a trio test's ``anyio.current_time()`` is not the server's)."""
+        return self._clock.now()
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
@@ -118,6 +125,7 @@ class EmbeddedLookupd:
         self._tcp_port = local_port(self._tcp_listener)
         self._http_port = local_port(self._http_listener)
         self._host = parse_address(self._tcp_address)[0]
+        self._clock.bind()
         self._core = Lookupd(
             LookupdOptions(
                 broadcast_address=self._broadcast_address or self._connect_host(),

@@ -51,6 +51,7 @@ from nsq_sansio.server.lookupd_client import (
 from nsq_sansio.server.nsqd import NSQD, ClientState
 from nsq_sansio.server.options import NSQDOptions
 
+from ._clock import LoopClock
 from ._net import bind, format_address, local_port, parse_address, remote_address
 from ._tls import server_ssl_context, start_server_tls
 from .file_backend import FileBackendFactory, load_metadata, save_metadata
@@ -169,6 +170,7 @@ class EmbeddedNSQD:
         self._tcp_port = 0
         self._http_port = 0
         self._host = "127.0.0.1"
+        self._clock = LoopClock()
         self._closed = False
 
     # -- addresses ------------------------------------------------------------------------------
@@ -227,6 +229,11 @@ class EmbeddedNSQD:
             return "::1"
         return self._host
 
+    def now(self) -> float:
+        """The server loop's clock, the ``now`` its :attr:`core` takes; callable from any
+        thread or event loop (a trio test's ``anyio.current_time()`` is not the server's)."""
+        return self._clock.now()
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
@@ -258,6 +265,7 @@ class EmbeddedNSQD:
             **self._options,
         )
         self._timer_wake = anyio.Event()
+        self._clock.bind()
         now = anyio.current_time()
         rng = random.Random(self._seed)
         backend_factory = self._backend_factory()
