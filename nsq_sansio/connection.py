@@ -48,7 +48,7 @@ from .events import (
     TLSUpgradeRequired,
 )
 
-__all__ = ["ClientConnection", "ConnectionState"]
+__all__ = ["MAX_COMMAND_DELAY", "ClientConnection", "ConnectionState"]
 
 
 class ConnectionState(Enum):
@@ -661,6 +661,8 @@ class ClientConnection:
 
 #: Longest delay a command may carry (ms): what a signed 32-bit value holds, ~24.8 days.
 _MAX_DELAY_MS = 2**31 - 1
+#: The same in seconds, for callers that clamp before asking.
+MAX_COMMAND_DELAY = _MAX_DELAY_MS / 1000
 
 
 def _milliseconds(what: str, seconds: float) -> int:

@@ -166,7 +166,7 @@ def parse_lookup_response(
     """Turn a lookup answer (HTTP status and body) into producers or a failure."""
     try:
         document = json.loads(body) if body.strip() else None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # bad or absurdly nested JSON
         return _failure(lookupd, f"answered {status} with a body that is not JSON: {exc}", status)
     if isinstance(document, dict) and "status_code" in document and status == 200:
         inner_status = document.get("status_code")

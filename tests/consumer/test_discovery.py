@@ -185,3 +185,9 @@ def test_poller_does_not_pile_up_requests_and_stop() -> None:
     assert poller.stop() == [first.request_id]
     assert poller.poll_due(50.0) == ([], [])
     assert poller.next_deadline() is None
+
+
+def test_absurdly_nested_json_is_a_failure_not_a_crash() -> None:
+    lookupd = LookupdAddress.parse("http://127.0.0.1:4161")
+    answer = parse_lookup_response(lookupd, 200, b"[" * 200_000)
+    assert isinstance(answer, LookupFailure) and "JSON" in str(answer.error)

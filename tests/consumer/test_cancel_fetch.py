@@ -1,0 +1,89 @@
+"""Pull mode: a fetch the caller gives up on never swallows messages; no busy timers."""
+
+from __future__ import annotations
+
+from nsq_sansio.config import Config
+from nsq_sansio.pull import FetchEnd
+
+from .harness import World
+
+
+def test_cancelled_waiting_fetch_gives_its_messages_to_the_next_fetch() -> None:
+    w = World(1, Config(max_in_flight=10, pull_hold_timeout=5.0), pull=True)
+    w.start()
+    c = w.coordinator
+    first = c.fetch(5, w.now, expires=30.0)
+    w.pump()
+    w.publish(0, 3)  # three arrive for the waiting fetch, which still wants two more
+    assert not w.results
+    c.cancel_fetch(first, w.now)
+    w.pump()
+    assert not w.results  # a cancelled fetch is not answered
+    c.fetch(5, w.now, no_wait=True)
+    w.pump()
+    (result,) = w.results
+    assert result.reason is FetchEnd.NO_WAIT
+    assert len({d.id for d in result.messages}) == 3
+    for d in result.messages:
+        assert c.finish(d, w.now)
+    w.pump()
+    assert w.server_in_flight() == 0 and w.server_depth() == 0
+
+
+def test_cancelling_after_the_answer_was_queued_returns_its_messages() -> None:
+    w = World(1, Config(max_in_flight=10, pull_hold_timeout=5.0), pull=True)
+    w.start()
+    c = w.coordinator
+    w.publish(0, 2)  # no fetch yet: RDY 0, nothing pushed
+    rid = c.fetch(2, w.now, expires=30.0)
+    for _ in range(5):  # move bytes only: the FetchResult stays queued in take_actions()
+        for conn_id, data in c.pending_data():
+            w._to_server(conn_id, data)
+        for address, node in w.nodes.items():
+            for server_id in node.connections_with_output():
+                conn = w._client_of(address, server_id)
+                assert conn is not None
+                c.receive_data(conn, node.data_to_send(server_id), w.now)
+    assert any(getattr(a, "request_id", None) == rid for a in c._actions)  # queued answer
+    c.cancel_fetch(rid, w.now)
+    w.pump()
+    assert all(r.request_id != rid for r in w.results)
+    c.fetch(2, w.now, no_wait=True)
+    w.pump()
+    assert len({d.id for d in w.results[-1].messages}) == 2
+
+
+def test_many_cancelled_fetches_do_not_use_up_the_waiting_bound() -> None:
+    w = World(1, Config(max_in_flight=10, max_waiting_fetches=4), pull=True)
+    w.start()
+    c = w.coordinator
+    for _ in range(20):
+        c.cancel_fetch(c.fetch(1, w.now, expires=30.0), w.now)
+    w.pump()
+    rid = c.fetch(1, w.now, expires=30.0)
+    w.publish(0, 1)
+    (result,) = [r for r in w.results if r.request_id == rid]
+    assert result.reason is FetchEnd.FILLED
+
+
+def test_no_stale_deadline_once_every_connection_is_gone() -> None:
+    w = World(1, Config(max_in_flight=10), pull=True)
+    w.start()
+    c = w.coordinator
+    c.fetch(3, w.now, expires=60.0)
+    w.publish(0, 1)  # one message in flight, deadline now + msg_timeout
+    w.kill(0)
+    w.advance(120.0)  # past the message's deadline; the fetch expired too
+    c.fetch(3, w.now, expires=60.0)
+    deadline = c.next_deadline()
+    assert deadline is None or deadline > w.now
+
+
+def test_an_absurd_explicit_requeue_delay_is_clamped_not_swallowed() -> None:
+    w = World(1, Config(max_in_flight=1))
+    w.start()
+    w.publish(0, 1)
+    (delivery,) = w.inbox
+    assert w.coordinator.requeue(delivery, w.now, delay=1e10)  # REQ sent, clamped
+    w.pump()
+    assert w.server_in_flight() == 0 and w.lines(b"REQ ")
