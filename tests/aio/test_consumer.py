@@ -15,7 +15,7 @@ from nsq_sansio.consumer import Disconnected, GiveUp, TakenBack
 from transports.anyio import Consumer, KeepaliveExpired, Message, Producer, drain_on_signals
 from transports.embedded import EmbeddedNSQD
 
-from .conftest import NSQDFactory, channel_stats, stop_nsqd
+from .conftest import NSQDFactory, channel_stats, stop_nsqd, wait_channel
 
 pytestmark = pytest.mark.anyio
 
@@ -37,7 +37,11 @@ async def test_max_in_flight_is_respected_on_the_broker(nsqd: EmbeddedNSQD) -> N
     peak_handlers = 0
     done = 0
 
-    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=5) as c:
+    # msg_timeout well past anything a loaded machine does to this test: a message nsqd
+    # took back (and redelivered) once made finished 39 of 40
+    async with Consumer(
+        topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=5, msg_timeout=300.0
+    ) as c:
 
         async def handler(msg: Message) -> None:
             nonlocal active, peak_handlers, done
@@ -67,8 +71,8 @@ async def test_backoff_after_failures(nsqd: EmbeddedNSQD) -> None:
         "ch",
         nsqd=[nsqd.tcp_address],
         max_in_flight=5,
-        backoff_multiplier=0.3,
-        max_backoff_duration=1.0,
+        backoff_multiplier=1.0,  # a 2 s window: long enough to see RDY 0 on a loaded broker
+        max_backoff_duration=2.0,
         default_requeue_delay=0,
     ) as c:
         with anyio.fail_after(10):
@@ -78,9 +82,10 @@ async def test_backoff_after_failures(nsqd: EmbeddedNSQD) -> None:
             assert stats.backoff_level == 1 and stats.backoff_phase == "waiting"
             assert stats.rdy == 0
             # During the window the broker gives us nothing new beyond what was already sent.
-            await anyio.sleep(0.1)
-            ch = await channel_stats(nsqd, topic, "ch")
-            assert ch["clients"][0]["ready_count"] == 0
+            await wait_channel(
+                nsqd, topic, "ch", lambda ch: ch["clients"][0]["ready_count"] == 0, what="RDY 0"
+            )
+            assert c.stats().backoff_phase == "waiting"  # seen within the window
             # Results during the window do not count; after it, RDY 1 tests the water and a
             # success brings the consumer back to normal.
             phases = []
@@ -118,8 +123,13 @@ async def test_max_attempts_gives_up(nsqd: EmbeddedNSQD) -> None:
     give_up = next(e for e in events if isinstance(e, GiveUp))
     assert give_up.message.body == b"poison" and give_up.message.attempts == 4
     assert c.stats().given_up == 1
-    ch = await channel_stats(nsqd, topic, "ch")
-    assert ch["depth"] == 0 and ch["deferred_count"] == 0
+    await wait_channel(
+        nsqd,
+        topic,
+        "ch",
+        lambda ch: ch["depth"] == 0 and ch["deferred_count"] == 0 and ch["in_flight_count"] == 0,
+        what="the given-up message FIN'd",
+    )
 
 
 async def test_drain_with_messages_in_flight(nsqd: EmbeddedNSQD) -> None:
@@ -290,10 +300,57 @@ async def test_fetch_batch_expiry_and_no_wait(nsqd: EmbeddedNSQD) -> None:
             for msg in batch:
                 await msg.finish()
             assert await c.fetch(5, no_wait=True) == []
-            # The broker never pushed more than was asked.
-            ch = await channel_stats(nsqd, topic, "ch")
-            assert ch["in_flight_count"] == 0
-            assert c.stats().finished == 5
+            # The broker never pushed more than was asked: once the FINs are applied, nothing
+            # is in flight and nothing more was sent.
+            await wait_channel(
+                nsqd, topic, "ch", lambda ch: ch["in_flight_count"] == 0, what="FINs applied"
+            )
+            assert c.stats().finished == 5 and c.stats().received == 5
+
+
+async def test_fetch_cancelled_from_outside_loses_nothing(make_nsqd: NSQDFactory) -> None:
+    # A fetch bounded by an outer cancel scope (not by its own timeout) must leave the
+    # coordinator: before, it kept waiting there, swallowed later deliveries (which timed out
+    # on nsqd and were given up after max_attempts) and, after 512 of them, every fetch
+    # returned [] at once.
+    server = make_nsqd(msg_timeout=1.0)
+    topic = fresh()
+    events: list[object] = []
+    async with Consumer(
+        topic,
+        "ch",
+        nsqd=[server.tcp_address],
+        pull=True,
+        max_in_flight=50,
+        max_attempts=3,
+        on_event=events.append,
+    ) as c:
+        with anyio.fail_after(20):
+            with anyio.move_on_after(0.2):
+                await c.fetch(10)
+            for _ in range(600):  # more than max_waiting_fetches
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    await c.fetch(5)
+            await publish(server.tcp_address, topic, [b"a", b"b", b"c"])
+            await anyio.sleep(1.5)  # longer than msg_timeout: nothing may be in flight
+            batch = await c.fetch(3, timeout=5)
+            assert sorted(m.body for m in batch) == [b"a", b"b", b"c"]
+            assert [m.attempts for m in batch] == [1, 1, 1]
+            for msg in batch:
+                await msg.finish()
+            # Messages a cancelled fetch had gathered go to the next fetch, not to nsqd.
+            await publish(server.tcp_address, topic, [b"d", b"e"])
+            with anyio.move_on_after(0.5):
+                await c.fetch(5)
+            batch = await c.fetch(2, timeout=5)
+            assert sorted(m.body for m in batch) == [b"d", b"e"]
+            assert [m.attempts for m in batch] == [1, 1]
+            for msg in batch:
+                await msg.finish()
+        assert c.stats().given_up == 0
+        assert c.stats().finished == 5
+        assert not [e for e in events if isinstance(e, GiveUp)]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -389,8 +446,14 @@ async def test_touch_requeue_delay_and_pause(nsqd: EmbeddedNSQD) -> None:
             assert await msg.requeue(0.5, backoff=False)
             assert not await msg.finish()  # answered once only
             await anyio.sleep(0.7)
-            ch = await channel_stats(nsqd, topic, "ch")
-            assert ch["clients"][0]["ready_count"] == 0 and ch["in_flight_count"] == 0
+            await wait_channel(
+                nsqd,
+                topic,
+                "ch",
+                lambda ch: ch["clients"][0]["ready_count"] == 0 and ch["in_flight_count"] == 0,
+                what="RDY 0 and the REQ applied",
+            )
+            assert c.stats().received == 1  # paused: nothing else arrived
             c.set_max_in_flight(1)
             got = []
             async for m in c:

@@ -537,10 +537,18 @@ class Consumer:
         try:
             await slot[0].wait()
         except BaseException:
-            # Cancelled: whatever this request receives goes back to nsqd.
+            # Cancelled from outside (move_on_after, a task group...): the request must stop
+            # waiting in the coordinator, or it keeps RDY open and swallows later deliveries.
+            self._fetches.pop(request_id, None)
             if slot[1] is None:
-                slot[1] = "abandoned"
+                # Not answered yet (or its answer still queued in the coordinator): what it
+                # gathered goes back to the hold buffer for the next fetch.
+                self._coord.cancel_fetch(request_id, monotonic())
+                if not self._closed:
+                    self._dispatch()
+                    self._kick()
             else:
+                # Answered, but the caller never saw it: give the messages back to nsqd.
                 self._requeue_all(slot[1].messages)
             raise
         result: FetchResult = slot[1]
@@ -782,7 +790,7 @@ class Consumer:
 
     def _on_fetch_result(self, result: FetchResult) -> None:
         slot = self._fetches.pop(result.request_id, None)
-        if slot is None or slot[1] == "abandoned":
+        if slot is None:  # its caller is gone (should not happen: fetch() cancels it)
             self._requeue_all(result.messages)
             return
         slot[1] = result
