@@ -353,6 +353,24 @@ async def test_fetch_cancelled_from_outside_loses_nothing(make_nsqd: NSQDFactory
         assert not [e for e in events if isinstance(e, GiveUp)]
 
 
+async def test_drain_requeues_messages_never_handed_out_at_once(nsqd: EmbeddedNSQD) -> None:
+    # The user never iterated: the 5 messages wait in the transport's inbox. drain() must
+    # requeue them at once (REQ 0), not wait its whole timeout for answers that never come.
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"%d" % i for i in range(5)])
+    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=5) as c:
+        with anyio.fail_after(10):
+            while c.stats().received < 5:
+                await anyio.sleep(0.02)
+        start = time.monotonic()
+        await c.drain(timeout=5)
+        assert time.monotonic() - start < 2
+        assert c.stats().requeued == 5
+    ch = await channel_stats(nsqd, topic, "ch")
+    assert ch["in_flight_count"] == 0
+    assert ch["depth"] == 5
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 async def test_drain_on_signals(nsqd: EmbeddedNSQD) -> None:
     topic = fresh()

@@ -395,8 +395,9 @@ class Consumer:
                 await self._drained.wait()
 
     def _start_drain(self, timeout: float | None) -> None:
-        self._coord.drain(monotonic(), timeout)
-        # Messages not handed to user code were requeued by the coordinator.
+        # Messages in the inbox were never handed to user code: the coordinator requeues them
+        # at once (it cannot tell them from those the user holds unless told).
+        self._coord.drain(monotonic(), timeout, unseen=self._inbox)
         self._inbox.clear()
         self._wake_readers()
         self._dispatch()
