@@ -21,7 +21,7 @@ from transports.anyio import (
 )
 from transports.embedded import EmbeddedNSQD
 
-from .conftest import CA, NSQDFactory, channel_stats, lookup_producers
+from .conftest import CA, NSQDFactory, channel_stats, lookup_producers, stop_nsqd
 
 pytestmark = pytest.mark.anyio
 
@@ -86,6 +86,25 @@ async def test_http_producer_pub_mpub_defer(nsqd: EmbeddedNSQD) -> None:
         await hp.deferred_publish(topic, b"four", delay=0.2)
     async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=10) as c:
         assert sorted(await collect(c, 4)) == [b"four", b"one", b"thr\nee", b"two"]
+
+
+async def test_http_producer_survives_an_nsqd_restart(make_nsqd: NSQDFactory) -> None:
+    # The pooled keep-alive connection is dead after the restart; the publish must be sent
+    # again on a fresh connection (it failed before any byte of an answer), not fail.
+    server = make_nsqd(tcp_address="127.0.0.1:0", http_address="127.0.0.1:0")
+    tcp, http = server.tcp_address, server.http_url.removeprefix("http://")
+    topic = fresh()
+    async with HTTPProducer(server.http_url) as hp:
+        await hp.publish(topic, b"one")
+        await anyio.to_thread.run_sync(stop_nsqd, server)
+        server = await anyio.to_thread.run_sync(
+            lambda: make_nsqd(tcp_address=tcp, http_address=http)
+        )
+        with anyio.fail_after(10):
+            await hp.publish(topic, b"two")
+            await hp.publish(topic, b"three")
+    async with Consumer(topic, "ch", nsqd=[server.tcp_address], max_in_flight=10) as c:
+        assert sorted(await collect(c, 2)) == [b"three", b"two"]
 
 
 async def test_publish_errors_are_raised(nsqd: EmbeddedNSQD) -> None:

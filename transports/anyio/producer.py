@@ -481,6 +481,14 @@ class Producer:
         return self._retried
 
 
+class _StaleConnection(Exception):
+    """An HTTP connection failed before any byte of the answer (``error`` says how)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class HTTPProducer:
     """Publish through nsqd's HTTP API (``/pub``, binary ``/mpub``, ``/pub?defer=``) over h11,
     with keep-alive connections and failover over several nsqd on connection errors."""
@@ -549,30 +557,61 @@ class HTTPProducer:
     ) -> PubResponse:
         idle = self._idle[url]
         if idle:
+            # A kept-alive connection may have been closed by nsqd (restart, idle timeout)
+            # while it sat in the pool: when it fails before any byte of an answer, the
+            # request is sent once more, on a fresh connection (the other idle ones are
+            # dropped: they are most likely stale too).
             stream, client = idle.pop()
-        else:
-            stream = await connect(url.host, url.port, self._options.connect_timeout)
-            if url.scheme == "https":
-                stream = await start_tls(
-                    stream,
-                    self._options.ssl_context(),
-                    self._options.tls.server_hostname(url.host),
-                    b"",
-                    self._options.connect_timeout,
-                )
-            client = HTTPPublishClient(url.host_header, url.path)
-        keep = False
+            try:
+                return await self._round_trip(idle, stream, client, build)
+            except _StaleConnection:
+                with anyio.CancelScope(shield=True):
+                    while idle:
+                        await anyio.aclose_forcefully(idle.pop()[0])
+        stream = await connect(url.host, url.port, self._options.connect_timeout)
+        if url.scheme == "https":
+            stream = await start_tls(
+                stream,
+                self._options.ssl_context(),
+                self._options.tls.server_hostname(url.host),
+                b"",
+                self._options.connect_timeout,
+            )
+        client = HTTPPublishClient(url.host_header, url.path)
         try:
-            await stream.send(build(client))
-            while True:
-                try:
-                    data = await stream.receive(READ_SIZE)
-                except anyio.EndOfStream:
-                    data = b""
-                response = client.receive_data(data)
-                if response is not None:
-                    keep = response.keep_alive
-                    return response
+            return await self._round_trip(idle, stream, client, build)
+        except _StaleConnection as exc:
+            raise exc.error from None
+
+    async def _round_trip(
+        self,
+        idle: list[tuple[anyio.abc.ByteStream, HTTPPublishClient]],
+        stream: anyio.abc.ByteStream,
+        client: HTTPPublishClient,
+        build: Callable[[HTTPPublishClient], bytes],
+    ) -> PubResponse:
+        """One request on ``stream``; :class:`_StaleConnection` when it failed before any
+        byte of the answer arrived (safe to send again elsewhere)."""
+        keep = False
+        answered = False
+        try:
+            try:
+                await stream.send(build(client))
+                while True:
+                    try:
+                        data = await stream.receive(READ_SIZE)
+                    except anyio.EndOfStream:
+                        data = b""
+                    if data:
+                        answered = True
+                    response = client.receive_data(data)
+                    if response is not None:
+                        keep = response.keep_alive
+                        return response
+            except (*_SOCKET_ERRORS, NSQError) as exc:
+                if answered:
+                    raise
+                raise _StaleConnection(exc) from exc
         finally:
             if keep:
                 idle.append((stream, client))
