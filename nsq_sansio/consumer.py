@@ -57,7 +57,7 @@ from typing import NamedTuple, cast
 
 from .backoff import Backoff, BackoffPhase, Outcome, reconnect_delay
 from .config import Config
-from .connection import ClientConnection, ConnectionState
+from .connection import MAX_COMMAND_DELAY, ClientConnection, ConnectionState
 from .discovery import (
     LookupAnswer,
     LookupdAddress,
@@ -110,6 +110,7 @@ CLOSE_WAIT_GRACE = 5.0
 
 _new_tuple = tuple.__new__
 _message_id: Callable[[Message], bytes] = itemgetter(0)  # Message.id
+_message: Callable[[Deliver], Message] = itemgetter(1)  # Deliver.message
 _attempts: Callable[[Message], int] = itemgetter(3)  # Message.attempts
 
 
@@ -294,7 +295,10 @@ class _Link:
         "close_deadline",
         "close_wait",
         "conn_id",
+        "dirty",
         "handshake_deadline",
+        "head",
+        "held",
         "last_message_at",
         "marks",
         "max_msg_timeout",
@@ -303,6 +307,7 @@ class _Link:
         "msg_timeout",
         "phase",
         "proto",
+        "queue",
         "rdy",
         "rdy_at",
         "remaining",
@@ -310,7 +315,6 @@ class _Link:
         "send_fin",
         "target",
         "touched",
-        "tracked",
         "warm",
     )
 
@@ -333,8 +337,13 @@ class _Link:
         self.max_req_timeout: float | None = None
         self.last_message_at = -math.inf
         self.rdy_at = -math.inf
-        #: Messages in flight here, by id: the handle the user answers with.
-        self.tracked: dict[bytes, Deliver] = {}
+        #: Messages in flight here, with the handle the user answers with: ``held`` by id,
+        #: then ``queue[head:]``, the handles of the latest reads in delivery order, not put
+        #: in ``held`` yet: answers in that order only move ``head`` (no dict work per
+        #: message). :attr:`tracked` merges the two. ``head < len(queue)`` unless both are 0.
+        self.held: dict[bytes, Deliver] = {}
+        self.queue: list[Deliver] = []
+        self.head = 0
         #: Deadlines moved by TOUCH (most messages are never touched).
         self.touched: dict[bytes, float] = {}
         #: Ids handed to user code, when the transport reports it (mark_delivered).
@@ -345,6 +354,25 @@ class _Link:
         self.send_fin: Callable[[bytes], None] = _no_fin
         #: Subscribed and the consumer running: messages go to the user (the hot-path test).
         self.accepting = False
+        #: True only while conn_id is in the coordinator's ``_dirty`` (spares finish() a set
+        #: insert per message); False does not mean it is not there.
+        self.dirty = False
+
+
+    @property
+    def tracked(self) -> dict[bytes, Deliver]:
+        """Every message in flight here, by id, in delivery order (the queue moves in)."""
+        queue = self.queue
+        if queue:
+            rest = queue[self.head :] if self.head else queue
+            self.held.update(zip(map(_message_id, map(_message, rest)), rest, strict=True))
+            self.queue = []
+            self.head = 0
+        return self.held
+
+    def held_count(self) -> int:
+        """``len(self.tracked)``, without moving the queue."""
+        return len(self.held) + len(self.queue) - self.head
 
 
 class _Retry:
@@ -483,10 +511,10 @@ class ConsumerCoordinator:
         link = self._links.get(conn_id)
         if link is None:
             return None
-        return link.phase, link.rdy, len(link.tracked)
+        return link.phase, link.rdy, link.held_count()
 
     def in_flight_count(self) -> int:
-        return sum(len(link.tracked) for link in self._links.values())
+        return sum(link.held_count() for link in self._links.values())
 
     def known_nodes(self) -> frozenset[NSQDAddress]:
         """nsqd addresses known from configuration and from lookupd (union)."""
@@ -498,7 +526,7 @@ class ConsumerCoordinator:
     def is_starved(self) -> bool:
         """The guide's is_starved: some connection holds >= 85% of its RDY in messages."""
         for link in self._links.values():
-            if link.phase is LinkPhase.SUBSCRIBED and is_starved(len(link.tracked), link.rdy):
+            if link.phase is LinkPhase.SUBSCRIBED and is_starved(link.held_count(), link.rdy):
                 return True
         return False
 
@@ -552,6 +580,7 @@ class ConsumerCoordinator:
         self._dirty.discard(conn_id)
         if link is None or link.proto is None:
             return b""
+        link.dirty = False
         return link.proto.data_to_send()
 
     def pending_data(self) -> list[tuple[int, bytes]]:
@@ -570,19 +599,11 @@ class ConsumerCoordinator:
         for conn_id in order:
             link = links.get(conn_id)
             if link is not None and link.proto is not None:
+                link.dirty = False
                 data = link.proto.data_to_send()
                 if data:
                     out.append((conn_id, data))
         dirty.clear()
-        return out
-        links = self._links
-        for conn_id in self._dirty:
-            link = links.get(conn_id)
-            if link is not None and link.proto is not None:
-                data = link.proto.data_to_send()
-                if data:
-                    out.append((conn_id, data))
-        self._dirty.clear()
         return out
 
     def next_deadline(self) -> float | None:
@@ -774,8 +795,15 @@ class ConsumerCoordinator:
                     ),
                 )
             )
-            link.tracked.update(zip(map(_message_id, messages), deliveries, strict=True))
             self._actions += deliveries
+            queue = link.queue  # tracked from here, by position (see _Link)
+            if not queue:
+                link.queue = deliveries
+            else:
+                if link.head:
+                    del queue[: link.head]
+                    link.head = 0
+                queue += deliveries
             self.received += count
             link.remaining -= count
             link.last_message_at = now
@@ -908,21 +936,34 @@ class ConsumerCoordinator:
         """FIN: the message was handled. False (and a TakenBack) if it was no longer ours."""
         try:
             link = self._links[delivery[0]]
-            message_id = delivery[1][0]
-            current = link.tracked.pop(message_id)
-        except KeyError:  # its connection is gone, or it was answered or taken back
+        except KeyError:  # its connection is gone
             self._report_gone(delivery, "FIN")
             return False
-        if current is not delivery:  # a newer delivery of that id: keep it
-            link.tracked[message_id] = current
-            self._report_gone(delivery, "FIN")
-            return False
+        message_id = delivery[1][0]
+        queue = link.queue
+        if queue and queue[link.head] is delivery:  # answered in delivery order
+            head = link.head + 1
+            if head == len(queue):
+                queue.clear()
+                link.head = 0
+            else:
+                link.head = head
+        else:
+            tracked = link.tracked
+            current = tracked.pop(message_id, None)
+            if current is not delivery:  # answered, taken back, or delivered again
+                if current is not None:  # a newer delivery of that id: keep it
+                    tracked[message_id] = current
+                self._report_gone(delivery, "FIN")
+                return False
         try:
             link.send_fin(message_id)
         except LocalProtocolError:  # that id was already answered in the same read
             self._report_gone(delivery, "FIN")
             return False
-        self._dirty.add(delivery[0])
+        if not link.dirty:
+            link.dirty = True
+            self._dirty.add(link.conn_id)
         self.finished += 1
         if link.marks:
             link.touched.pop(message_id, None)
@@ -940,41 +981,60 @@ class ConsumerCoordinator:
         if not self._calm:  # backoff, drain or pull: every answer has consequences
             return sum([finish(delivery, now) for delivery in deliveries])
         # Outside backoff a FIN only forgets the message: no per-answer decision to make.
+        # Deliveries answered in the order they came are checked against the link's queue.
         links = self._links
         done = 0  # FIN'd here; finish() counts its own
         others = 0
-        conn_id = None
-        fast = False
-        tracked: dict[bytes, Deliver] = {}
+        conn_id = 0  # connection ids start at 1
+        link: _Link | None = None
+        queue: list[Deliver] = []
+        head = size = 0
         send_fin: Callable[[bytes], None] = _no_fin
         for delivery in deliveries:
             if delivery[0] != conn_id:
+                if link is not None:
+                    self._queue_answered(link, head)
                 conn_id = delivery[0]
                 link = links.get(conn_id)
-                # touched/seen entries to clean up, or a connection gone: one by one
-                fast = link is not None and not link.marks
-                if link is not None and fast:
-                    tracked = link.tracked
+                if link is not None and link.marks:
+                    link = None  # touched/seen to clean up: one by one
+                if link is None:
+                    queue, head, size = [], 0, 0
+                else:
+                    queue = link.queue
+                    head = link.head
+                    size = len(queue)
                     send_fin = link.send_fin
-                    self._dirty.add(conn_id)
-            if not fast:
-                others += finish(delivery, now)
-                continue
-            message_id = delivery[1][0]
-            current = tracked.pop(message_id, None)
-            if current is delivery:
+                    if not link.dirty:
+                        link.dirty = True
+                        self._dirty.add(conn_id)
+            if head < size and queue[head] is delivery:
+                head += 1
                 try:
-                    send_fin(message_id)
+                    send_fin(delivery[1][0])
                 except LocalProtocolError:  # that id was already answered in the same read
                     self._report_gone(delivery, "FIN")
                     continue
                 done += 1
                 continue
-            if current is not None:  # a newer delivery of that id: keep it
-                tracked[message_id] = current
-            self._report_gone(delivery, "FIN")
+            if link is not None:  # out of order: finish() looks it up (and moves the queue)
+                self._queue_answered(link, head)
+                link = None
+            others += finish(delivery, now)
+            conn_id = 0
+        if link is not None:
+            self._queue_answered(link, head)
         self.finished += done
         return done + others
+
+    @staticmethod
+    def _queue_answered(link: _Link, head: int) -> None:
+        """``queue[:head]`` of ``link`` were answered."""
+        if head >= len(link.queue):
+            link.queue.clear()
+            link.head = 0
+        else:
+            link.head = head
 
     def requeue(
         self,
@@ -994,8 +1054,11 @@ class ConsumerCoordinator:
         assert link.proto is not None
         if delay is None:
             delay = self.requeue_delay(delivery.message.attempts, link.conn_id)
-        elif link.max_req_timeout is not None:
-            delay = min(delay, link.max_req_timeout)
+        else:
+            # nsqd clamps REQ to its --max-req-timeout; we clamp to what the wire can carry.
+            delay = min(delay, MAX_COMMAND_DELAY)
+            if link.max_req_timeout is not None:
+                delay = min(delay, link.max_req_timeout)
         try:
             link.proto.requeue(delivery.message.id, delay)
         except LocalProtocolError:  # that id was already answered in the same read
@@ -1072,6 +1135,36 @@ class ConsumerCoordinator:
             self._fetches.add(request)
             self._rebalance(now)
         return request_id
+
+    def cancel_fetch(self, request_id: int, now: float) -> None:
+        """The caller gave up on fetch ``request_id`` (cancelled, timed out on its side).
+
+        The request stops waiting, and whatever it had gathered (even an answer still queued
+        in :meth:`take_actions`) goes back to the front of the hold buffer for the next fetch,
+        so a cancelled fetch never swallows messages. Unknown or finished ids are ignored."""
+        gathered: list[Deliver] = []
+        for request in self._fetches.waiting:
+            if request.request_id == request_id:
+                self._fetches.remove(request)
+                gathered = request.messages
+                break
+        else:
+            for index, action in enumerate(self._actions):
+                if isinstance(action, FetchResult) and action.request_id == request_id:
+                    del self._actions[index]
+                    gathered = list(action.messages)
+                    for delivery in gathered:
+                        link = self._links.get(delivery.conn_id)
+                        if link is not None:
+                            link.seen.discard(delivery.message.id)
+                    break
+        hold_until = now + self._config.pull_hold_timeout
+        buffer = self._fetches.buffer
+        for delivery in reversed(gathered):
+            if self._current(delivery) is not None:
+                buffer.appendleft((hold_until, delivery))
+        if self._state is ConsumerState.RUNNING:
+            self._rebalance(now)
 
     # --- internals: messages -------------------------------------------------------------------
 
@@ -1425,6 +1518,7 @@ class ConsumerCoordinator:
         """Recompute every connection's RDY target and send what changed (lower ones first)."""
         links = self._subscribed()
         if not links:
+            self._next_expiry = None  # nothing in flight anywhere: no expiry to wake up for
             return
         budget = self._budget()
         if self._pull:
