@@ -150,6 +150,33 @@ async def channel_stats(server: EmbeddedNSQD, topic: str, channel: str) -> dict[
     return {}
 
 
+async def wait_channel(
+    server: EmbeddedNSQD,
+    topic: str,
+    channel: str,
+    check: Callable[[dict[str, Any]], bool],
+    *,
+    timeout: float = 10.0,
+    what: str = "",
+) -> dict[str, Any]:
+    """Poll the broker's view of a channel until ``check(stats)`` holds; returns those stats.
+
+    A client's FIN/REQ/RDY is applied by the broker a little after the client queued it (on
+    another thread, later still under load): read broker state through this, never once
+    right after an action. A ``check`` that raises KeyError/IndexError counts as not yet."""
+    last: dict[str, Any] = {}
+    with anyio.move_on_after(timeout):
+        while True:
+            last = await channel_stats(server, topic, channel)
+            try:
+                if check(last):
+                    return last
+            except (KeyError, IndexError):
+                pass
+            await anyio.sleep(0.02)
+    raise AssertionError(f"broker state not reached in {timeout}s ({what or check}): {last}")
+
+
 async def lookup_producers(lookupd_http_url: str, topic: str) -> list[Any]:
     """``/lookup?topic=`` producers (an unknown topic gives [])."""
     try:

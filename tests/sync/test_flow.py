@@ -56,7 +56,7 @@ def test_backoff_on_failures(nsqd: Pair) -> None:
         "c",
         nsqd=[server.tcp_address],
         max_in_flight=10,
-        backoff_multiplier=0.3,
+        backoff_multiplier=1.0,  # a 2 s window: RDY 0 is seen on the broker even under load
         max_backoff_duration=2.0,
     ) as consumer:
         first = consumer.get(timeout=5)
@@ -291,6 +291,11 @@ def test_pull_batch_held_under_keepalive_then_finished_after_commit() -> None:
             assert len(rest) == 10 and all(m.attempts == 1 for m in rest)
             for m in rest:
                 m.finish()
+        # the last FINs are applied by the broker a little after close() returns
+        wait_for(
+            lambda: (channel_stats(runner, topic, "spark") or {}).get("in_flight_count") == 0,
+            what="every FIN applied",
+        )
         channel = channel_stats(runner, topic, "spark")
     assert channel is not None and channel["timeout_count"] == 0
     assert channel["depth"] == 0 and channel["in_flight_count"] == 0

@@ -166,7 +166,9 @@ def test_sigterm_drains_the_consumer() -> None:
                 seen += 1
                 if seen == 3:
                     os.kill(os.getpid(), signal.SIGTERM)
-                    time.sleep(0.2)  # the IO thread takes back what we have not seen yet
+                    # the IO thread takes back what we have not seen yet (may take a while
+                    # on a loaded machine: wait for it rather than sleep a fixed time)
+                    wait_for(lambda: consumer.stats().requeued >= 7, what="7 requeued")
                 msg.finish()
             assert consumer.draining
             stats = consumer.stats()
