@@ -337,17 +337,20 @@ class Progress:
         self.started = time.monotonic()
         self._drawn = 0
         self._last_plain = 0.0
+        self._last: dict[str, tuple[float, int]] = {}
 
     def lines(self) -> list[str]:
         t = self.tally
-        elapsed = max(time.monotonic() - self.started, 1e-9)
+        now = time.monotonic()
         total = t.workload.count
         out = [f"publish  {_bar(t.published, total)} {t.published:>9,}/{total:,}"]
         for name, ch in t.channels.items():
-            rate = ch.handled / elapsed
+            last_at, last_handled = self._last.get(name, (self.started, 0))
+            rate = (ch.handled - last_handled) / max(now - last_at, 1e-9)
+            self._last[name] = (now, ch.handled)
             out.append(
                 f"{name:<8} {_bar(ch.accounted, total)} {ch.accounted:>9,}/{total:,}"
-                f"  {rate:>8,.0f} msg/s  requeued {ch.requeued:,}  given up {ch.given_up:,}"
+                f" {rate:>7,.0f}/s  req {ch.requeued:,}  gave up {ch.given_up:,}"
             )
         return out
 
@@ -355,8 +358,12 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
+        if not self.tty and not final and now - self._last_plain < 2.0:
+            return
         lines = self.lines()
         if self.tty:
+            width = max(20, shutil.get_terminal_size().columns - 1)
+            lines = [line[:width] for line in lines]
             up = f"\x1b[{self._drawn}F" if self._drawn else ""
             self.stream.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
             self._drawn = len(lines)
