@@ -1,4 +1,5 @@
-"""``python -m nsq_sansio.testing replay <blob>``: run a printed scenario again, exactly."""
+"""``python -m nsq_sansio.testing replay <blob> [--rdy-per-write]``: run a printed scenario
+again, exactly (``--rdy-per-write`` checks the RDY sum after every RDY written)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from .simulator import run_scenario, scenario_from_blob
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "replay":
-        print("usage: python -m nsq_sansio.testing replay <blob>", file=sys.stderr)
+    per_write = "--rdy-per-write" in argv
+    args = [a for a in argv if a != "--rdy-per-write"]
+    if len(args) != 2 or args[0] != "replay":
+        print("usage: python -m nsq_sansio.testing replay <blob> [--rdy-per-write]",
+              file=sys.stderr)
         return 2
-    scenario = scenario_from_blob(argv[1])
+    scenario = scenario_from_blob(args[1])
     print(scenario)
     try:
-        result = run_scenario(scenario)
+        result = run_scenario(scenario, rdy_per_write=per_write)
     except InvariantViolation as exc:
         print(exc)
         return 1

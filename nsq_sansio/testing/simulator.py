@@ -453,11 +453,13 @@ class Simulator:
 # --- scenarios: run, serialise, replay ---------------------------------------------------------
 
 
-def run_scenario(scenario: Scenario, *, check_discovery: bool = True) -> RunResult:
+def run_scenario(scenario: Scenario, *, check_discovery: bool = True,
+                 rdy_per_write: bool = False) -> RunResult:
     """Run a scenario to the end: faults until ``duration``, then heal and settle, then the
     final invariants. Raises :class:`InvariantViolation` (with the replay line) on failure."""
-    line = replay_line(scenario)
-    sim = Simulator(scenario.cluster, seed=scenario.seed, replay=line)
+    line = replay_line(scenario) + (" --rdy-per-write" if rdy_per_write else "")
+    sim = Simulator(scenario.cluster, seed=scenario.seed, replay=line,
+                    rdy_per_write=rdy_per_write)
     sim.schedule_workload(scenario.workload)
     for fault in scenario.faults:
         sim.schedule_fault(fault)

@@ -159,3 +159,21 @@ def test_rdy_sum_holds_after_every_single_write() -> None:
         sim = Simulator(spec, seed=seed, rdy_per_write=True)
         sim.schedule_workload(Workload(messages=300))
         sim.run_until(20.0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=InvariantViolation,
+    reason="consumer.py pull mode: when a fetch expires and the next one is allotted to "
+    "another connection (max_in_flight 1, 5 nsqd), the new RDY 1 is written before the old "
+    "holder's RDY 0; push mode was fixed in 237e806",
+)
+def test_pull_rdy_sum_holds_after_every_single_write() -> None:
+    from nsq_sansio.testing import LinkSpec, Simulator
+
+    config = CONFIG.replace(max_in_flight=1, low_rdy_idle_timeout=1.0,
+                            rdy_redistribute_interval=0.5)
+    consumer = ConsumerSpec(config=config, use_lookupd=False, pull=True, fetch_batch=1)
+    spec = ClusterSpec(nsqd=5, consumers=(consumer,), link=LinkSpec(latency=0.05, jitter=0.0))
+    sim = Simulator(spec, seed=0, rdy_per_write=True)
+    sim.run_until(20.0)
