@@ -116,6 +116,35 @@ async def test_publish_errors_are_raised(nsqd: EmbeddedNSQD) -> None:
         await p.publish(fresh(), b"still works")
 
 
+async def test_refused_publish_fails_alone(make_nsqd: NSQDFactory) -> None:
+    # nsqd closes the connection after E_BAD_MESSAGE; the publishes pipelined behind the bad
+    # one were never read by nsqd and must be sent again after a reconnect, not failed.
+    server = make_nsqd(max_msg_size=1000)
+    topic = fresh()
+    results: dict[int, str] = {}
+    async with Producer(server.tcp_address) as p:
+        await p.publish(topic, b"warm")  # the connection is up: the 50 go out pipelined
+
+        async def pub(i: int) -> None:
+            try:
+                await p.publish(topic, b"x" * 2000 if i == 10 else b"%d" % i)
+                results[i] = "ok"
+            except Exception as exc:
+                results[i] = type(exc).__name__
+
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+                for i in range(50):
+                    tg.start_soon(pub, i)
+    assert results.pop(10) == "BadMessage"
+    assert set(results.values()) == {"ok"}
+    expected = sorted([b"warm"] + [b"%d" % i for i in range(50) if i != 10])
+    async with Consumer(topic, "ch", nsqd=[server.tcp_address], max_in_flight=100) as c:
+        assert sorted(await collect(c, 50)) == expected
+        await anyio.sleep(0.2)
+        assert c.stats().received == 50  # each exactly once
+
+
 async def test_producer_failover_and_back_pressure(nsqd: EmbeddedNSQD) -> None:
     topic = fresh()
     dead = "127.0.0.1:1"  # nothing listens there

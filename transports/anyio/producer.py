@@ -228,6 +228,7 @@ class Producer:
             errors: list[BaseException] = []
             node = self._nodes[next(self._rr) % len(self._nodes)]
             candidates = [node] if node.ready else self._candidates()
+            sent = 0
             i = 0
             while i < len(candidates):
                 node = candidates[i]
@@ -244,6 +245,7 @@ class Producer:
                     continue
                 pending = _Pending(deadline)
                 request_id = build(proto)
+                sent += 1
                 node.pending[request_id] = pending
                 node.wake.set()
                 if self._watchdog is None:
@@ -262,6 +264,12 @@ class Producer:
                 errors.append(error)
                 if len(candidates) == 1 and len(self._nodes) > 1:
                     candidates = [node, *(n for n in self._candidates() if n is not node)]
+                if i >= len(candidates) and sent <= len(self._nodes):
+                    # The connection died with this publish unanswered, maybe not the node
+                    # (nsqd closes it after a fatal error for another publish pipelined
+                    # before ours, which it then never read): send it again after a
+                    # reconnect, like the blocking producer (at most one more send).
+                    candidates.append(node)
             self._failed += 1
             raise NoNSQDAvailable(errors)
         finally:
