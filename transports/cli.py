@@ -452,13 +452,26 @@ StatKey = tuple[str, str]  # (topic, channel or "")
 
 
 def collect_stats(
-    addresses: Sequence[str], topic: str | None, channel: str | None, timeout: float
+    addresses: Sequence[str],
+    topic: str | None,
+    channel: str | None,
+    timeout: float,
+    errors: list[str] | None = None,
 ) -> dict[StatKey, dict[str, int]]:
-    """Sum the /stats of every nsqd per (topic, channel); channel "" is the topic itself."""
+    """Sum the /stats of every nsqd per (topic, channel); channel "" is the topic itself.
+
+    An nsqd that does not answer is skipped and described in ``errors`` when a list is given
+    (else its error is raised)."""
     rows: dict[StatKey, dict[str, int]] = {}
     for address in addresses:
         query = "format=json" + (f"&topic={topic}" if topic else "")
-        data = _http_get_json(f"http://{address}/stats?{query}", timeout)
+        try:
+            data = _http_get_json(f"http://{address}/stats?{query}", timeout)
+        except CLIError as err:
+            if errors is None:
+                raise
+            errors.append(str(err))
+            continue
         data = data.get("data", data)  # nsqd before 1.0 wrapped the answer
         for t in data.get("topics", []):
             name = t["topic_name"]
@@ -559,12 +572,24 @@ def stat_main(argv: Sequence[str]) -> int:
     last = time.monotonic()
     with _stop_on_signals() as stop:
         while not stop.is_set():
-            addresses = _nsqd_http_addresses(args.nsqd_http_address, lookupd, args.http_timeout)
-            rows = collect_stats(addresses, args.topic, args.channel, args.http_timeout)
+            # The first table fails on any error (a wrong address should say so at once);
+            # later ones keep going and name what did not answer.
+            errors: list[str] | None = [] if shown else None
+            try:
+                addresses = _nsqd_http_addresses(args.nsqd_http_address, lookupd, args.http_timeout)
+            except CLIError as err:
+                if errors is None:
+                    raise
+                print(f"nsq-sansio stat: {err}", file=sys.stderr, flush=True)
+                stop.wait(args.status_every)
+                continue
+            rows = collect_stats(addresses, args.topic, args.channel, args.http_timeout, errors)
             now = time.monotonic()
             stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
             print(f"{stamp}  {len(addresses)} nsqd")
             print(format_stats(rows, previous, now - last))
+            for error in errors or ():
+                print(f"  ! {error}")
             print(flush=True)
             previous, last = rows, now
             shown += 1
