@@ -704,6 +704,15 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
     return p
 
 
+def _describe(err: BaseException) -> str:
+    """The first real error inside (nested) exception groups, as one line."""
+    while getattr(err, "exceptions", None):  # (Base)ExceptionGroup, also on 3.10
+        err = err.exceptions[0]  # type: ignore[attr-defined]
+    if isinstance(err, (RuntimeError, OSError)) and str(err):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
+
+
 def demo_main(argv: Sequence[str] | None = None) -> int:
     """``nsq-sansio demo [options]``; returns the exit code (0: every message accounted for)."""
     args = build_parser().parse_args(argv)
@@ -730,8 +739,8 @@ def demo_main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nsq-sansio demo: interrupted", file=sys.stderr)
         return 130
-    except (RuntimeError, OSError) as err:
-        print(f"nsq-sansio demo: {err}", file=sys.stderr)
+    except Exception as err:  # one line, never a traceback
+        print(f"nsq-sansio demo: {_describe(err)}", file=sys.stderr)
         return 1
     print(format_report(result))
     return 0 if result.ok else 1
