@@ -282,3 +282,26 @@ def test_usage_errors_exit_2() -> None:
     assert result.returncode == 0
     for command in ("demo", "tail", "pub", "stat", "to-file", "nsqd", "lookupd"):
         assert command in result.stdout.decode()
+
+
+def test_tail_follows_until_sigint_and_leaves_nothing_in_flight(nsqd: EmbeddedNSQD) -> None:
+    http_post(nsqd.http_address, "/topic/create?topic=follow")
+    http_post(nsqd.http_address, "/channel/create?topic=follow&channel=watch")
+    proc = cli_popen(
+        "tail", "--topic", "follow", "--channel", "watch", "--nsqd-tcp-address", nsqd.tcp_address
+    )
+    try:
+        with Producer(nsqd.tcp_address) as producer:
+            producer.multi_publish("follow", [b"first", b"second"])
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"first\n"
+        assert proc.stdout.readline() == b"second\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+    stats = channel_stats(nsqd.http_address, "follow", "watch")
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0
