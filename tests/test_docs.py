@@ -101,3 +101,28 @@ def test_raw_socket_consumer_example_against_embedded_nsqd(nsqd: EmbeddedNSQD) -
     # every message was FIN'd before the CLS: nothing left in flight or queued
     assert channel["depth"] == 0 and channel["in_flight_count"] == 0
     assert channel["requeue_count"] == 0 and channel["timeout_count"] == 0
+
+
+MY_PAGES = (
+    "index.md",
+    "getting-started.md",
+    "producers.md",
+    "discovery.md",
+    "security.md",
+    "sans-io.md",
+    "testing.md",
+    "architecture.md",
+    "benchmarks.md",
+    "migration.md",
+    "cli.md",
+)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("page", MY_PAGES)
+def test_python_snippets_are_valid_python(page: str) -> None:
+    import ast
+
+    text = (DOCS / page).read_text(encoding="utf-8")
+    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+        compile(block, page, "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
