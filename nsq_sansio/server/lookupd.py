@@ -476,7 +476,9 @@ class Lookupd:
     def _identify(self, conn: _Conn, body: bytes, now: float, events: list[LookupEvent]) -> bytes:
         try:
             raw = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as err:
+        except (ValueError, UnicodeDecodeError, RecursionError) as err:
+            # RecursionError: JSON nested deeper than the interpreter's stack (nsqlookupd
+            # answers any undecodable body with E_BAD_BODY)
             raise _Fatal("E_BAD_BODY", f"IDENTIFY failed to decode JSON body: {err}") from None
         if not isinstance(raw, dict):
             raise _Fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body: not an object")
