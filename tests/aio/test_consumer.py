@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from nsq_sansio.consumer import Disconnected, GiveUp, TakenBack
+from nsq_sansio.errors import LocalProtocolError
 from transports.anyio import Consumer, KeepaliveExpired, Message, Producer, drain_on_signals
 from transports.embedded import EmbeddedNSQD
 
@@ -511,3 +512,62 @@ async def test_nothing_left_behind(nsqd: EmbeddedNSQD, anyio_backend: str) -> No
     # The event loop's own resolver threads (getaddrinfo) may stay cached; nothing else may.
     new = [t.name for t in set(threading.enumerate()) - threads_before]
     assert all(name.startswith(("Trio thread", "asyncio_", "AnyIO worker")) for name in new), new
+
+
+def _live_tasks(backend: str) -> set[object]:
+    """Every task of the running event loop (asyncio or trio)."""
+    if backend == "asyncio":
+        import asyncio
+
+        return set(asyncio.all_tasks())
+    import trio
+
+    tasks: set[object] = set()
+    todo = [trio.lowlevel.current_root_task()]
+    while todo:
+        task = todo.pop()
+        if task is None:
+            continue
+        tasks.add(task)
+        for nursery in task.child_nurseries:
+            todo.extend(nursery.child_tasks)
+    return tasks
+
+
+async def test_start_then_close_leaves_no_task(nsqd: EmbeddedNSQD, anyio_backend: str) -> None:
+    # The public start()/close() pair (no `async with`) must end the pump and every
+    # connection task, and exit the consumer's task group.
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"a", b"b"])
+    before = _live_tasks(anyio_backend)
+    c = Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=5)
+    await c.start()
+    with anyio.fail_after(10):
+        msg = await c.__anext__()
+        await msg.finish()
+    await c.close()  # (not inside a cancel scope entered after start(): it exits the group)
+    await anyio.sleep(0.05)
+    assert _live_tasks(anyio_backend) == before
+    assert c.draining
+    with pytest.raises(LocalProtocolError):
+        await c.start()
+    await c.close()  # again: nothing to do
+    ch = await channel_stats(nsqd, topic, "ch")
+    assert ch["in_flight_count"] == 0, (ch, c.stats())
+    assert ch["depth"] == 1  # the message never handed out was requeued
+
+
+async def test_pull_consumer_cannot_be_iterated(nsqd: EmbeddedNSQD) -> None:
+    topic = fresh()
+    await publish(nsqd.tcp_address, topic, [b"a", b"b"])
+    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], pull=True, max_in_flight=10) as c:
+        with anyio.fail_after(5):
+            with pytest.raises(LocalProtocolError, match="fetch"):
+                async for _msg in c:
+                    pass
+            with pytest.raises(LocalProtocolError, match="fetch"):
+                await c.__anext__()
+            batch = await c.fetch(2, timeout=5)  # still usable
+        assert sorted(m.body for m in batch) == [b"a", b"b"]
+        for msg in batch:
+            await msg.finish()

@@ -343,11 +343,16 @@ class Consumer:
         self._reconnects = 0
         self._connection_errors = 0
         self._closed = False
+        self._in_context = False
+        self._exited = False
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start (``async with`` does it); connections open in the background."""
+        """Start (``async with`` does it); connections open in the background.
+
+        Without ``async with``, end it with :meth:`close` from the same task, outside any
+        cancel scope entered after ``start()`` (the consumer's task group is exited there)."""
         if self._tg is not None:
             raise LocalProtocolError("Consumer already started")
         self._tg = anyio.create_task_group()
@@ -358,6 +363,7 @@ class Consumer:
 
     async def __aenter__(self) -> Consumer:
         await self.start()
+        self._in_context = True
         return self
 
     async def __aexit__(
@@ -366,22 +372,43 @@ class Consumer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        return await self._exit(exc_type, exc, tb)
+
+    async def _exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
         tg = self._tg
-        if tg is None:
+        if tg is None or self._exited:
             return None
         try:
             await self._shutdown()
         finally:
-            self._closed = True
-            for scope in list(self._task_scopes):
-                scope.cancel()
+            self._stop_tasks()
             tg.cancel_scope.cancel()
-            self._wake_readers()
+            self._exited = True
         return await tg.__aexit__(exc_type, exc, tb)
 
+    def _stop_tasks(self) -> None:
+        self._closed = True
+        for scope in list(self._task_scopes):
+            scope.cancel()
+        self._wake_readers()
+
     async def close(self) -> None:
-        """Drain at once (unanswered messages are requeued) and close every connection."""
-        await self._shutdown()
+        """Drain at once (unanswered messages are requeued), close every connection and end
+        every task. Inside ``async with`` the block's exit finishes the job."""
+        if self._tg is not None and not self._in_context:
+            # Started with start(): nothing else will exit the task group.
+            await self._exit(None, None, None)
+            return
+        try:
+            await self._shutdown()
+        finally:
+            if self._tg is not None:
+                self._stop_tasks()
 
     async def _shutdown(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_timeout):
@@ -393,6 +420,10 @@ class Consumer:
             self._kick()
             if self._coord.state is not ConsumerState.CREATED:
                 await self._drained.wait()
+                # DrainComplete comes when the core is done; the writers may still have the
+                # last REQ/CLS to flush: let every connection task end by itself.
+                while self._conns:
+                    await anyio.sleep(0.002)
 
     def _start_drain(self, timeout: float | None) -> None:
         # Messages in the inbox were never handed to user code: the coordinator requeues them
@@ -436,6 +467,10 @@ class Consumer:
     # --- consuming -----------------------------------------------------------------------------
 
     def __aiter__(self) -> Consumer:
+        if self._pull:
+            raise LocalProtocolError(
+                "pull consumers use fetch(); `async for` is for push consumers"
+            )
         return self
 
     async def __anext__(self) -> Message:
@@ -462,6 +497,10 @@ class Consumer:
                     return Message(self, delivery)
             if self._closed or coord.state is not ConsumerState.RUNNING:
                 return None
+            if self._pull:
+                raise LocalProtocolError(
+                    "pull consumers use fetch(); `async for` is for push consumers"
+                )
             # One event per waiter: a batch of k messages wakes k waiters, not all of them.
             event = anyio.Event()
             waiters = self._waiters
