@@ -70,6 +70,14 @@ def _nsqd_parser() -> argparse.ArgumentParser:
         default=[],
         help="lookupd TCP address (may be given multiple times)",
     )
+    _flag(
+        p,
+        "auth-http-address",
+        action="append",
+        default=[],
+        help="<addr>:<port> or a full url to query auth server (may be given multiple times)",
+    )
+    _flag(p, "http-client-request-timeout", type=parse_duration, default=5.0)
     _flag(p, "data-path", default=None, help="directory for durable message storage")
     _flag(p, "mem-queue-size", type=int, default=10000, help="messages kept in memory per queue")
     _flag(p, "max-msg-size", type=int, default=1048576)
@@ -111,6 +119,8 @@ def nsqd_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "https_address": args.https_address,
         "broadcast_address": args.broadcast_address,
         "lookupd_tcp_addresses": list(args.lookupd_tcp_address),
+        "auth_http_addresses": list(args.auth_http_address),
+        "auth_http_timeout": args.http_client_request_timeout,
         "data_path": args.data_path,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,

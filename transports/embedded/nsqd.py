@@ -21,6 +21,7 @@ import socket
 import ssl
 import struct
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,11 +30,12 @@ import anyio
 import anyio.abc
 from anyio.streams.tls import TLSStream
 
-from nsq_sansio.errors import InvalidName
+from nsq_sansio.errors import InvalidName, LocalProtocolError
 from nsq_sansio.names import validate_topic
 from nsq_sansio.server.backend import BackendFactory
 from nsq_sansio.server.events import (
     AdminError,
+    AuthRequested,
     ChannelCreated,
     ChannelDeleted,
     CloseConnection,
@@ -54,6 +56,7 @@ from nsq_sansio.server.options import NSQDOptions
 from ._clock import LoopClock
 from ._net import bind, format_address, local_port, parse_address, remote_address
 from ._tls import server_ssl_context, start_server_tls
+from .auth import parse_auth_address, query_auth
 from .file_backend import FileBackendFactory, load_metadata, save_metadata
 from .http import (
     HTTPRequest,
@@ -110,6 +113,12 @@ class EmbeddedNSQD:
 
     Keyword arguments not listed are :class:`~nsq_sansio.server.options.NSQDOptions` fields
     (``mem_queue_size``, ``max_rdy_count``, ``msg_timeout`` ...), with nsqd's defaults.
+
+    ``auth_http_addresses`` is nsqd's ``--auth-http-address`` (``host:port`` or a full
+    ``http(s)://`` URL, several allowed): clients must AUTH, and each secret is checked with
+    ``GET /auth?remote_ip=&tls=&secret=`` on those servers (h11 over anyio, at most
+    ``auth_http_timeout`` seconds), again when the answer's ``ttl`` runs out; see
+    :mod:`transports.embedded.auth`. An in-process check is ``auth_check=callable`` instead.
     """
 
     def __init__(
@@ -127,14 +136,17 @@ class EmbeddedNSQD:
         tls_required: bool = False,
         seed: int | None = None,
         lookupd_ping_interval: float = 15.0,
+        auth_http_addresses: Sequence[str] = (),
+        auth_http_timeout: float = 5.0,
         **options: Any,
     ) -> None:
         unknown = set(options) - _OPTION_NAMES
         if unknown:
             raise TypeError(f"unknown nsqd option(s): {', '.join(sorted(unknown))}")
-        for reserved in ("tcp_port", "http_port", "tls_available", "tls_required"):
+        reserved_names = ("tcp_port", "http_port", "tls_available", "tls_required")
+        for reserved in (*reserved_names, "auth_by_transport"):
             if reserved in options:
-                raise TypeError(f"{reserved} is set from the addresses / TLS arguments")
+                raise TypeError(f"{reserved} is set from the addresses / TLS / auth arguments")
         if bool(tls_cert) != bool(tls_key):
             raise ValueError("tls_cert and tls_key must be given together")
         if https_address is not None and not tls_cert:
@@ -151,9 +163,18 @@ class EmbeddedNSQD:
         self._seed = seed
         self._lookupd_ping_interval = lookupd_ping_interval
         self._options = options
+        if isinstance(auth_http_addresses, str):
+            auth_http_addresses = [auth_http_addresses]
+        self._auth_urls = [parse_auth_address(a) for a in auth_http_addresses]
+        if not auth_http_timeout > 0:
+            raise ValueError(f"auth_http_timeout must be > 0 seconds, got {auth_http_timeout!r}")
+        self._auth_timeout = auth_http_timeout
         # validate now, so a bad option fails at construction, not inside the event loop
         NSQDOptions(
-            tls_available=self._ssl_context is not None, tls_required=tls_required, **options
+            tls_available=self._ssl_context is not None,
+            tls_required=tls_required,
+            auth_by_transport=bool(self._auth_urls),
+            **options,
         )
         self._core: NSQD | None = None
         self._tcp_listener: anyio.abc.SocketListener | None = None
@@ -161,6 +182,7 @@ class EmbeddedNSQD:
         self._https_listener: anyio.abc.SocketListener | None = None
         self._https_port = 0
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._serve_group: anyio.abc.TaskGroup | None = None  # the one start() serves in
         self._clients: dict[int, _Client] = {}
         # anyio objects are made in start(), on the server's own loop: this constructor may
         # run on another thread or event loop (e.g. a trio test starting an asyncio server)
@@ -262,8 +284,10 @@ class EmbeddedNSQD:
             hostname=self._hostname,
             tls_available=self._ssl_context is not None,
             tls_required=self._tls_required,
+            auth_by_transport=bool(self._auth_urls),
             **self._options,
         )
+        self._serve_group = task_group
         self._timer_wake = anyio.Event()
         self._clock.bind()
         now = anyio.current_time()
@@ -374,6 +398,8 @@ class EmbeddedNSQD:
                 if client is not None:
                     client.closing = True
                     client.wake.set()
+            elif isinstance(event, AuthRequested) and self._serve_group is not None:
+                self._serve_group.start_soon(self._authenticate, event)
         registry = core.take_registry_events()
         if registry:
             now = anyio.current_time()
@@ -392,6 +418,18 @@ class EmbeddedNSQD:
         deadline = core.next_deadline()
         if deadline is not None and deadline < self._timer_target and self._timer_wake is not None:
             self._timer_wake.set()
+
+    async def _authenticate(self, event: AuthRequested) -> None:
+        """Ask the auth server(s) about one AUTH (or a TTL re-check), then tell the core."""
+        state = await query_auth(self._auth_urls, event.request, timeout=self._auth_timeout)
+        core = self._core
+        if core is None or self._closed:
+            return
+        try:
+            events = core.auth_result(event.conn_id, state, anyio.current_time())
+        except LocalProtocolError:  # the connection moved on (closed) while we asked
+            return
+        self._after(events)
 
     async def _timer_loop(self) -> None:
         core = self.core

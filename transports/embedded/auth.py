@@ -1,0 +1,213 @@
+"""nsqd's ``--auth-http-address``: ask an HTTP auth server about a client's AUTH secret.
+
+The request is nsqd's: ``GET /auth?remote_ip=<ip>&tls=<true|false>&secret=<secret>``; the
+answer is JSON::
+
+    {"ttl": 3600, "identity": "alice", "identity_url": "https://...",
+     "authorizations": [{"permissions": ["subscribe", "publish"],
+                         "topic": ".*", "channels": [".*"]}]}
+
+An address is ``host:port`` (then ``http://host:port/auth`` is asked, as nsqd does) or a full
+``http://`` / ``https://`` URL (asked as given, with the parameters appended). Several
+addresses are tried in turn from a random one, like nsqd's ``QueryAnyAuthd``; when none
+answers 200 with a valid document the client gets ``E_AUTH_FAILED``. HTTP is spoken with
+h11 over anyio sockets, one short-lived connection per query.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import anyio
+import anyio.abc
+import h11
+
+from nsq_sansio.server.options import Authorization, AuthRequest, AuthState
+
+from ._net import format_address, parse_address
+
+__all__ = ["AuthServerError", "AuthURL", "parse_auth_address", "parse_auth_state", "query_auth"]
+
+_log = logging.getLogger("nsq_sansio.embedded")
+
+#: An auth server's answer is small; a bigger one is refused.
+MAX_ANSWER = 1 << 20
+#: The shortest TTL honoured: a TTL of 0 would have the server re-asked without pause.
+MIN_TTL = 1.0
+_PERMISSIONS = frozenset({"subscribe", "publish"})
+
+
+class AuthServerError(Exception):
+    """The auth server could not be asked, or gave an answer nsqd would not accept."""
+
+
+_QUERY_ERRORS = (
+    AuthServerError,
+    OSError,  # ssl.SSLError too
+    TimeoutError,
+    h11.ProtocolError,
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    ValueError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthURL:
+    scheme: str
+    host: str
+    port: int
+    target: str  # path and query, parameters are appended
+
+    @property
+    def netloc(self) -> str:
+        return format_address(self.host, self.port)
+
+
+def parse_auth_address(address: str) -> AuthURL:
+    """``host:port`` or ``http(s)://host[:port][/path]`` -> :class:`AuthURL`."""
+    if "://" not in address:
+        host, port = parse_address(address)
+        if not port:
+            raise ValueError(f"auth HTTP address {address!r} needs a port")
+        return AuthURL("http", host, port, "/auth")
+    parts = urlsplit(address)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"auth HTTP address {address!r}: expected http(s)://host[:port]/path")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ValueError(f"auth HTTP address {address!r}: {exc}") from None
+    target = parts.path or "/"
+    if parts.query:
+        target += "?" + parts.query
+    return AuthURL(parts.scheme, parts.hostname, port, target)
+
+
+def parse_auth_state(document: Any) -> AuthState:
+    """nsqd's checks on an auth server's JSON answer."""
+    if not isinstance(document, dict):
+        raise AuthServerError("auth answer is not a JSON object")
+    grants: list[Authorization] = []
+    raw_grants = document.get("authorizations") or []
+    if not isinstance(raw_grants, list):
+        raise AuthServerError("auth answer: authorizations is not a list")
+    for raw in raw_grants:
+        if not isinstance(raw, dict):
+            raise AuthServerError("auth answer: an authorization is not an object")
+        topic = raw.get("topic", "")
+        channels = raw.get("channels") or []
+        permissions = raw.get("permissions") or []
+        if not isinstance(topic, str) or not isinstance(channels, list):
+            raise AuthServerError("auth answer: bad topic or channels")
+        if not all(isinstance(c, str) for c in channels):
+            raise AuthServerError("auth answer: channels must be strings")
+        if not isinstance(permissions, list) or not all(p in _PERMISSIONS for p in permissions):
+            raise AuthServerError(f"auth answer: unknown permission in {permissions!r}")
+        grants.append(Authorization(topic, tuple(channels), tuple(permissions)))
+    ttl = document.get("ttl", 0)
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise AuthServerError(f"auth answer: bad ttl {ttl!r}")
+    identity = document.get("identity", "")
+    identity_url = document.get("identity_url", "")
+    if not isinstance(identity, str) or not isinstance(identity_url, str):
+        raise AuthServerError("auth answer: identity and identity_url must be strings")
+    return AuthState(
+        identity=identity,
+        identity_url=identity_url,
+        authorizations=tuple(grants),
+        ttl=max(float(ttl), MIN_TTL),
+    )
+
+
+async def query_auth(
+    urls: Sequence[AuthURL],
+    request: AuthRequest,
+    *,
+    timeout: float = 5.0,
+    connect_timeout: float = 2.0,
+    rng: random.Random | None = None,
+) -> AuthState | None:
+    """Ask the auth servers in turn (from a random one); None when none gave an answer."""
+    if not urls:
+        return None
+    start = (rng or random).randrange(len(urls))
+    for i in range(len(urls)):
+        url = urls[(start + i) % len(urls)]
+        try:
+            return await _query_one(url, request, timeout, connect_timeout)
+        except _QUERY_ERRORS as exc:
+            _log.warning("nsqd: auth server %s: %s", url.netloc, str(exc) or type(exc).__name__)
+    return None
+
+
+async def _query_one(
+    url: AuthURL, request: AuthRequest, timeout: float, connect_timeout: float
+) -> AuthState:
+    params = urlencode(
+        {
+            "remote_ip": request.remote_ip,
+            "tls": "true" if request.tls else "false",
+            "secret": request.secret,
+        }
+    )
+    target = url.target + ("&" if "?" in url.target else "?") + params
+    with anyio.fail_after(connect_timeout):
+        stream: anyio.abc.ByteStream
+        if url.scheme == "https":
+            stream = await anyio.connect_tcp(
+                url.host, url.port, tls=True, ssl_context=ssl.create_default_context()
+            )
+        else:
+            stream = await anyio.connect_tcp(url.host, url.port)
+    async with stream:
+        with anyio.fail_after(timeout):
+            conn = h11.Connection(h11.CLIENT)
+            headers = [
+                ("Host", url.netloc),
+                ("Accept", "application/json"),
+                ("User-Agent", "nsq-sansio-embedded-nsqd"),
+                ("Connection", "close"),
+            ]
+            out = conn.send(h11.Request(method="GET", target=target, headers=headers)) or b""
+            out += conn.send(h11.EndOfMessage()) or b""
+            await stream.send(out)
+            status, body = await _read_response(stream, conn)
+    if status != 200:
+        raise AuthServerError(f"answered HTTP {status}")
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        raise AuthServerError(f"answer is not JSON: {exc}") from None
+    return parse_auth_state(document)
+
+
+async def _read_response(stream: anyio.abc.ByteStream, conn: h11.Connection) -> tuple[int, bytes]:
+    status = 0
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            try:
+                chunk = await stream.receive(65536)
+            except anyio.EndOfStream:
+                chunk = b""
+            conn.receive_data(chunk)
+            continue
+        if isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_ANSWER:
+                raise AuthServerError(f"answer larger than {MAX_ANSWER} bytes")
+        elif isinstance(event, h11.EndOfMessage):
+            return status, bytes(body)
+        elif isinstance(event, h11.ConnectionClosed):
+            raise AuthServerError("connection closed before the answer ended")
