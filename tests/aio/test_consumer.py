@@ -571,3 +571,78 @@ async def test_pull_consumer_cannot_be_iterated(nsqd: EmbeddedNSQD) -> None:
         assert sorted(m.body for m in batch) == [b"a", b"b"]
         for msg in batch:
             await msg.finish()
+
+
+async def test_pump_never_spins_on_a_stale_deadline(
+    nsqd: EmbeddedNSQD, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # If the core keeps reporting a deadline in the past after handle_timer ran (a core bug
+    # once: pull mode with no connection up), the transport must keep calling handle_timer at
+    # a modest pace and re-reading the deadline, not spin at 100% CPU.
+    from nsq_sansio.consumer import ConsumerCoordinator
+
+    topic = fresh()
+    async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], pull=True, max_in_flight=10) as c:
+        coord = c.coordinator
+        stale = time.monotonic() - 1.0
+        calls = 0
+        real_next = ConsumerCoordinator.next_deadline
+        real_timer = ConsumerCoordinator.handle_timer
+
+        def next_deadline(self: ConsumerCoordinator) -> float | None:
+            real = real_next(self)
+            if self is not coord:
+                return real
+            return stale if real is None else min(real, stale)
+
+        def handle_timer(self: ConsumerCoordinator, now: float) -> None:
+            nonlocal calls
+            if self is coord:
+                calls += 1
+            real_timer(self, now)
+
+        monkeypatch.setattr(ConsumerCoordinator, "next_deadline", next_deadline)
+        monkeypatch.setattr(ConsumerCoordinator, "handle_timer", handle_timer)
+        c._kick()
+        cpu = time.process_time()
+        await anyio.sleep(1.0)
+        used = time.process_time() - cpu
+        assert used < 0.4, f"{used:.2f}s CPU in 1s idle"
+        assert 5 <= calls <= 100, calls
+        # Still working meanwhile.
+        await publish(nsqd.tcp_address, topic, [b"x"])
+        with anyio.fail_after(5):
+            batch = await c.fetch(1, timeout=5)
+        assert [m.body for m in batch] == [b"x"]
+        await batch[0].finish()
+        monkeypatch.undo()
+
+
+async def test_pull_consumer_idle_with_nsqd_down_uses_no_cpu(make_nsqd: NSQDFactory) -> None:
+    # A held message and a waiting fetch while the only nsqd is down (reconnect far away):
+    # the held message's deadline passes; the consumer must stay idle.
+    server = make_nsqd(msg_timeout=1.0)
+    topic = fresh()
+    await publish(server.tcp_address, topic, [b"a", b"b"])
+    async with Consumer(
+        topic,
+        "ch",
+        nsqd=[server.tcp_address],
+        pull=True,
+        max_in_flight=10,
+        reconnect_delay=20.0,
+        max_reconnect_delay=20.0,
+    ) as c:
+        with anyio.fail_after(5):
+            held = await c.fetch(1, timeout=5)
+        assert len(held) == 1
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.fetch, 5)  # waits, no timeout
+            await anyio.sleep(0.2)
+            await anyio.to_thread.run_sync(stop_nsqd, server)
+            await anyio.sleep(0.2)
+            cpu = time.process_time()
+            await anyio.sleep(2.0)  # the held message's deadline (1 s) passes meanwhile
+            used = time.process_time() - cpu
+            tg.cancel_scope.cancel()
+        assert used < 0.5, f"{used:.2f}s CPU in 2s idle"

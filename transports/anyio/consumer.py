@@ -67,6 +67,9 @@ __all__ = ["Consumer", "KeepaliveExpired", "Message", "drain_on_signals"]
 
 _log = logging.getLogger("nsq_sansio.anyio.consumer")
 
+#: How often the pump calls handle_timer while the core reports a deadline already handled.
+_STALE_DEADLINE_POLL = 0.05
+
 _SOCKET_ERRORS = (
     OSError,
     ssl.SSLError,
@@ -701,14 +704,22 @@ class Consumer:
     async def _pump(self) -> None:
         """Timers, and writes decided by user code (FIN/REQ/TOUCH), batched per iteration."""
         coord = self._coord
+        handled_at = -math.inf  # when handle_timer last ran
         while True:
             if not self._kicked:
                 deadline = coord.next_deadline()
-                self._pump_target = math.inf if deadline is None else deadline
                 if deadline is None:
+                    self._pump_target = math.inf
                     await self._kick_event.wait()
                 else:
                     delay = deadline - monotonic()
+                    if deadline <= handled_at:
+                        # handle_timer already ran at or after this deadline and the core
+                        # still reports it: a stale deadline. Never spin on it; call
+                        # handle_timer again at a modest pace until it moves.
+                        delay = _STALE_DEADLINE_POLL
+                        deadline = monotonic() + delay
+                    self._pump_target = deadline
                     if delay > 0:
                         with anyio.move_on_after(delay):
                             await self._kick_event.wait()
@@ -719,6 +730,7 @@ class Consumer:
             deadline = coord.next_deadline()
             if deadline is not None and now >= deadline:
                 coord.handle_timer(now)
+                handled_at = now
             self._dispatch()
             # Let readers and user code run between iterations (batches the next writes).
             await anyio.lowlevel.checkpoint()
