@@ -72,3 +72,27 @@ def test_answering_a_delivery_given_up_meanwhile_does_not_raise() -> None:
     assert result.deliveries == 4
     assert result.given_up == 1
     assert result.redelivered_at == (10.0, 20.0)
+
+
+def test_discovery_follows_partitions_and_converges_after_they_heal() -> None:
+    from nsq_sansio.testing import ClusterSpec, ConsumerSpec, Simulator
+
+    spec = ClusterSpec(nsqd=3, lookupd=2, consumers=(ConsumerSpec(count=2),))
+    sim = Simulator(spec, seed=4)
+
+    def connected(name: str) -> set[str]:
+        node = sim.nodes[name]
+        return {c.address for c in node.conn_of.values()  # type: ignore[attr-defined]
+                if c.state.name == "OPEN"}
+
+    everything = {"nsqd0:4150", "nsqd1:4150", "nsqd2:4150"}
+    sim.run_until(20.0)
+    assert connected("c0.0") == connected("c0.1") == everything
+    cut = sim.net.partition([["nsqd2"], [n for n in sim.nodes if n != "nsqd2"]])
+    sim.run_until(80.0)  # heartbeats time out, lookupd forgets nsqd2 (inactive 30 s)
+    assert connected("c0.0") == connected("c0.1") == everything - {"nsqd2:4150"}
+    sim.net.heal(cut)
+    sim.run_until(120.0)  # nsqd2 re-registers, the next polls find it again
+    assert connected("c0.0") == connected("c0.1") == everything
+    sim.monitor.check_discovery(sim.now)
+    sim.raise_if_violated()
