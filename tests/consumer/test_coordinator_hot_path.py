@@ -203,3 +203,68 @@ def test_finish_many_is_finish_on_each(
         answered = answer_all(c, batch, batched, 3.0)
         results.append((answered, outcome(c, c.take_actions())))
     assert results[0] == results[1]
+
+
+# --- the handle queue: any order of answers against a model ------------------------------------
+
+op = st.one_of(
+    st.tuples(st.just("read"), st.integers(0, 1), st.lists(st.integers(0, 11), max_size=6)),
+    st.tuples(st.just("finish"), st.integers(0, 63)),
+    st.tuples(st.just("many"), st.lists(st.integers(0, 63), max_size=8)),
+    st.tuples(st.just("touch"), st.integers(0, 63)),
+    st.tuples(st.just("mark"), st.integers(0, 63)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(op, max_size=30))
+def test_answers_in_any_order_match_a_model(ops: list[tuple[object, ...]]) -> None:
+    c, ids = coordinator(config=Config(max_in_flight=200, max_attempts=0))  # no give-ups
+    issued: list[Deliver] = []
+    current: dict[tuple[int, bytes], Deliver] = {}  # what the user may still answer
+    fins: list[bytes] = []
+    attempts = 1
+    for step in ops:
+        kind = step[0]
+        if kind == "read":
+            conn_id = ids[int(step[1])]  # type: ignore[call-overload]
+            attempts += 1
+            picks = list(dict.fromkeys(step[2]))  # type: ignore[call-overload]
+            if not picks:
+                continue  # b"" would be EOF
+            c.receive_data(conn_id, b"".join(msg(i, attempts) for i in picks), 1.0)
+            for d in delivered(c.take_actions()):
+                issued.append(d)
+                current[(d.conn_id, d.id)] = d
+            continue
+        if not issued:
+            continue
+        if kind == "many":
+            batch = [issued[i % len(issued)] for i in step[1]]  # type: ignore[attr-defined]
+        else:
+            batch = [issued[int(step[1]) % len(issued)]]  # type: ignore[call-overload]
+        expected = []
+        for d in batch:
+            ok = current.get((d.conn_id, d.id)) is d
+            if kind in ("finish", "many") and ok:
+                del current[(d.conn_id, d.id)]
+                fins.append(d.id)
+            expected.append(ok)
+        if kind == "many":
+            assert c.finish_many(batch, 2.0) == sum(expected)
+        elif kind == "finish":
+            assert c.finish(batch[0], 2.0) is expected[0]
+        elif kind == "touch":
+            assert (c.touch(batch[0], 2.0) is not None) is expected[0]
+        else:
+            c.mark_delivered(batch[0])
+        assert c.in_flight_count() == len(current)
+        assert all(c.deadline(d) is not None for d in current.values())
+    out = b"".join(data for _, data in c.pending_data())
+    assert sorted(line[4:] for line in out.split(b"\n") if line.startswith(b"FIN ")) == sorted(
+        fins
+    )
+    assert c.stats["finished"] == len(fins)
+    for d in issued:
+        if current.get((d.conn_id, d.id)) is not d:
+            assert c.deadline(d) is None
