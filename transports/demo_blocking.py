@@ -107,6 +107,8 @@ def run_blocking(
                 **client_options,
             )
             consumers.append(consumer)
+            if stop.is_set():  # the run ended before this thread got going
+                return
             with consumer:
                 for msg in consumer:  # ends once the consumer is drained
                     answer(ch, workload, msg)
