@@ -771,9 +771,12 @@ def _dispatch(command: str) -> Callable[[Sequence[str]], int]:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``nsq-sansio`` entry point; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        print(_USAGE, end="", file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help", "help"):
         print(_USAGE, end="")
-        return 0 if args else 2
+        return 0
     if args[0] in ("-V", "--version", "version"):
         from nsq_sansio import __version__
 
