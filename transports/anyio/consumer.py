@@ -80,6 +80,16 @@ _SOCKET_ERRORS = (
 )
 
 
+def _check_seconds(what: str, value: object) -> None:
+    """Raise (in the caller) for a duration that is not a finite number >= 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (value >= 0 and math.isfinite(value))
+    ):
+        raise LocalProtocolError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class KeepaliveExpired:
     """``msg.keepalive()`` reached the server's ``max_msg_timeout``: TOUCH cannot extend the
@@ -151,10 +161,10 @@ class Message:
         """FIN without awaiting (it is queued and written with the next batch)."""
         if self.answered:
             return False
-        self.answered = True
         consumer = self._consumer
         delivery = self._delivery
         ok = consumer._coord.finish(delivery, monotonic())
+        self.answered = True
         consumer._kick()
         if ok:
             conn = consumer._conns.get(delivery.conn_id)
@@ -167,13 +177,16 @@ class Message:
         return self.finish_nowait()
 
     def requeue_nowait(self, delay: float | None = None, *, backoff: bool = True) -> bool:
-        """REQ without awaiting; see :meth:`requeue`."""
+        """REQ without awaiting; see :meth:`requeue`. A bad ``delay`` raises
+        LocalProtocolError and leaves the message unanswered (it can still be answered)."""
+        if delay is not None:
+            _check_seconds("requeue delay", delay)
         if self.answered:
             return False
-        self.answered = True
         consumer = self._consumer
         delivery = self._delivery
         ok = consumer._coord.requeue(delivery, monotonic(), delay, backoff=backoff)
+        self.answered = True
         consumer._kick()
         if ok:
             conn = consumer._conns.get(delivery.conn_id)
@@ -203,7 +216,11 @@ class Message:
         reached a :class:`KeepaliveExpired` event is reported (and logged) before nsqd takes
         the message back. Nothing is touched outside such a block.
         """
-        if not 0 < fraction < 1:
+        if (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, int | float)
+            or not 0 < fraction < 1
+        ):
             raise ValueError(f"keepalive fraction must be between 0 and 1, got {fraction!r}")
         scope = anyio.CancelScope()
         self._consumer._spawn(self._keepalive, scope, fraction)
@@ -441,6 +458,8 @@ class Consumer:
         """Graceful shutdown (seeds/003): no new messages (RDY 0), those not yet handed out are
         requeued, handlers still running may answer for up to ``timeout`` seconds (default
         ``drain_timeout``); then whatever is left is requeued and every connection closed."""
+        if timeout is not None:
+            _check_seconds("drain timeout", timeout)
         if self._tg is None:
             raise LocalProtocolError("drain() before the consumer was started")
         if self._coord.state is ConsumerState.RUNNING:
@@ -460,7 +479,8 @@ class Consumer:
         return self._coord.config
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
-        """Change max_in_flight at run time (0 pauses); RDY is redistributed at once."""
+        """Change max_in_flight at run time (0 pauses); RDY is redistributed at once.
+        A bad value raises (ConfigError) here and changes nothing."""
         self._coord.set_max_in_flight(max_in_flight, monotonic())
         self._kick()
 
@@ -604,6 +624,8 @@ class Consumer:
         self, *signals: int, timeout: float | None = None
     ) -> AsyncIterator[None]:
         """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start :meth:`drain`."""
+        if timeout is not None:
+            _check_seconds("drain timeout", timeout)  # here, not later in the signal task
         scope = anyio.CancelScope()
         self._spawn(self._signal_loop, scope, signals or _default_signals(), timeout)
         try:
