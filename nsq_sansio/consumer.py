@@ -941,13 +941,13 @@ class ConsumerCoordinator:
             return False
         message_id = delivery[1][0]
         queue = link.queue
-        if queue and queue[link.head] is delivery:  # answered in delivery order
-            head = link.head + 1
+        head = link.head
+        if queue and queue[head] is delivery:  # answered in delivery order
+            head += 1
             if head == len(queue):
                 queue.clear()
-                link.head = 0
-            else:
-                link.head = head
+                head = 0
+            link.head = head
         else:
             tracked = link.tracked
             current = tracked.pop(message_id, None)
