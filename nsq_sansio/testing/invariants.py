@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 from ..backoff import BackoffPhase
 from .network import CLIENT_TO_SERVER, SimConn
 from .wire import (
-    ChunkQueue,
     ClientCommand,
     CommandParser,
     FrameParser,
@@ -89,18 +88,18 @@ class InvariantViolation(AssertionError):
 class _Pipe:
     """What one client<->nsqd connection carried, as parsed from the wire."""
 
-    __slots__ = ("client", "client_rdy", "commands", "conn", "frames", "held", "max_msg_timeout",
-                 "monitor", "msg_timeout", "nsqd", "opaque", "outstanding", "parser",
-                 "server_rdy", "step_rdy", "step_time", "topic_channel")
+    __slots__ = ("client", "client_rdy", "conn", "delivered_commands", "frames", "held",
+                 "max_msg_timeout", "monitor", "msg_timeout", "nsqd", "opaque", "outstanding",
+                 "parser", "server_rdy", "step_rdy", "step_time", "topic_channel")
 
     def __init__(self, monitor: Monitor, conn: SimConn) -> None:
         self.monitor = monitor
         self.conn = conn
         self.client = conn.client.name
         self.nsqd = conn.server.name if conn.server is not None else "?"
-        self.parser = CommandParser()
+        self.parser = CommandParser()  # what the client wrote
+        self.delivered_commands = CommandParser()  # what reached nsqd (maybe in pieces)
         self.frames = FrameParser()
-        self.commands = ChunkQueue()
         self.opaque = False
         self.client_rdy = 0
         self.server_rdy = 0
@@ -118,9 +117,7 @@ class _Pipe:
         if self.opaque:
             return
         if direction == CLIENT_TO_SERVER:
-            commands = self.parser.feed(data)
-            self.commands.push(commands)
-            for command in commands:
+            for command in self.parser.feed(data):
                 self._client_command(command, now)
         else:
             self.frames.feed(data, lambda frame: self._server_frame(frame, now))
@@ -133,7 +130,7 @@ class _Pipe:
         if self.step_time != now:
             self.step_time = now
             self.step_rdy = self.server_rdy
-        for command in self.commands.pop():
+        for command in self.delivered_commands.feed(data):
             verb = command.verb
             if verb == b"RDY":
                 self.server_rdy = int(command.args[0])

@@ -36,12 +36,15 @@ SERVER_TO_CLIENT = 1
 class LinkSpec:
     """How every connection behaves: one-way ``latency`` in seconds plus a random ``jitter``
     (drawn per connection and per send, never reordering a pipe), ``bandwidth`` in bytes per
-    second (``None``: unlimited), and how long a connect across a partition takes to fail."""
+    second (``None``: unlimited), how long a connect across a partition takes to fail, and
+    ``segment``: when set, a write arrives in pieces of at most that many bytes (each read
+    separately, as TCP may split it), so every parser sees frames cut anywhere."""
 
     latency: float = 0.0005
     jitter: float = 0.0005
     bandwidth: float | None = None
     connect_timeout: float = 2.0
+    segment: int | None = None
 
 
 class ConnState(enum.Enum):
@@ -342,6 +345,12 @@ class Network:
         if arrival < conn.last_arrival[direction]:
             arrival = conn.last_arrival[direction]
         conn.last_arrival[direction] = arrival
+        segment = link.segment
+        if segment is not None and data is not None and len(data) > segment:
+            for offset in range(0, len(data), segment):
+                piece = data[offset : offset + segment]
+                self.scheduler.call_at(arrival, self._deliver, (conn, direction, piece))
+            return
         self.scheduler.call_at(arrival, self._deliver, (conn, direction, data))
 
     def _deliver(self, item: tuple[SimConn, int, bytes | None]) -> None:

@@ -39,13 +39,15 @@ SearchStrategy = st.SearchStrategy
 
 
 def link_specs() -> SearchStrategy[LinkSpec]:
-    """Latency from LAN to WAN, jitter (reorders connections), optional bandwidth limits."""
+    """Latency from LAN to WAN, jitter (reorders connections), optional bandwidth limits,
+    writes split into small segments (frames cut anywhere)."""
     return st.builds(
         LinkSpec,
         latency=st.sampled_from([0.0001, 0.0005, 0.005, 0.05]),
         jitter=st.sampled_from([0.0, 0.0005, 0.01, 0.05]),
         bandwidth=st.sampled_from([None, None, 1e6, 1e8]),
         connect_timeout=st.sampled_from([0.5, 2.0]),
+        segment=st.sampled_from([None, None, 5, 64, 1460]),
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import struct
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -119,18 +118,3 @@ def identify_answer(data: bytes) -> dict[str, object] | None:
     except ValueError:
         return None
     return parsed if isinstance(parsed, dict) else None
-
-
-class ChunkQueue:
-    """Parsed commands per written chunk, popped when that chunk is delivered (1:1, FIFO)."""
-
-    __slots__ = ("_q",)
-
-    def __init__(self) -> None:
-        self._q: deque[list[ClientCommand]] = deque()
-
-    def push(self, commands: list[ClientCommand]) -> None:
-        self._q.append(commands)
-
-    def pop(self) -> list[ClientCommand]:
-        return self._q.popleft() if self._q else []

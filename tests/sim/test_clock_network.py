@@ -197,3 +197,14 @@ def test_overlapping_partitions_heal_separately_and_keep_each_pipe_fifo() -> Non
     net.send(conn, client, b"4")
     scheduler.run_until(2.0)
     assert data_of(server, conn.id) == b"1234"
+
+
+def test_segments_split_writes_but_keep_the_bytes_in_order() -> None:
+    scheduler, net, client, server = make(LinkSpec(latency=0.01, jitter=0.0, segment=3))
+    conn = net.connect(client, "server:80")
+    scheduler.run_until(0.1)
+    net.send(conn, client, b"abcdefgh")
+    net.send(conn, client, b"ij")
+    scheduler.run_until(1.0)
+    pieces = [d for kind, cid, d, _ in server.log if kind == "data" and cid == conn.id]
+    assert pieces == [b"abc", b"def", b"gh", b"ij"]

@@ -101,3 +101,13 @@ def test_crash_excuses_per_channel_copy() -> None:
     sim.heal_all()
     assert sim.settle(300.0)
     assert ("events", "audit", b"m0") in sim.monitor.finished
+
+
+def test_a_cluster_works_when_every_frame_arrives_in_pieces() -> None:
+    # every parser (client, nsqd, lookupd V1 and HTTP, the wire observers) sees cut frames
+    cluster = ClusterSpec(nsqd=2, link=LinkSpec(latency=0.001, jitter=0.001, segment=3),
+                          consumers=(ConsumerSpec(count=2),))
+    result = run_scenario(Scenario(cluster=cluster, workload=Workload(messages=100, batch=5),
+                                   faults=(Fault(2.0, FaultKind.CRASH, "nsqd1", 2.0),), seed=8))
+    assert result.messages_finished + len(result.monitor.excused) == result.messages_expected
+    assert result.messages_finished > 0
