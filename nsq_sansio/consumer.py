@@ -16,7 +16,8 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
             handle_timer(now)
         user code: finish(d, now) / requeue(d, now, delay=None, backoff=True) / touch(d, now)
                    set_max_in_flight(n, now) / fetch(...) / drain(now, unseen=queue)
-        transport (optional): mark_delivered(d) when a Deliver reaches user code
+        transport (optional): mark_delivered(d) when a Deliver reaches user code;
+                   finish_many(ds, now) for FINs it collected (the cheapest way to answer)
 
 What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
 
@@ -975,7 +976,8 @@ class ConsumerCoordinator:
     def finish_many(self, deliveries: Iterable[Deliver], now: float) -> int:
         """FIN every delivery, in order: the same as :meth:`finish` on each, for a transport
         that collects its users' answers (one call, one lookup per run of deliveries from the
-        same connection). Returns how many were FIN'd; each of the others was no longer ours
+        same connection; deliveries answered in the order they arrived are checked by position,
+        with no dict work). Returns how many were FIN'd; each of the others was no longer ours
         and gave a TakenBack, exactly as :meth:`finish` would."""
         finish = self.finish
         if not self._calm:  # backoff, drain or pull: every answer has consequences
