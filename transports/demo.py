@@ -8,8 +8,9 @@ channels consume the topic:
 * ``pull``: one pull consumer (``fetch(batch, timeout)``).
 
 The handler fails a small, deterministic share of messages: ~1% fail once (requeued without
-backoff, they succeed on the next attempt) and 1 in 2,000 always fail with backoff, so they are
-given up after ``max_attempts``. Every message carries its sequence number, its publish time
+backoff, they succeed on the next attempt) and a few (``--give-ups``, 1 per 1,000 up to 10)
+always fail: their first failure asks for backoff, and after ``max_attempts`` deliveries
+they are given up. Every message carries its sequence number, its publish time
 and its deferral, so at the end each channel is checked message by message:
 
 * every sequence number is either finished or given up (never both, never neither);
@@ -48,6 +49,8 @@ TOPIC = "demo"
 CHANNELS = ("push", "pull")
 _HEADER = struct.Struct(">IdI")  # seq, publish time (time.monotonic()), defer in ms
 MIN_BODY_SIZE = _HEADER.size
+#: Failures of an always-failing message up to this attempt ask for backoff.
+BACKOFF_ATTEMPTS = 1
 
 
 # --- options ---------------------------------------------------------------------------------
@@ -67,7 +70,7 @@ class DemoOptions:
     deferred_every: int = 100  # 1 message in N is published with DPUB (0: none)
     fail_per_mille: int = 10  # messages whose first attempt fails (requeued, no backoff)
     #: Messages that always fail (REQ with backoff) and are given up after max_attempts;
-    #: None: one per 1,000 messages, between 1 and 20.
+    #: None: one per 1,000 messages, between 1 and 10.
     give_ups: int | None = None
     max_attempts: int = 3
     timeout: float = 300.0
@@ -132,7 +135,7 @@ class Workload:
         self._pad = b"." * (options.body_size - MIN_BODY_SIZE)
         give_ups = options.give_ups
         if give_ups is None:
-            give_ups = min(20, max(1, self.count // 1000))
+            give_ups = min(10, max(1, self.count // 1000))
         self.give_ups = min(give_ups, self.count)
         self.poison_every = self.count // self.give_ups if self.give_ups else 0
 
@@ -145,6 +148,12 @@ class Workload:
     def is_poison(self, seq: int) -> bool:
         every = self.poison_every
         return bool(every) and seq % every == every - 1
+
+    def wants_backoff(self, body: bytes, attempts: int) -> bool:
+        """A failure that slows the consumer down (REQ with backoff): the first failure of an
+        always-failing message. Its later failures, and the one-off failures, are retried
+        without backoff, so the demo shows backoff without being dominated by it."""
+        return attempts <= BACKOFF_ATTEMPTS and self.is_poison(_HEADER.unpack_from(body)[0])
 
     def fails_first(self, seq: int) -> bool:
         return (seq * 2654435761 >> 8) % 1000 < self.options.fail_per_mille
@@ -692,7 +701,7 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
         "--give-ups",
         type=int,
         default=None,
-        help="messages that always fail and are given up (default: 1 per 1000, 1 to 20)",
+        help="messages that always fail and are given up (default: 1 per 1000, 1 to 10)",
     )
     p.add_argument(
         "--timeout",

@@ -59,8 +59,7 @@ def answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
         if msg.finish_nowait():
             ch.record_finish(body, attempts)
     else:
-        poison = workload.is_poison(Workload.parse(body)[0])
-        if msg.requeue_nowait(backoff=poison):
+        if msg.requeue_nowait(backoff=workload.wants_backoff(body, attempts)):
             ch.record_requeue()
 
 

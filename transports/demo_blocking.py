@@ -50,8 +50,7 @@ def answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
         if msg.finish():
             ch.record_finish(body, attempts)
     else:
-        poison = workload.is_poison(Workload.parse(body)[0])
-        if msg.requeue(backoff=poison):
+        if msg.requeue(backoff=workload.wants_backoff(body, attempts)):
             ch.record_requeue()
 
 
