@@ -58,7 +58,7 @@ def build_chunks(count: int, body_size: int) -> list[bytes]:
     return chunks
 
 
-def run_single(chunks: list[bytes]) -> int:
+def run_single(chunks: list[bytes], out: list[bytes] | None = None) -> int:
     conn = ClientConnection({"heartbeat_interval": -1})
     conn.receive_data(encode_frame(0, b'{"max_rdy_count": 2500}'))
     conn.subscribe("bench", "bench")
@@ -73,7 +73,9 @@ def run_single(chunks: list[bytes]) -> int:
             if type(event) is Message:
                 finish(event.id)
                 count += 1
-        flush()
+        data = flush()
+        if out is not None:
+            out.append(data)
     return count
 
 
@@ -93,7 +95,7 @@ def subscribed_coordinator() -> tuple[ConsumerCoordinator, list[int]]:
     return c, ids
 
 
-def run_coordinator(chunks: list[bytes]) -> int:
+def run_coordinator(chunks: list[bytes], out: list[bytes] | None = None) -> int:
     c, ids = subscribed_coordinator()
     receive, finish, take, flush = c.receive_data, c.finish, c.take_actions, c.pending_data
     count = 0
@@ -104,14 +106,16 @@ def run_coordinator(chunks: list[bytes]) -> int:
             if type(action) is Deliver:
                 finish(action, now)
                 count += 1
-        flush()
+        written = flush()
+        if out is not None:
+            out.extend(data for _, data in written)
     take()
     assert c.total_rdy <= c.max_in_flight
     assert c.in_flight_count() == 0 and c.stats["finished"] == count
     return count
 
 
-def run_coordinator_batched(chunks: list[bytes]) -> int:
+def run_coordinator_batched(chunks: list[bytes], out: list[bytes] | None = None) -> int:
     """The same, answered the way a transport that collects its users' answers can:
     the Deliver actions of a read handed back in one ``finish_many`` call."""
     c, ids = subscribed_coordinator()
@@ -122,11 +126,19 @@ def run_coordinator_batched(chunks: list[bytes]) -> int:
     for index, chunk in enumerate(chunks):
         receive(ids[index % CONNECTIONS], chunk, now)
         count += finish_many([action for action in take() if type(action) is Deliver], now)
-        flush()
+        written = flush()
+        if out is not None:
+            out.extend(data for _, data in written)
     take()
     assert c.total_rdy <= c.max_in_flight
     assert c.in_flight_count() == 0 and c.stats["finished"] == count
     return count
+
+
+def fins(written: list[bytes]) -> list[bytes]:
+    """The ids of every FIN line written, sorted."""
+    lines = b"".join(written).split(b"\n")
+    return sorted(line[4:] for line in lines if line.startswith(b"FIN "))
 
 
 def measure(fn: Callable[[list[bytes]], int], chunks: list[bytes]) -> float:
@@ -150,8 +162,11 @@ def main() -> None:
         f"coordinator, {CONNECTIONS} connections, finish()": run_coordinator,
         f"coordinator, {CONNECTIONS} connections, finish_many()": run_coordinator_batched,
     }
-    for name, fn in runners.items():
-        assert fn(chunks) == args.messages, f"{name} lost messages"
+    expected = [b"%016x" % index for index in range(args.messages)]
+    for name, fn in runners.items():  # same work: every message FIN'd once, on the wire
+        written: list[bytes] = []
+        assert fn(chunks, written) == args.messages, f"{name} lost messages"
+        assert fins(written) == expected, f"{name} wrote the wrong FINs"
     best = dict.fromkeys(runners, 0.0)
     for _ in range(args.repeat):  # interleaved, best of N
         for name, fn in runners.items():
