@@ -11,7 +11,7 @@ How a transport drives it (the h11 shape, for many connections at once)::
     cid = node.connect(now, "127.0.0.1:53122")            # a client connected
     events = node.receive_data(cid, data, now)             # bytes read; b"" means EOF
     for conn_id in node.connections_with_output():         # a PUB here may feed consumers there
-        write(conn_id, node.data_to_send(conn_id))
+        write(conn_id, node.data_to_send(conn_id, now))     # when the last write is done
     for event in events:                                    # StartTLS / CloseConnection
         ...
     sleep_until(node.next_deadline()); events = node.handle_timer(now)
@@ -33,11 +33,19 @@ ones drop their overflow, as nsqd does. :meth:`NSQD.close` writes what is in mem
 and deferred to the backends; :meth:`NSQD.metadata` / :meth:`NSQD.load_metadata` carry the
 topic and channel list (nsqd's ``nsqd.dat``) across a restart.
 
+Output back-pressure: call :meth:`NSQD.data_to_send` only once the previous write to that
+connection has finished. Deliveries to a client stop while its untaken output is at a
+high-water mark (its ``output_buffer_size``, at least 64 KiB, at least one message) and resume
+when the output is taken, so a client that reads nothing holds a few messages, not its whole
+RDY, and the rest stays in the channel (memory, then the backend). The resumed deliveries are
+queued by ``data_to_send`` itself: check :meth:`NSQD.connections_with_output` (or
+``output_pending``) after it, not only after the other calls.
+
 What the transport still owns: write timeouts (nsqd drops a client whose writes stall for a
 heartbeat interval; ``output_pending`` tells how much is queued), reading back-pressure, and
 sockets. Known, deliberate differences from nsqd: deliveries a command allows are made when
 the whole input chunk has been processed (one batch, same call); IDENTIFY's output buffer
-settings are negotiated and reported but the core never holds output back; an MPUB body must
+timeout is negotiated and reported but output is never held back to batch it; an MPUB body must
 hold exactly its messages (nsqd reads them off the stream); the AUTH check is a synchronous
 callable (``NSQDOptions.auth_check``) or a transport's answer to ``AuthRequested``
 (``auth_by_transport``), which re-checks when the TTL ends rather than at the next command;
@@ -106,6 +114,15 @@ _MAX_ATTEMPTS = 0xFFFF
 _ID_COUNTER_BITS = 54
 _ID_COUNTER_MASK = (1 << _ID_COUNTER_BITS) - 1
 _DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024
+# The least unsent output at which deliveries to a client pause (its output_buffer_size when
+# larger): nsqd's messagePump blocks in its write once bufio (16 KiB) and the kernel's socket
+# buffer are full; below this much the transport would write in chunks too small to be fast.
+_MIN_HIGH_WATER = 64 * 1024
+# While a client is held back, its timer comes due this often (doubling while nothing is taken,
+# up to the cap), so a transport that looks at connections_with_output only after its other
+# calls still comes back for the output data_to_send queued when it resumed deliveries.
+_RESUME_POLL = 0.001
+_RESUME_POLL_MAX = 0.25
 # Requeue of a message whose id is already in flight on the channel (only possible when a
 # restored backend holds an id handed out again): it waits this long instead of spinning.
 _DUPLICATE_ID_RETRY = 1.0
@@ -209,6 +226,10 @@ class _Msg:
         self.timer = -1  # sequence number of its live in-flight heap entry, -1 when none
 
 
+def _high_water(output_buffer_size: int) -> int:
+    return max(output_buffer_size, _MIN_HIGH_WATER)
+
+
 def _record_msg(record: BackendRecord) -> _Msg:
     return _Msg(record.message_id, record.body, record.timestamp_ns, record.attempts)
 
@@ -222,6 +243,7 @@ class _Conn:
         "auth_expires",
         "auth_refreshing",
         "auth_secret",
+        "blocked",
         "channel",
         "client_id",
         "connected_at",
@@ -231,6 +253,7 @@ class _Conn:
         "encoder",
         "finish_count",
         "heartbeat_interval",
+        "high_water",
         "hostname",
         "id",
         "in_flight",
@@ -247,6 +270,7 @@ class _Conn:
         "pending_params",
         "pending_size",
         "pending_verb",
+        "poll_delay",
         "pub_counts",
         "queued",
         "raw_prefix",
@@ -258,6 +282,7 @@ class _Conn:
         "state",
         "switch_input",
         "tls",
+        "took",
         "user_agent",
     )
 
@@ -276,6 +301,12 @@ class _Conn:
         self.msg_timeout = options.msg_timeout
         self.sample_rate = 0
         self.output_buffer_size = _DEFAULT_OUTPUT_BUFFER_SIZE
+        # Deliveries stop while this many bytes wait unsent (see NSQD.data_to_send).
+        self.high_water = _high_water(_DEFAULT_OUTPUT_BUFFER_SIZE)
+        # True when deliveries stopped at high_water with RDY left: data_to_send resumes them.
+        self.blocked = False
+        self.took = False  # data_to_send took output since the last back-pressure poll
+        self.poll_delay = 0.0  # > 0 while back-pressure polls run (see NSQD._conn_timer)
         self.output_buffer_timeout = options.output_buffer_timeout
         self.tls = False
         self.snappy = False
@@ -500,6 +531,8 @@ class NSQD:
         # Bounded so a node nobody drains (no lookupd) cannot grow without end.
         self._registry: deque[RegistryEvent] = deque(maxlen=_MAX_REGISTRY_EVENTS)
         self._id_base = self.options.node_id << _ID_COUNTER_BITS
+        # The latest ``now`` seen: the time of deliveries data_to_send resumes without one.
+        self._now = now
         # Start the counter at a random point so ids from before a restart (still in a durable
         # backend) are very unlikely to be handed out again.
         self._id_counter = self._rng.getrandbits(_ID_COUNTER_BITS - 2)
@@ -547,6 +580,7 @@ class NSQD:
         events: list[ServerEvent] = []
         if conn is None:
             return events
+        self._now = now
         if not data:
             self._close(conn, "client closed the connection", None, now, events)
             return events
@@ -636,8 +670,16 @@ class NSQD:
         self._dirty.pop(conn_id, None)
         return events
 
-    def data_to_send(self, conn_id: ConnectionId) -> bytes:
+    def data_to_send(self, conn_id: ConnectionId, now: float | None = None) -> bytes:
         """Bytes to write to this connection now (compressed if negotiated; may be ``b""``).
+
+        Call it when the previous write to this connection has finished: this is the node's
+        output back-pressure. Deliveries to a subscriber stop while its unsent output is at
+        its high-water mark (its ``output_buffer_size``, at least 64 KiB, and at least one
+        message), so a client that reads nothing holds only a few messages and the rest stay
+        in the channel. Taking the output resumes them: this call may queue more messages for
+        the connection (it is then in :meth:`connections_with_output` again), timed from
+        ``now`` (default: the latest time the node was given).
 
         Once a connection is closed, the call that returns its last bytes also forgets it.
         """
@@ -649,6 +691,7 @@ class NSQD:
         self._dirty.pop(conn_id, None)
         data = b""
         if conn.out:
+            conn.took = True
             data = b"".join(conn.out)
             conn.out.clear()
             conn.out_len = 0
@@ -657,6 +700,12 @@ class NSQD:
         if conn.raw_prefix:
             data = conn.raw_prefix + data
             conn.raw_prefix = b""
+        if conn.blocked:
+            conn.blocked = False
+            channel = conn.channel
+            if channel is not None and conn.in_flight < conn.ready_count:
+                self._enqueue_ready(channel, conn)
+                self._pump(channel, self._now if now is None else now)
         if conn.state is ClientState.CLOSED:
             del self._conns[conn_id]
         return data
@@ -669,7 +718,8 @@ class NSQD:
 
     def output_pending(self, conn_id: ConnectionId) -> int:
         """Bytes waiting in this connection's output (before compression): stop reading from a
-        client whose output grows past ``max_output_buffer_size`` until it drains."""
+        client whose output grows past ``max_output_buffer_size`` until it drains (deliveries
+        already pause at the connection's high-water mark; answers to commands do not)."""
         conn = self._conns.get(conn_id)
         return 0 if conn is None else conn.out_len + len(conn.raw_prefix)
 
@@ -699,6 +749,7 @@ class NSQD:
         """Do everything due at ``now``: heartbeats, client timeouts, message timeouts, deferred
         messages becoming ready (and the deliveries they allow)."""
         events: list[ServerEvent] = []
+        self._now = now
         alarms = self._alarms
         while alarms and alarms[0][0] <= now:
             deadline, _, owner = heappop(alarms)
@@ -1330,6 +1381,7 @@ class NSQD:
         conn.heartbeat_interval = heartbeat
         conn.output_buffer_timeout = buffer_timeout
         conn.output_buffer_size = buffer_size
+        conn.high_water = _high_water(buffer_size)
         conn.sample_rate = data.sample_rate
         conn.msg_timeout = msg_timeout
         conn.next_heartbeat = now + heartbeat if heartbeat > 0 else _INF
@@ -1864,21 +1916,39 @@ class NSQD:
             return
         ready = channel.ready
         subscribed = ClientState.SUBSCRIBED
+        self._now = now
         while ready:
             conn = ready[0]
             if conn.state is not subscribed or conn.in_flight >= conn.ready_count:
                 ready.popleft()
                 conn.queued = False
                 continue
+            if conn.out_len >= conn.high_water:
+                # Output back-pressure: the client has not taken what it was sent. It leaves
+                # the ready queue; data_to_send puts it back (nsqd's blocked messagePump).
+                ready.popleft()
+                conn.queued = False
+                self._block(conn, now)
+                continue
             msg = self._next_message(channel)
             if msg is None:
                 return
             ready.popleft()
             self._deliver(channel, conn, msg, now)
-            if conn.in_flight < conn.ready_count:
+            if conn.in_flight >= conn.ready_count:
+                conn.queued = False
+            elif conn.out_len < conn.high_water:
                 ready.append(conn)
             else:
                 conn.queued = False
+                self._block(conn, now)
+
+    def _block(self, conn: _Conn, now: float) -> None:
+        conn.blocked = True
+        if not conn.poll_delay:
+            conn.took = False
+            conn.poll_delay = _RESUME_POLL
+            self._arm(conn, now + _RESUME_POLL)
 
     def _deliver(self, channel: _Channel, conn: _Conn, msg: _Msg, now: float) -> None:
         sample_rate = conn.sample_rate
@@ -2013,6 +2083,20 @@ class NSQD:
         state = conn.state
         if state is ClientState.CLOSED:
             return
+        delay = conn.poll_delay
+        if delay:
+            # Back-pressure poll: output was taken since the last one (keep coming back
+            # soon), or the client is still held back (back off), or it is over (stop).
+            if conn.took:
+                conn.took = False
+                delay = _RESUME_POLL
+            elif conn.blocked:
+                delay = min(delay * 2, _RESUME_POLL_MAX)
+            else:
+                delay = 0.0
+            conn.poll_delay = delay
+            if delay:
+                self._arm(conn, now + delay)
         if state is ClientState.AWAITING_MAGIC:
             limit = conn.connected_at + self.options.client_timeout
             if now >= limit:
