@@ -1822,15 +1822,14 @@ class NSQD:
 
     def _distribute(self, topic: _Topic, msg: _Msg, now: float) -> None:
         first = True
+        delay = msg.deferred  # read once: every channel's copy is held back (DPUB)
+        if delay > 0:
+            msg.deferred = 0.0
         for channel in topic.channels.values():
-            copy = (
-                msg if first else _Msg(msg.id, msg.body, msg.timestamp, msg.attempts, msg.deferred)
-            )
+            copy = msg if first else _Msg(msg.id, msg.body, msg.timestamp, msg.attempts)
             first = False
             channel.message_count += 1
-            if copy.deferred > 0:
-                delay = copy.deferred
-                copy.deferred = 0.0
+            if delay > 0:
                 self._defer(channel, copy, now + delay)
                 continue
             if channel.ready and len(channel.mem) >= self._mem_limit:

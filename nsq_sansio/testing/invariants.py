@@ -17,7 +17,7 @@ At the end:
   was finished by some consumer of each channel, or given up after ``max_attempts``, unless the
   broker holding it crashed without it on (durable) disk.
 * ``DRAIN``: a drained consumer answered (FIN or REQ) every message it received before closing,
-  so nothing it had is left to time out.
+  so nothing it had is left to time out; and every drain completes.
 * ``DISCOVERY``: after partitions heal, each lookupd consumer is connected to exactly the live
   nsqd nodes.
 * ``BROKER_EMPTY``: live brokers hold nothing for the channels (nothing stuck).
@@ -222,6 +222,8 @@ class Monitor:
         self._attempts: dict[tuple[str, str, bytes], int] = {}
         self.lookup_requests: list[tuple[float, str, str]] = []
         self.draining: set[str] = set()
+        #: consumer -> when its drain completed (DrainComplete)
+        self.drained: dict[str, float] = {}
         self.drain_leftovers: dict[str, int] = {}
         self.messages_sent = 0
         #: (body, consumer, start, planned end) of every job user code ran
@@ -362,7 +364,7 @@ class Monitor:
         self.draining.add(consumer)
 
     def on_drain_complete(self, consumer: str, now: float) -> None:
-        pass
+        self.drained[consumer] = now
 
     def on_consumer_killed(self, consumer: str, now: float) -> None:
         self.draining.discard(consumer)
@@ -403,6 +405,11 @@ class Monitor:
                          f"{len(missing)} accepted message(s) never finished nor given up "
                          f"(e.g. {sample})")
         self._check_brokers(now)
+        for consumer in sorted(self.draining - set(self.drained)):
+            node = self.sim.nodes.get(consumer)
+            if node is not None and node.alive:
+                self.violate(Invariant.DRAIN, now, f"{consumer} started a drain that never "
+                             "completed (no DrainComplete)")
         if discovery:
             self.check_discovery(now)
 

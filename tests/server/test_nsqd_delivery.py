@@ -167,6 +167,32 @@ def test_deferred_publish_comes_out_in_time_order() -> None:
     assert [m.body for m in consumer.messages()] == [b"late"]
 
 
+def test_deferred_publish_is_held_back_on_every_channel() -> None:
+    node = make_node()
+    channels = {name: Client(node) for name in ("a", "b", "c")}
+    for name, consumer in channels.items():
+        consumer.sub("t", name, rdy=10)
+    producer = Client(node)
+    producer.send(frames.encode_dpub("t", 2000, b"later"))
+    assert producer.responses() == [b"OK"]
+    for name, consumer in channels.items():
+        assert consumer.messages() == []
+        assert _channel_stats(node, channel=name)["deferred_count"] == 1
+    node.handle_timer(2.0)
+    for consumer in channels.values():
+        assert [m.body for m in consumer.messages()] == [b"later"]
+    # also when it waited in a paused topic before reaching its channels
+    node.pause_topic("t", 3.0)
+    producer.send(frames.encode_dpub("t", 1000, b"paused"), 3.0)
+    node.unpause_topic("t", 4.0)
+    for name, consumer in channels.items():
+        assert consumer.messages() == []
+        assert _channel_stats(node, channel=name)["deferred_count"] == 1
+    node.handle_timer(5.0)
+    for consumer in channels.values():
+        assert [m.body for m in consumer.messages()] == [b"paused"]
+
+
 def test_heartbeats_and_two_missed_close_the_client() -> None:
     node = make_node(msg_timeout=20.0)
     consumer = Client(node)
