@@ -708,7 +708,9 @@ def to_file_main(argv: Sequence[str]) -> int:
                 pull=True,
                 max_in_flight=max(1, args.max_in_flight),
                 # a batch may wait up to sync-interval before its FIN: keep nsqd from timing it out
-                msg_timeout=max(60.0, args.sync_interval * 4),
+                msg_timeout=min(
+                    900.0, max(60.0, args.sync_interval * 4)
+                ),  # nsqd default max: 15 min
                 **_client_options(args),
             ) as consumer,
         ):
