@@ -19,6 +19,7 @@ from nsq_sansio.consumer import (
     MessageGone,
     TakenBack,
 )
+from nsq_sansio.errors import LocalProtocolError
 from nsq_sansio.frames import HEARTBEAT, encode_frame, encode_message_frame
 
 TS = 1_700_000_000_000_000_000
@@ -268,3 +269,42 @@ def test_answers_in_any_order_match_a_model(ops: list[tuple[object, ...]]) -> No
     for d in issued:
         if current.get((d.conn_id, d.id)) is not d:
             assert c.deadline(d) is None
+
+
+@pytest.mark.parametrize("split", [0, 1, 17, 40])
+def test_finish_many_of_reads_in_order(split: int) -> None:
+    c, (one, two) = coordinator()
+    c.receive_data(one, b"".join(msg(i) for i in range(40)), 1.0)
+    c.receive_data(two, b"".join(msg(100 + i) for i in range(5)), 1.0)
+    ds = delivered(c.take_actions())
+    first, second = ds[:split], ds[split:40]
+    assert c.finish_many(first, 2.0) == len(first)
+    assert c.in_flight_count() == 45 - len(first)
+    assert c.finish_many(second + ds[40:], 2.0) == 45 - len(first)
+    assert c.finish_many(ds[:3], 2.0) == 0  # answered already: reported, nothing sent
+    actions = c.take_actions()
+    assert [a.command for a in actions if isinstance(a, TakenBack)] == ["FIN"] * 3
+    out = b"".join(data for _, data in c.pending_data())
+    assert out.count(b"FIN ") == 45
+    assert c.in_flight_count() == 0 and c.stats["finished"] == 45
+
+
+def test_finish_many_in_order_when_the_connection_refuses_one() -> None:
+    c, (one, _) = coordinator()
+    c.receive_data(one, b"".join(msg(i) for i in range(6)), 1.0)
+    ds = delivered(c.take_actions())
+    link = c._links[one]
+    send_fin = link.send_fin
+
+    def refuse_third(message_id: bytes) -> None:
+        if message_id == ds[2].id:
+            raise LocalProtocolError("already answered in the same read")
+        send_fin(message_id)
+
+    link.send_fin = refuse_third
+    assert c.finish_many(ds, 2.0) == 5  # as finish() on each: the third is reported
+    gone = [a for a in c.take_actions() if isinstance(a, TakenBack)]
+    assert [(g.message_id, g.command) for g in gone] == [(ds[2].id, "FIN")]
+    assert c.in_flight_count() == 0 and c.stats["finished"] == 5
+    out = b"".join(data for _, data in c.pending_data())
+    assert out.count(b"FIN ") == 5
