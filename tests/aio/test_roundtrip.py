@@ -148,11 +148,23 @@ async def test_refused_publish_fails_alone(make_nsqd: NSQDFactory) -> None:
 async def test_producer_failover_and_back_pressure(nsqd: EmbeddedNSQD) -> None:
     topic = fresh()
     dead = "127.0.0.1:1"  # nothing listens there
+    peak = 0
     async with Producer([dead, nsqd.tcp_address], max_pending=2, connect_timeout=1) as p:
-        async with anyio.create_task_group() as tg:
-            for i in range(30):
-                tg.start_soon(p.publish, topic, b"%d" % i)
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:  # sampled at every scheduler turn
+                peak = max(peak, p.stats().pending)
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(watch)
+            async with anyio.create_task_group() as tg:
+                for i in range(30):
+                    tg.start_soon(p.publish, topic, b"%d" % i)
+            outer.cancel_scope.cancel()
         stats = p.stats()
+    assert 1 <= peak <= 2  # back-pressure: never more than max_pending awaiting an answer
     assert stats.published == 30
     assert stats.pending == 0
     ch = await channel_stats(nsqd, topic, "ch")
