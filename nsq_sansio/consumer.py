@@ -312,12 +312,14 @@ class _Link:
         "queue",
         "rdy",
         "rdy_at",
+        "rdy_refresh",
         "remaining",
         "seen",
         "send_fin",
         "target",
         "touched",
         "warm",
+        "wire_rdy",
     )
 
     def __init__(self, conn_id: int, address: NSQDAddress, deadline: float) -> None:
@@ -329,6 +331,11 @@ class _Link:
         self.close_deadline: float | None = None
         self.close_wait = False
         self.rdy = 0
+        #: The last RDY handed to the connection (``rdy`` is decided at once, written at the
+        #: next pending_data(), so a step that moves RDY away and back writes nothing).
+        self.wire_rdy = 0
+        #: The same RDY was asked again (the 25% refresh): write it even if unchanged.
+        self.rdy_refresh = False
         self.remaining = 0
         self.target = 0
         self.alloc = 0
@@ -444,9 +451,10 @@ class ConsumerCoordinator:
         self._next_fetch_id = 1
         self._actions: list[Action] = []
         self._dirty: set[int] = set()
-        #: Connections whose RDY went down since the last flush: written first, so that the
-        #: sum of RDY nsqd sees never exceeds max_in_flight, not even between two writes.
-        self._lowered: set[int] = set()
+        #: Connections with an RDY decided but not handed to the connection yet; written by
+        #: pending_data(), decreases first, so that the sum of RDY nsqd sees never exceeds
+        #: max_in_flight, not even between two writes.
+        self._rdy_due: set[int] = set()
         self._total_rdy = 0
         self._alloc_total = 0
         self._fetches = FetchQueue()
@@ -582,6 +590,7 @@ class ConsumerCoordinator:
         self._dirty.discard(conn_id)
         if link is None or link.proto is None:
             return b""
+        self._emit_rdy(link)
         link.dirty = False
         return link.proto.data_to_send()
 
@@ -594,10 +603,14 @@ class ConsumerCoordinator:
             return out
         links = self._links
         order: Iterable[int] = dirty
-        if self._lowered:
-            lowered = [conn_id for conn_id in self._lowered if conn_id in dirty]
-            order = lowered + [conn_id for conn_id in dirty if conn_id not in self._lowered]
-            self._lowered.clear()
+        if self._rdy_due:
+            due = [links[conn_id] for conn_id in self._rdy_due if conn_id in links]
+            lowered = [each.conn_id for each in due if each.rdy < each.wire_rdy]
+            for each in sorted(due, key=lambda each: each.rdy >= each.wire_rdy):
+                self._emit_rdy(each)  # decreases first: the same order as the writes
+            self._rdy_due.clear()
+            if lowered:
+                order = lowered + [conn_id for conn_id in dirty if conn_id not in lowered]
         for conn_id in order:
             link = links.get(conn_id)
             if link is not None and link.proto is not None:
@@ -1101,6 +1114,7 @@ class ConsumerCoordinator:
             delay = min(delay, MAX_COMMAND_DELAY)
             if link.max_req_timeout is not None:
                 delay = min(delay, link.max_req_timeout)
+        self._emit_rdy(link)
         try:
             link.proto.requeue(delivery.message.id, delay)
         except LocalProtocolError:  # that id was already answered in the same read
@@ -1227,6 +1241,7 @@ class ConsumerCoordinator:
         if not proto.is_in_flight(message.id):
             return  # a copy earlier in this read was already answered: nsqd has one copy only
         if not link.accepting:
+            self._emit_rdy(link)  # RDY 0 goes before the REQ
             proto.requeue(message.id, 0.0)  # draining: give it to another consumer at once
             self.requeued += 1
             return
@@ -1331,6 +1346,7 @@ class ConsumerCoordinator:
         link.seen.discard(message_id)
         assert link.proto is not None
         if link.proto.is_in_flight(message_id):
+            self._emit_rdy(link)  # drain's RDY 0 goes before the REQ
             link.proto.requeue(message_id, 0.0)
             self._dirty.add(link.conn_id)
             self.requeued += 1
@@ -1451,6 +1467,7 @@ class ConsumerCoordinator:
         if self._by_address.get(link.address) is link:
             del self._by_address[link.address]
         self._dirty.discard(conn_id)
+        self._rdy_due.discard(conn_id)
         self._total_rdy -= link.rdy
         self._alloc_total -= link.alloc
         link.rdy = link.alloc = link.target = 0
@@ -1509,6 +1526,7 @@ class ConsumerCoordinator:
         if link.phase is LinkPhase.SUBSCRIBED and not link.tracked:
             assert link.proto is not None
             link.accepting = False
+            self._emit_rdy(link)
             link.proto.close()  # CLS
             self._dirty.add(link.conn_id)
             link.phase = LinkPhase.CLOSING
@@ -1538,15 +1556,26 @@ class ConsumerCoordinator:
         count = max(0, min(count, link.max_rdy))
         if count == 0 and link.rdy == 0:
             return
-        proto.send_ready(count)
+        if count == link.rdy:
+            link.rdy_refresh = True
+        self._rdy_due.add(link.conn_id)
         self._dirty.add(link.conn_id)
-        if count < link.rdy:
-            self._lowered.add(link.conn_id)
         if count and not link.rdy:
             link.rdy_at = now
         self._total_rdy += count - link.rdy
         link.rdy = count
         link.remaining = count
+
+    def _emit_rdy(self, link: _Link) -> None:
+        """Hand the RDY decided for ``link`` to its connection, unless nsqd has it already."""
+        if link.conn_id not in self._rdy_due:
+            return
+        self._rdy_due.discard(link.conn_id)
+        if link.rdy != link.wire_rdy or link.rdy_refresh:
+            assert link.proto is not None
+            link.proto.send_ready(link.rdy)
+            link.wire_rdy = link.rdy
+        link.rdy_refresh = False
 
     def _budget(self) -> int:
         if self._state is not ConsumerState.RUNNING:

@@ -308,3 +308,46 @@ def test_finish_many_in_order_when_the_connection_refuses_one() -> None:
     assert c.in_flight_count() == 0 and c.stats["finished"] == 5
     out = b"".join(data for _, data in c.pending_data())
     assert out.count(b"FIN ") == 5
+
+
+# --- RDY is written once per step, decreases first ---------------------------------------------
+
+
+def rdy_lines(written: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    return [
+        (conn_id, line)
+        for conn_id, data in written
+        for line in data.split(b"\n")
+        if line.startswith(b"RDY ")
+    ]
+
+
+def test_rdy_moved_away_and_back_in_one_step_writes_nothing() -> None:
+    c, (one, two) = coordinator(2, Config(max_in_flight=1))
+    a, b = c._links[one], c._links[two]
+    holder, other = (a, b) if a.rdy else (b, a)
+    assert holder.rdy == 1 and other.rdy == 0 and c.pending_data() == []
+    c._send_rdy(holder, 0, 1.0)
+    c._send_rdy(other, 1, 1.0)
+    c._send_rdy(other, 0, 1.0)
+    c._send_rdy(holder, 1, 1.0)
+    assert rdy_lines(c.pending_data()) == []
+    assert c.total_rdy == 1
+
+
+def test_rdy_moved_in_one_step_is_written_lower_first() -> None:
+    c, (one, two) = coordinator(2, Config(max_in_flight=1))
+    a, b = c._links[one], c._links[two]
+    holder, other = (a, b) if a.rdy else (b, a)
+    c._send_rdy(other, 1, 1.0)  # capped by nothing here: the test decides the order
+    c._send_rdy(holder, 0, 1.0)
+    lines = rdy_lines(c.pending_data())
+    assert lines == [(holder.conn_id, b"RDY 0"), (other.conn_id, b"RDY 1")]
+
+
+def test_the_25_percent_refresh_is_written_even_though_unchanged() -> None:
+    c, (one,) = coordinator(1, Config(max_in_flight=100))
+    c.receive_data(one, msg(0), 1.0)  # warm: RDY 100
+    assert rdy_lines(c.pending_data()) == [(one, b"RDY 100")]
+    c.receive_data(one, b"".join(msg(i) for i in range(1, 80)), 2.0)  # 20 left: refresh
+    assert rdy_lines(c.pending_data()) == [(one, b"RDY 100")]
