@@ -1,5 +1,6 @@
-"""``python -m nsq_sansio.testing replay <blob> [--rdy-per-write]``: run a printed scenario
-again, exactly (``--rdy-per-write`` checks the RDY sum after every RDY written)."""
+"""``python -m nsq_sansio.testing replay <blob> [--rdy-per-step]``: run a printed scenario
+again, exactly (``--rdy-per-step`` checks the RDY sum after each consumer step only, not after
+every RDY written)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from .simulator import run_scenario, scenario_from_blob
 
 
 def main(argv: list[str]) -> int:
-    per_write = "--rdy-per-write" in argv
-    args = [a for a in argv if a != "--rdy-per-write"]
+    per_write = "--rdy-per-step" not in argv
+    args = [a for a in argv if a not in ("--rdy-per-step", "--rdy-per-write")]
     if len(args) != 2 or args[0] != "replay":
-        print("usage: python -m nsq_sansio.testing replay <blob> [--rdy-per-write]",
+        print("usage: python -m nsq_sansio.testing replay <blob> [--rdy-per-step]",
               file=sys.stderr)
         return 2
     scenario = scenario_from_blob(args[1])

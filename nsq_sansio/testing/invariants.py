@@ -3,7 +3,7 @@
 Per step (from the wire, independently of the state machines' own bookkeeping):
 
 * ``RDY_SUM``: the RDY a consumer last sent, summed over its live connections, never exceeds
-  its ``max_in_flight``.
+  its ``max_in_flight`` (after every RDY written; ``rdy_per_write=False``: after every step).
 * ``RDY_IN_FLIGHT``: nsqd never pushes a message on a connection that already holds as many
   un-answered, un-expired messages as the RDY it last received there (so a consumer never has
   more in flight than its RDY allowed).
@@ -201,10 +201,10 @@ class _Pipe:
 class Monitor:
     """Collects what happened in a run and checks the invariants."""
 
-    def __init__(self, sim: Simulator, *, rdy_per_write: bool = False) -> None:
+    def __init__(self, sim: Simulator, *, rdy_per_write: bool = True) -> None:
         self.sim = sim
         #: Check the RDY sum after every RDY written, not only after every step: a consumer
-        #: must then write the decreases that fund an increase first.
+        #: must write the decreases that fund an increase first (False: per step only).
         self.rdy_per_write = rdy_per_write
         self.violations: list[Violation] = []
         self._pipes: dict[int, _Pipe] = {}

@@ -164,7 +164,7 @@ class Simulator:
     run. ``strict`` raises :class:`InvariantViolation` at the first violated step."""
 
     def __init__(self, spec: ClusterSpec | None = None, *, seed: int = 0, strict: bool = True,
-                 replay: str = "", rdy_per_write: bool = False) -> None:
+                 replay: str = "", rdy_per_write: bool = True) -> None:
         self.spec = spec if spec is not None else ClusterSpec()
         self.seed = seed
         self.strict = strict
@@ -454,10 +454,11 @@ class Simulator:
 
 
 def run_scenario(scenario: Scenario, *, check_discovery: bool = True,
-                 rdy_per_write: bool = False) -> RunResult:
+                 rdy_per_write: bool = True) -> RunResult:
     """Run a scenario to the end: faults until ``duration``, then heal and settle, then the
-    final invariants. Raises :class:`InvariantViolation` (with the replay line) on failure."""
-    line = replay_line(scenario) + (" --rdy-per-write" if rdy_per_write else "")
+    final invariants. Raises :class:`InvariantViolation` (with the replay line) on failure.
+    ``rdy_per_write=False`` checks the RDY sum per consumer step only."""
+    line = replay_line(scenario) + ("" if rdy_per_write else " --rdy-per-step")
     sim = Simulator(scenario.cluster, seed=scenario.seed, replay=line,
                     rdy_per_write=rdy_per_write)
     sim.schedule_workload(scenario.workload)

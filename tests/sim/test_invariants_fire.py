@@ -161,13 +161,8 @@ def test_rdy_sum_holds_after_every_single_write() -> None:
         sim.run_until(20.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=InvariantViolation,
-    reason="consumer.py pull mode: when a fetch expires and the next one is allotted to "
-    "another connection (max_in_flight 1, 5 nsqd), the new RDY 1 is written before the old "
-    "holder's RDY 0; push mode was fixed in 237e806",
-)
+# Regression: pull mode wrote a new holder's RDY 1 before the old holder's RDY 0 (fixed in
+# 93b1edd); found with rdy_per_write=True.
 def test_pull_rdy_sum_holds_after_every_single_write() -> None:
     from nsq_sansio.testing import LinkSpec, Simulator
 

@@ -63,7 +63,7 @@ def test_crash_without_durability_excuses_only_what_the_broker_held() -> None:
 def test_replay_command_runs_the_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", scenario_blob(SCENARIO)]) == 0
     assert "ok:" in capsys.readouterr().out
-    assert main(["replay", scenario_blob(Scenario(seed=3)), "--rdy-per-write"]) == 0
+    assert main(["replay", scenario_blob(Scenario(seed=3)), "--rdy-per-step"]) == 0
     assert main(["nonsense"]) == 2
 
 
