@@ -1115,14 +1115,24 @@ class ConsumerCoordinator:
             if link.max_req_timeout is not None:
                 delay = min(delay, link.max_req_timeout)
         self._emit_rdy(link)
-        try:
-            link.proto.requeue(delivery.message.id, delay)
-        except LocalProtocolError:  # that id was already answered in the same read
+        message_id = delivery.message.id
+        if not link.proto.is_in_flight(message_id):  # already answered in the same read
             self._report_gone(delivery, "REQ")
             return False
-        self.requeued += 1
         failed = backoff and self._config.backoff_active
-        self._after_answer(link, Outcome.FAILURE if failed else Outcome.NEUTRAL, now)
+        outcome = Outcome.FAILURE if failed else Outcome.NEUTRAL
+        if self._state is ConsumerState.RUNNING and self._backoff.record(outcome, now):
+            # Backoff starts (or a test ends): RDY 0 goes on the wire before the REQ, else
+            # nsqd could hand the message straight back, in flight for the whole window.
+            self._recalm()
+            self._rebalance(now)
+            self._emit_rdy(link)
+            link.proto.requeue(message_id, delay)
+            self.requeued += 1
+            return True
+        link.proto.requeue(message_id, delay)
+        self.requeued += 1
+        self._after_answer(link, outcome, now, recorded=True)
         return True
 
     def touch(self, delivery: Deliver, now: float) -> float | None:
@@ -1328,9 +1338,12 @@ class ConsumerCoordinator:
             )
         )
 
-    def _after_answer(self, link: _Link, outcome: Outcome, now: float) -> None:
+    def _after_answer(
+        self, link: _Link, outcome: Outcome, now: float, *, recorded: bool = False
+    ) -> None:
+        """``recorded``: the outcome was already given to backoff (and changed nothing)."""
         if self._state is ConsumerState.RUNNING:
-            if self._backoff.record(outcome, now):
+            if not recorded and self._backoff.record(outcome, now):
                 self._recalm()
                 self._rebalance(now)
             elif self._pull and link.alloc > 0:

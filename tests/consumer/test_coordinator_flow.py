@@ -59,6 +59,29 @@ def test_backoff_rdy_zero_then_single_test_rdy_then_back_to_full() -> None:
     assert c.total_rdy == 10
 
 
+def test_requeue_that_starts_backoff_writes_rdy_zero_before_the_req() -> None:
+    # REQ first would let nsqd hand the requeued message (delay 0) straight back on this
+    # connection, in flight for the whole backoff window.
+    w = World(2, Config(max_in_flight=10, backoff_multiplier=1.0, max_backoff_duration=120.0))
+    w.start()
+    w.publish(0, 3)
+    w.publish(1, 3)
+    c = w.coordinator
+    first = w.inbox.pop(0)
+    w.sent.clear()
+    w.rdy_sent.clear()
+    c.requeue(first, w.now, delay=0.0)
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.WAITING
+    mine = [line for conn_id, line in w.sent if conn_id == first.conn_id]
+    assert mine[:2] == [b"RDY 0", b"REQ " + first.message.id + b" 0"]
+    assert w.rdy_by_conn() == {1: 0, 2: 0}
+    assert {conn_id for conn_id, count in w.rdy_sent if count == 0} == {1, 2}
+    # nsqd kept the message: nothing was delivered again during the window
+    assert all(d.message.id != first.message.id for d in w.inbox)
+    assert w.server_depth() == 1
+
+
 def test_failures_raise_the_level_and_successes_lower_it() -> None:
     w = World(1, Config(max_in_flight=5, default_requeue_delay=0.0))
     w.start()
