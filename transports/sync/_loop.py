@@ -171,7 +171,8 @@ class IOLoop:
         return threading.current_thread() is self._thread
 
     def call_soon(self, fn: Callable[[], None]) -> None:
-        """Run ``fn()`` on the loop thread at its next iteration (thread-safe, cheap)."""
+        """Run ``fn()`` on the loop thread at its next iteration (thread-safe, cheap). An
+        exception from ``fn`` is logged and the loop goes on; report it yourself (a future)."""
         self._calls.append(fn)
         self.wake()
 
@@ -392,7 +393,11 @@ class IOLoop:
                 if mask & _READ and not link.closed:
                     self._on_readable(link, now)
             while calls:
-                calls.popleft()()
+                call = calls.popleft()
+                try:
+                    call()
+                except Exception:  # a call handed over by user code: never fatal to the loop
+                    _log.exception("IO loop %s: a queued call failed: %r", self._name, call)
             if self._connecting:
                 self._check_connect_timeouts(now)
             deadline = owner.next_deadline()

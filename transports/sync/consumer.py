@@ -27,6 +27,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import random
 import threading
 import time
@@ -35,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from nsq_sansio.config import Config
 from nsq_sansio.consumer import (
@@ -56,6 +57,7 @@ from nsq_sansio.consumer import (
     TakenBack,
 )
 from nsq_sansio.discovery import LookupdAddress, NSQDAddress
+from nsq_sansio.errors import ConfigError, LocalProtocolError
 from nsq_sansio.events import Message as CoreMessage
 from transports._common import (
     ConnectionLogger,
@@ -73,11 +75,29 @@ _log = logging.getLogger("nsq_sansio.sync.consumer")
 #: keepalive() warns this long (at most) before max_msg_timeout takes the message back.
 KEEPALIVE_WARNING = 5.0
 
+_T = TypeVar("_T")
+
 _FIN = 0
 _REQ = 1
 _TOUCH = 2
 _KEEPALIVE_ON = 3
 _KEEPALIVE_OFF = 4
+
+
+def _check_seconds(what: str, value: object, *, zero: bool = True) -> None:
+    """Raise LocalProtocolError (in the caller) unless ``value`` is a finite number of seconds
+    ``>= 0`` (``> 0`` when ``zero`` is False). Bad input must never reach the IO thread."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not zero)
+    ):
+        bound = ">= 0" if zero else "> 0"
+        raise LocalProtocolError(
+            f"{what} must be a finite number of seconds {bound}, got {value!r}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,9 +200,11 @@ class Message:
 
     def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
         """``REQ``: try again after ``delay`` seconds (default: grows with attempts).
-        ``backoff=False`` keeps this failure from slowing the consumer down."""
-        if delay is not None and not delay >= 0:
-            raise ValueError(f"requeue delay must be >= 0 seconds, got {delay!r}")
+        ``backoff=False`` keeps this failure from slowing the consumer down. A delay above
+        nsqd's max_req_timeout is clamped to it. A bad ``delay`` (negative, inf, nan, not a
+        number) raises LocalProtocolError here and leaves the message unanswered."""
+        if delay is not None:
+            _check_seconds("requeue delay", delay)
         if self._responded:
             return False
         self._responded = True
@@ -349,20 +371,34 @@ class Consumer:
 
         RDY 0 everywhere, messages not yet handed to user code are requeued, messages in user
         code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then CLS.
+        A bad ``timeout`` raises LocalProtocolError here and changes nothing.
         """
+        if timeout is not None:
+            _check_seconds("drain timeout", timeout)
+        self._start_drain(timeout)
+
+    def _start_drain(self, timeout: float | None) -> Future[None] | None:
+        """Begin the drain; the future (None when nothing was started) reports the IO
+        thread's part of it."""
         if self._draining or not self._started:
             if not self._started:
                 self._draining = True
                 self._drained.set()
                 self._wake_users()
-            return
+            return None
         self._draining = True
-        self._loop.call_soon(lambda: self._begin_drain(timeout))
+        return self._call(lambda: self._begin_drain(timeout))
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Graceful shutdown; blocks until it is over. True when it completed in time."""
+        """Graceful shutdown; blocks until it is over. True when it completed in time.
+        A bad ``timeout`` raises LocalProtocolError here and changes nothing."""
+        if timeout is not None:
+            _check_seconds("drain timeout", timeout)
         limit = self._config.drain_timeout if timeout is None else timeout
-        self.start_drain(limit)
+        begun = self._start_drain(limit)
+        if begun is not None and not self._loop.in_loop_thread():
+            with contextlib.suppress(TimeoutError):
+                begun.result(limit + 10.0)  # the IO thread's error, if any, is raised here
         done = self._drained.wait(limit + 10.0)
         self._shutdown()
         return done
@@ -373,6 +409,7 @@ class Consumer:
 
     def close(self, timeout: float = 5.0) -> None:
         """Requeue every unanswered message now, CLS, close sockets, join threads."""
+        _check_seconds("close timeout", timeout)
         if self._closed:
             return
         if self._started and not self._drained.is_set():
@@ -419,7 +456,10 @@ class Consumer:
             yield message
 
     def get(self, timeout: float | None = None) -> Message | None:
-        """The next message, or None after ``timeout`` seconds or once drained/closed."""
+        """The next message, or None after ``timeout`` seconds (None: no limit, 0: only one
+        already received) or once drained/closed."""
+        if timeout is not None:
+            _check_seconds("get timeout", timeout)
         if self._pull:
             raise RuntimeError("a pull-mode consumer is read with fetch(), not get()")
         if not self._started:
@@ -470,8 +510,10 @@ class Consumer:
             threads = concurrency
         if self._pull:
             raise RuntimeError("run() needs a push-mode consumer (pull=False)")
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads!r}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigError(f"run() threads must be an int >= 1, got {threads!r}")
+        if not callable(handler):
+            raise ConfigError(f"run() handler must be callable, got {handler!r}")
         self.start()
 
         def work() -> None:
@@ -514,6 +556,10 @@ class Consumer:
         broker never sends more than was asked. Answer each message (FIN after commit)."""
         if not self._pull:
             raise RuntimeError("fetch() needs Consumer(..., pull=True)")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise LocalProtocolError(f"fetch batch must be an int >= 1, got {batch!r}")
+        if timeout is not None:
+            _check_seconds("fetch timeout", timeout, zero=False)
         self.start()
         if self._closed or self._draining:
             return []
@@ -541,23 +587,32 @@ class Consumer:
 
     @property
     def config(self) -> Config:
-        return self._config
+        """The configuration in force (max_in_flight follows :meth:`set_max_in_flight`)."""
+        return self._coordinator.config
 
     def is_starved(self) -> bool:
         """The client guide's is_starved (a hint to process a batch)."""
         return self._coordinator.is_starved()
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
-        """Change max_in_flight at run time (0 pauses the flow)."""
-        self._loop.call_soon(
+        """Change max_in_flight at run time (0 pauses the flow); RDY is redistributed on the
+        IO thread before this returns (when it runs). A bad value raises ConfigError here and
+        changes nothing."""
+        self._coordinator.config.replace(max_in_flight=max_in_flight)  # validates, or raises
+        if self._loop.in_loop_thread():
+            self._coordinator.set_max_in_flight(max_in_flight, time.monotonic())
+            return
+        done = self._call(
             lambda: self._coordinator.set_max_in_flight(max_in_flight, time.monotonic())
         )
+        if self._started and not self._closed and self._loop.failure is None:
+            with contextlib.suppress(TimeoutError):
+                done.result(5.0)
 
     def stats(self) -> ConsumerStats:
         """A snapshot (plain frozen dataclass), taken on the IO thread when it runs."""
         if self._started and not self._closed and not self._loop.in_loop_thread():
-            future: Future[ConsumerStats] = Future()
-            self._loop.call_soon(lambda: future.set_result(self._snapshot()))
+            future = self._call(self._snapshot)
             with contextlib.suppress(TimeoutError):
                 return future.result(5.0)
         return self._snapshot()
@@ -605,6 +660,23 @@ class Consumer:
         )
 
     # --- user thread -> IO thread -------------------------------------------------------------
+
+    def _call(self, fn: Callable[[], _T]) -> Future[_T]:
+        """Run ``fn()`` on the IO thread; its result or exception goes to the future (an
+        exception is also logged): an action asked by user code never kills the IO thread."""
+        future: Future[_T] = Future()
+
+        def run() -> None:
+            try:
+                result = fn()
+            except Exception as exc:
+                _log.exception("consumer action %r failed on the IO thread", fn)
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        self._loop.call_soon(run)
+        return future
 
     def _post(self, op: int, message: Message, arg: Any) -> None:
         self._posted.append((op, message, arg))
@@ -691,30 +763,45 @@ class Consumer:
         discard = unanswered.discard
         popleft = posted.popleft
         while posted:
-            op, message, arg = popleft()
-            if op == _FIN:  # the hot path
-                discard(message)
-                finish(message._delivery, now)
-                if keepalives:
-                    self._stop_keepalive(message)
-                continue
-            delivery = message._delivery
-            if op == _REQ:
-                unanswered.discard(message)
-                delay, backoff = arg
-                coordinator.requeue(delivery, now, delay, backoff=backoff)
-                if keepalives:
-                    self._stop_keepalive(message)
-            elif op == _TOUCH:
-                if coordinator.touch(delivery, now) is None:
-                    message.taken_back = True
-            elif op == _KEEPALIVE_ON:
-                if message not in self._keepalive_of and not message._responded:
-                    entry = _Keepalive(message)
-                    self._keepalive_of[message] = entry
-                    self._keepalive_tick(entry, now)
-            elif op == _KEEPALIVE_OFF:
-                self._stop_keepalive(message)
+            op, message = -1, None
+            try:
+                while posted:
+                    op, message, arg = popleft()
+                    if op == _FIN:  # the hot path
+                        discard(message)
+                        finish(message._delivery, now)
+                        if keepalives:
+                            self._stop_keepalive(message)
+                        continue
+                    delivery = message._delivery
+                    if op == _REQ:
+                        unanswered.discard(message)
+                        delay, backoff = arg
+                        coordinator.requeue(delivery, now, delay, backoff=backoff)
+                        if keepalives:
+                            self._stop_keepalive(message)
+                    elif op == _TOUCH:
+                        if coordinator.touch(delivery, now) is None:
+                            message.taken_back = True
+                    elif op == _KEEPALIVE_ON:
+                        if message not in self._keepalive_of and not message._responded:
+                            entry = _Keepalive(message)
+                            self._keepalive_of[message] = entry
+                            self._keepalive_tick(entry, now)
+                    elif op == _KEEPALIVE_OFF:
+                        self._stop_keepalive(message)
+            except Exception:  # never fatal to the IO thread; the next answers still go
+                self._answer_failed(op, message)
+
+    def _answer_failed(self, op: int, message: Message | None) -> None:
+        """An answer from user code raised on the IO thread (arguments are checked in the
+        caller, so this is a bug): log it; a message still ours can be answered again."""
+        _log.exception("answer %d for %r failed on the IO thread", op, message)
+        if message is None or op not in (_FIN, _REQ):
+            return
+        if self._coordinator.deadline(message._delivery) is not None:
+            message._responded = False
+            self._unanswered.add(message)
 
     def _stop_keepalive(self, message: Message) -> None:
         entry = self._keepalive_of.pop(message, None)
@@ -765,7 +852,7 @@ class Consumer:
             self._take_answers(now)
         # Messages still queued for user code were never seen: drain requeues them at once.
         # Those user code took (popped concurrently included) get until the deadline.
-        unseen: list[Deliver] = []
+        popped: list[Message] = []
         ready = self._ready
         while ready:
             try:
@@ -773,8 +860,15 @@ class Consumer:
             except IndexError:
                 break
             self._unanswered.discard(message)
-            unseen.append(message._delivery)
-        self._coordinator.drain(now, timeout, unseen=unseen)
+            popped.append(message)
+        try:
+            self._coordinator.drain(now, timeout, unseen=[m._delivery for m in popped])
+        except Exception:  # refused (the caller checked the timeout): nothing was drained
+            self._unanswered.update(popped)
+            with self._cond:
+                ready.extendleft(reversed(popped))
+            self._draining = False
+            raise
         self._pump(now)
 
     def _logger(self, conn_id: int, address: str) -> ConnectionLogger:

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
+from .consumer import _check_seconds
+
 __all__ = ["DEFAULT_DRAIN_SIGNALS", "Drainable", "drain_on_signals"]
 
 _log = logging.getLogger("nsq_sansio.sync")
@@ -51,7 +53,10 @@ def drain_on_signals(
     *,
     timeout: float | None = None,
 ) -> Iterator[None]:
-    """Install handlers that start ``consumer``'s drain; the previous ones come back on exit."""
+    """Install handlers that start ``consumer``'s drain; the previous ones come back on exit.
+    A bad ``timeout`` raises LocalProtocolError here, not later in the signal handler."""
+    if timeout is not None:
+        _check_seconds("drain timeout", timeout)
     previous: dict[int, Any] = {}
 
     def handler(signum: int, frame: FrameType | None) -> None:

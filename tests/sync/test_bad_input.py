@@ -1,0 +1,222 @@
+"""Bad user input raises a clear error in the caller, changes nothing, and never kills the IO
+thread (which owns every connection of the consumer). Real loopback sockets, embedded nsqd."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any
+
+import pytest
+
+from nsq_sansio.errors import ConfigError, LocalProtocolError
+from transports.embedded import EmbeddedNSQD, ServerThread
+from transports.sync import Consumer, Message, Producer, drain_on_signals
+
+from ._helpers import channel_stats, unique, wait_for
+
+Pair = tuple[EmbeddedNSQD, ServerThread[EmbeddedNSQD]]
+
+NOT_SECONDS: tuple[Any, ...] = (math.inf, math.nan, -math.inf, -1, -0.5, "1", True, object())
+
+
+def publish(server: EmbeddedNSQD, topic: str, count: int) -> None:
+    with Producer(server.tcp_address) as producer:
+        producer.multi_publish(topic, [b"%d" % i for i in range(count)])
+
+
+def assert_io_alive(consumer: Consumer) -> None:
+    loop = consumer._loop
+    assert loop.failure is None, f"IO thread crashed: {loop.failure!r}"
+    assert loop.thread is not None and loop.thread.is_alive()
+
+
+def take(consumer: Consumer) -> Message:
+    msg = consumer.get(timeout=5)
+    assert msg is not None, "no message delivered"
+    return msg
+
+
+def test_bad_requeue_delay_raises_in_caller_and_message_stays_answerable(nsqd: Pair) -> None:
+    server, runner = nsqd
+    topic = unique()
+    publish(server, topic, 3)
+    with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=1) as consumer:
+        msg = take(consumer)
+        for delay in NOT_SECONDS:
+            with pytest.raises(LocalProtocolError, match="requeue delay"):
+                msg.requeue(delay=delay)
+            with pytest.raises(LocalProtocolError, match="requeue delay"):
+                msg.requeue_nowait(delay=delay)
+        assert not msg.responded
+        assert consumer.stats().in_flight == 1  # still ours: nothing was sent
+        assert_io_alive(consumer)
+        ch = channel_stats(runner, topic, "c")
+        assert ch is not None and ch["requeue_count"] == 0 and ch["in_flight_count"] == 1
+        assert msg.finish()  # a later valid answer works
+        # A huge (finite) delay is clamped to nsqd's max_req_timeout, not refused.
+        second = take(consumer)
+        assert second.requeue(delay=1e10, backoff=False)
+        third = take(consumer)
+        assert third.finish()
+        wait_for(lambda: (channel_stats(runner, topic, "c") or {}).get("in_flight_count") == 0)
+        ch = channel_stats(runner, topic, "c")
+        assert ch is not None
+        assert ch["deferred_count"] == 1 and ch["requeue_count"] == 1
+        assert_io_alive(consumer)
+
+
+def test_bad_max_in_flight_raises_in_caller_and_changes_nothing(nsqd: Pair) -> None:
+    server, runner = nsqd
+    topic = unique()
+    publish(server, topic, 4)
+    with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=1) as consumer:
+        first = take(consumer)
+        not_counts: tuple[Any, ...] = (-1, "10", 1.5, True, None, 2**31)
+        for bad in not_counts:
+            with pytest.raises(ConfigError, match="max_in_flight"):
+                consumer.set_max_in_flight(bad)
+        assert consumer.config.max_in_flight == 1
+        assert consumer.stats().max_in_flight == 1
+        assert_io_alive(consumer)
+        consumer.set_max_in_flight(3)  # a valid change is applied before it returns
+        assert consumer.config.max_in_flight == 3
+        assert consumer.stats().max_in_flight == 3
+        held = [first] + [take(consumer) for _ in range(2)]  # 3 in flight at once now
+        for m in held:
+            assert m.finish()
+        held.append(take(consumer))
+        assert held[-1].finish()
+        assert sorted(m.body for m in held) == [b"0", b"1", b"2", b"3"]
+        wait_for(lambda: (channel_stats(runner, topic, "c") or {}).get("in_flight_count") == 0)
+
+
+def test_bad_drain_and_close_timeouts_raise_in_caller(nsqd: Pair) -> None:
+    server, runner = nsqd
+    topic = unique()
+    publish(server, topic, 2)
+    consumer = Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=1).start()
+    try:
+        msg = take(consumer)
+        for timeout in NOT_SECONDS:
+            with pytest.raises(LocalProtocolError, match="drain timeout"):
+                consumer.drain(timeout=timeout)
+            with pytest.raises(LocalProtocolError, match="drain timeout"):
+                consumer.start_drain(timeout)
+            with pytest.raises(LocalProtocolError, match="close timeout"):
+                consumer.close(timeout)
+            with (
+                pytest.raises(LocalProtocolError, match="drain timeout"),  # not at signal time
+                drain_on_signals(consumer, timeout=timeout),
+            ):
+                pass
+        assert not consumer.draining
+        assert_io_alive(consumer)
+        assert msg.finish()
+        assert take(consumer).finish()
+        assert consumer.drain(timeout=5)  # the real drain still works
+    finally:
+        consumer.close()
+    ch = channel_stats(runner, topic, "c")
+    assert ch is not None and ch["in_flight_count"] == 0 and ch["depth"] == 0
+
+
+def test_bad_get_timeout_and_run_arguments_raise_in_caller(nsqd: Pair) -> None:
+    server, _ = nsqd
+    topic = unique()
+    publish(server, topic, 1)
+    with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=1) as consumer:
+        for timeout in NOT_SECONDS:
+            with pytest.raises(LocalProtocolError, match="get timeout"):
+                consumer.get(timeout=timeout)
+        not_threads: tuple[Any, ...] = (0, -1, 1.5, "2", True)
+        for threads in not_threads:
+            with pytest.raises(ConfigError, match="threads"):
+                consumer.run(lambda m: None, threads=threads)
+            with pytest.raises(ConfigError, match="threads"):
+                consumer.run(lambda m: None, concurrency=threads)
+        with pytest.raises(ConfigError, match="handler"):
+            consumer.run("not callable", threads=1)  # type: ignore[arg-type]
+        assert not [t for t in threading.enumerate() if t.name.startswith("nsq-sync-worker")]
+        assert_io_alive(consumer)
+        assert take(consumer).finish()
+        assert consumer.get(timeout=0) is None  # 0 is a valid poll
+
+
+def test_bad_fetch_arguments_raise_in_caller(nsqd: Pair) -> None:
+    server, runner = nsqd
+    topic = unique()
+    publish(server, topic, 2)
+    consumer = Consumer(topic, "c", nsqd=[server.tcp_address], pull=True, max_in_flight=10)
+    bad: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
+        ((0,), {}, "fetch batch"),
+        ((-1,), {"timeout": 1.0}, "fetch batch"),
+        ((1.5,), {}, "fetch batch"),
+        (("3",), {}, "fetch batch"),
+        ((True,), {}, "fetch batch"),
+        ((1,), {"timeout": -1}, "fetch (timeout|expires)"),
+        ((1,), {"timeout": 0}, "fetch (timeout|expires)"),
+        ((1,), {"timeout": math.inf}, "fetch (timeout|expires)"),
+        ((1,), {"timeout": math.nan}, "fetch (timeout|expires)"),
+        ((1,), {"timeout": "5"}, "fetch (timeout|expires)"),
+    ]
+    with consumer:
+        for args, kwargs, what in bad:
+            with pytest.raises(LocalProtocolError, match=what):
+                consumer.fetch(*args, **kwargs)
+        assert_io_alive(consumer)
+        got: list[Message] = []
+        while len(got) < 2:
+            got += consumer.fetch(2 - len(got), timeout=5)
+        for m in got:
+            assert m.finish()
+        wait_for(lambda: (channel_stats(runner, topic, "c") or {}).get("in_flight_count") == 0)
+    for args, kwargs, what in bad:  # also once closed (not a silent [])
+        with pytest.raises(LocalProtocolError, match=what):
+            consumer.fetch(*args, **kwargs)
+
+
+def test_failing_user_action_on_io_thread_is_reported_not_fatal(
+    nsqd: Pair, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever slips past the checks in the caller (here: a core call made to fail) is
+    logged and reported to that caller; the IO thread and its connections live on."""
+    server, runner = nsqd
+    topic = unique()
+    publish(server, topic, 3)
+    caplog.set_level(logging.ERROR, logger="nsq_sansio.sync")
+    with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=1) as consumer:
+        coordinator = consumer._coordinator
+
+        def boom(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("injected failure")
+
+        # set_max_in_flight: the IO thread's error is raised in the caller.
+        monkeypatch.setattr(coordinator, "set_max_in_flight", boom)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            consumer.set_max_in_flight(2)
+        monkeypatch.undo()
+        assert_io_alive(consumer)
+
+        # An answer: fire-and-forget, so it is logged and the message can be answered again.
+        msg = take(consumer)
+        monkeypatch.setattr(coordinator, "requeue", boom)
+        assert msg.requeue(delay=0)
+        wait_for(lambda: not msg.responded, what="the failed REQ to be undone")
+        monkeypatch.undo()
+        assert_io_alive(consumer)
+        assert msg.finish()
+
+        # drain: raised in the caller, nothing drained, the consumer goes on.
+        monkeypatch.setattr(coordinator, "drain", boom)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            consumer.drain(timeout=5)
+        monkeypatch.undo()
+        assert not consumer.draining
+        assert_io_alive(consumer)
+        for _ in range(2):
+            assert take(consumer).finish()
+        assert "injected failure" in caplog.text
+    ch = channel_stats(runner, topic, "c")
+    assert ch is not None and ch["in_flight_count"] == 0 and ch["depth"] == 0
