@@ -8,6 +8,9 @@ high-water mark and resume when the transport takes it. Virtual time, no sockets
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from nsq_sansio import frames
 from nsq_sansio.server import NSQD
 
@@ -174,3 +177,69 @@ def test_rdy_change_and_fin_while_held_back_deliver_nothing_until_taken() -> Non
     assert node.output_pending(consumer.id) == 34 + BIG  # FIN frees a slot, output does not
     assert len(consumer.messages()) == 1
     assert node.output_pending(consumer.id) == 34 + BIG  # taken: the next one is queued
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("pub"), st.integers(1, 3), st.integers(1, 90_000)),
+            st.tuples(st.just("take"), st.integers(0, 2), st.booleans()),
+            st.tuples(st.just("rdy"), st.integers(0, 2), st.integers(0, 50)),
+        ),
+        max_size=60,
+    )
+)
+def test_random_takes_keep_output_bounded_and_lose_nothing(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """Whatever the order of publishes, takes (with or without FINs) and RDY changes: untaken
+    output never passes the mark by more than one message, and once every client takes and
+    FINs, every message was delivered exactly once."""
+    node = make_node(max_msg_size=100_000)
+    clients = [Client(node) for _ in range(3)]
+    for client in clients:
+        client.sub("t", "c", rdy=20)
+        client.raw()
+    producer = Client(node)
+    published: list[bytes] = []
+    finished: list[bytes] = []
+    held: list[list[tuple[bytes, bytes]]] = [[], [], []]  # received, not FIN'd, per client
+    serial = 0
+
+    def take(i: int, fin: bool) -> None:
+        client = clients[i]
+        for kind, payload in client.decoder.feed(node.data_to_send(client.id)):
+            if kind == MESSAGE:
+                msg = frames.decode_message(payload)
+                held[i].append((msg.id, msg.body))
+        if fin:
+            for message_id, body in held[i]:
+                client.send(frames.encode_fin(message_id))
+                finished.append(body)
+            held[i].clear()
+
+    for op, a, b in ops:
+        if op == "pub":
+            for _ in range(a):
+                body = b"%08d" % serial + b"z" * max(0, b - 8)
+                serial += 1
+                published.append(body)
+                assert producer.pub("t", body) == b"OK"
+        elif op == "take":
+            take(a, bool(b))
+        else:
+            clients[a].send(frames.encode_rdy(b))
+        for client in clients:
+            assert node.output_pending(client.id) < HIGH_WATER + 34 + 90_000
+        assert _channel(node)["in_flight_count"] <= 3 * 50  # never past the RDY given
+    # everyone reads, FINs and asks for more until nothing is left
+    for client in clients:
+        client.send(frames.encode_rdy(20))
+    for _ in range(10_000):
+        if not any(node.output_pending(c.id) for c in clients) and not any(held):
+            break
+        for i in range(3):
+            take(i, True)
+    assert sorted(finished) == sorted(published)
+    assert (_channel(node)["depth"], _channel(node)["in_flight_count"]) == (0, 0)
