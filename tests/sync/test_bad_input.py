@@ -220,3 +220,50 @@ def test_failing_user_action_on_io_thread_is_reported_not_fatal(
         assert "injected failure" in caplog.text
     ch = channel_stats(runner, topic, "c")
     assert ch is not None and ch["in_flight_count"] == 0 and ch["depth"] == 0
+
+
+def topic_message_count(runner: ServerThread[EmbeddedNSQD], topic: str) -> int:
+    server = runner.server
+
+    def read() -> int:
+        stats = server.core.stats(server.now(), topic=topic)
+        return sum(t["message_count"] for t in stats["topics"] if t["topic_name"] == topic)
+
+    return runner.call(read)
+
+
+def test_bad_producer_arguments_raise_in_caller_and_publish_nothing(nsqd: Pair) -> None:
+    server, runner = nsqd
+    topic = unique()
+    producer = Producer(server.tcp_address)
+    with producer:
+        for delay in NOT_SECONDS:
+            with pytest.raises(LocalProtocolError, match="DPUB delay"):
+                producer.deferred_publish(topic, b"x", delay)
+            with pytest.raises(LocalProtocolError, match="DPUB delay"):
+                producer.deferred_publish_async(topic, b"x", delay)
+        for timeout in (0, *NOT_SECONDS):
+            with pytest.raises(LocalProtocolError, match="PUB timeout"):
+                producer.publish(topic, b"x", timeout=timeout)
+            with pytest.raises(LocalProtocolError, match="MPUB timeout"):
+                producer.multi_publish_async(topic, [b"x"], timeout=timeout)
+            with pytest.raises(LocalProtocolError, match="DPUB timeout"):
+                producer.deferred_publish(topic, b"x", 1.0, timeout=timeout)
+        for timeout in NOT_SECONDS:
+            with pytest.raises(LocalProtocolError, match="flush timeout"):
+                producer.flush(timeout)
+            with pytest.raises(LocalProtocolError, match="close timeout"):
+                producer.close(timeout)
+        assert producer.stats().pending == 0
+        assert producer._loop.failure is None
+        assert topic_message_count(runner, topic) == 0  # nothing bad was sent
+        producer.publish(topic, b"ok")  # still open and working
+        producer.flush(5)
+    assert topic_message_count(runner, topic) == 1
+    not_counts: tuple[Any, ...] = (0, -1, 1.5, "8", True)
+    for bad_pending in not_counts:
+        with pytest.raises(ConfigError, match="max_pending"):
+            Producer(server.tcp_address, max_pending=bad_pending)
+    for bad_timeout in (0, *NOT_SECONDS):
+        with pytest.raises(ConfigError, match="Producer timeout"):
+            Producer(server.tcp_address, timeout=bad_timeout)

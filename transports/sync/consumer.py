@@ -27,7 +27,6 @@ import contextlib
 import heapq
 import itertools
 import logging
-import math
 import random
 import threading
 import time
@@ -66,6 +65,7 @@ from transports._common import (
     split_options,
 )
 
+from ._args import check_seconds
 from ._loop import IOLoop, Link
 
 __all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message"]
@@ -82,22 +82,6 @@ _REQ = 1
 _TOUCH = 2
 _KEEPALIVE_ON = 3
 _KEEPALIVE_OFF = 4
-
-
-def _check_seconds(what: str, value: object, *, zero: bool = True) -> None:
-    """Raise LocalProtocolError (in the caller) unless ``value`` is a finite number of seconds
-    ``>= 0`` (``> 0`` when ``zero`` is False). Bad input must never reach the IO thread."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-        or (value == 0 and not zero)
-    ):
-        bound = ">= 0" if zero else "> 0"
-        raise LocalProtocolError(
-            f"{what} must be a finite number of seconds {bound}, got {value!r}"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +188,7 @@ class Message:
         nsqd's max_req_timeout is clamped to it. A bad ``delay`` (negative, inf, nan, not a
         number) raises LocalProtocolError here and leaves the message unanswered."""
         if delay is not None:
-            _check_seconds("requeue delay", delay)
+            check_seconds("requeue delay", delay)
         if self._responded:
             return False
         self._responded = True
@@ -374,7 +358,7 @@ class Consumer:
         A bad ``timeout`` raises LocalProtocolError here and changes nothing.
         """
         if timeout is not None:
-            _check_seconds("drain timeout", timeout)
+            check_seconds("drain timeout", timeout)
         self._start_drain(timeout)
 
     def _start_drain(self, timeout: float | None) -> Future[None] | None:
@@ -393,7 +377,7 @@ class Consumer:
         """Graceful shutdown; blocks until it is over. True when it completed in time.
         A bad ``timeout`` raises LocalProtocolError here and changes nothing."""
         if timeout is not None:
-            _check_seconds("drain timeout", timeout)
+            check_seconds("drain timeout", timeout)
         limit = self._config.drain_timeout if timeout is None else timeout
         begun = self._start_drain(limit)
         if begun is not None and not self._loop.in_loop_thread():
@@ -409,7 +393,7 @@ class Consumer:
 
     def close(self, timeout: float = 5.0) -> None:
         """Requeue every unanswered message now, CLS, close sockets, join threads."""
-        _check_seconds("close timeout", timeout)
+        check_seconds("close timeout", timeout)
         if self._closed:
             return
         if self._started and not self._drained.is_set():
@@ -459,7 +443,7 @@ class Consumer:
         """The next message, or None after ``timeout`` seconds (None: no limit, 0: only one
         already received) or once drained/closed."""
         if timeout is not None:
-            _check_seconds("get timeout", timeout)
+            check_seconds("get timeout", timeout)
         if self._pull:
             raise RuntimeError("a pull-mode consumer is read with fetch(), not get()")
         if not self._started:
@@ -559,7 +543,7 @@ class Consumer:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise LocalProtocolError(f"fetch batch must be an int >= 1, got {batch!r}")
         if timeout is not None:
-            _check_seconds("fetch timeout", timeout, zero=False)
+            check_seconds("fetch timeout", timeout, zero=False)
         self.start()
         if self._closed or self._draining:
             return []

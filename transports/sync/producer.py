@@ -40,7 +40,7 @@ from typing import Any
 from nsq_sansio.backoff import reconnect_delay
 from nsq_sansio.config import Config
 from nsq_sansio.connection import ClientConnection, ConnectionState
-from nsq_sansio.errors import ConnectionLost, NSQError
+from nsq_sansio.errors import ConfigError, ConnectionLost, NSQError
 from nsq_sansio.events import (
     ConnectionClosed,
     ConnectionReady,
@@ -59,6 +59,7 @@ from transports._common import (
     split_options,
 )
 
+from ._args import check_seconds
 from ._loop import IOLoop, Link
 
 __all__ = ["NoNSQDAvailable", "Producer", "PublishFuture"]
@@ -197,8 +198,9 @@ class Producer:
         addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         if not addresses:
             raise ValueError("Producer needs at least one nsqd address")
-        if max_pending < 1:
-            raise ValueError(f"max_pending={max_pending!r} must be >= 1")
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ConfigError(f"max_pending={max_pending!r} must be an int >= 1")
+        check_seconds("Producer timeout", timeout, zero=False, error=ConfigError)
         self._config, self._options = split_options(config, options)
         self._timeout = timeout
         self._nodes: list[_Node] = []
@@ -241,6 +243,8 @@ class Producer:
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Wait up to ``timeout`` for unanswered publishes, then close every connection."""
+        if timeout is not None:
+            check_seconds("close timeout", timeout)
         with self._lock:
             if self._closed:
                 return
@@ -321,11 +325,14 @@ class Producer:
     def deferred_publish_async(
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
     ) -> PublishFuture:
+        check_seconds("DPUB delay", delay)
         encode_dpub(topic, round(delay * 1000), body)
         return self._submit("DPUB", topic, (body, delay), timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every publish handed over so far was answered."""
+        if timeout is not None:
+            check_seconds("flush timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._pending_count():
             if deadline is not None and time.monotonic() >= deadline:
@@ -379,6 +386,8 @@ class Producer:
             raise TimeoutError(f"nsqd did not answer within {limit}s") from None
 
     def _submit(self, kind: str, topic: str, payload: Any, timeout: float | None) -> PublishFuture:
+        if timeout is not None:
+            check_seconds(f"{kind} timeout", timeout, zero=False)
         if self._closed:
             raise RuntimeError("Producer is closed")
         if not self._started:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
-from .consumer import _check_seconds
+from ._args import check_seconds
 
 __all__ = ["DEFAULT_DRAIN_SIGNALS", "Drainable", "drain_on_signals"]
 
@@ -56,7 +56,7 @@ def drain_on_signals(
     """Install handlers that start ``consumer``'s drain; the previous ones come back on exit.
     A bad ``timeout`` raises LocalProtocolError here, not later in the signal handler."""
     if timeout is not None:
-        _check_seconds("drain timeout", timeout)
+        check_seconds("drain timeout", timeout)
     previous: dict[int, Any] = {}
 
     def handler(signum: int, frame: FrameType | None) -> None:
