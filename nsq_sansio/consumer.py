@@ -38,7 +38,8 @@ What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
   jittered exponential backoff.
 * Drain: RDY 0 everywhere, requeue what the user has not seen, wait for what the user holds
   (up to a deadline, then requeue it), CLS, wait for CLOSE_WAIT, close.
-* Pull mode (:mod:`nsq_sansio.pull`): RDY follows the outstanding fetches.
+* Pull mode (:mod:`nsq_sansio.pull`): RDY follows the outstanding fetches; connections that
+  delivered recently get them, idle ones keep a probe of 1, a used-up share is topped up at once.
 
 ``CloseConnection.final_data`` must be written before the socket is closed (final REQ/FIN/CLS).
 A :class:`Deliver` is the handle the user answers with; after its connection is gone, answering
@@ -51,7 +52,7 @@ import enum
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import is_, itemgetter
@@ -309,6 +310,7 @@ class _Link:
         "msg_timeout",
         "phase",
         "proto",
+        "pull_seq",
         "queue",
         "rdy",
         "rdy_at",
@@ -345,6 +347,8 @@ class _Link:
         self.max_msg_timeout = 900.0
         self.max_req_timeout: float | None = None
         self.last_message_at = -math.inf
+        #: Pull mode: which link delivered last (ties of ``last_message_at`` in one read).
+        self.pull_seq = 0
         self.rdy_at = -math.inf
         #: Messages in flight here, with the handle the user answers with: ``held`` by id,
         #: then ``queue[head:]``, the handles of the latest reads in delivery order, not put
@@ -462,6 +466,8 @@ class ConsumerCoordinator:
         self._drain_deadline: float | None = None
         #: Pull mode: the next deadline of a held message (the budget grows when it passes).
         self._next_expiry: float | None = None
+        #: Pull mode: counts messages, so the link that delivered last is known exactly.
+        self._pull_seq = 0
         #: True while running in push mode outside backoff: answers need no bookkeeping
         #: beyond the FIN itself (the hot path's test).
         self._calm = False
@@ -1285,10 +1291,14 @@ class ConsumerCoordinator:
             )
 
     def _on_pull_message(self, link: _Link, delivery: Deliver, now: float) -> None:
+        self._pull_seq += 1
+        link.pull_seq = self._pull_seq
+        used_up = False
         if link.alloc > 0:
             link.alloc -= 1
             self._alloc_total -= 1
             if link.alloc == 0:
+                used_up = True
                 link.target = 0
                 self._send_rdy(link, 0, now)
         fetches = self._fetches
@@ -1298,7 +1308,9 @@ class ConsumerCoordinator:
                 self._answer_fetch(filled, FetchEnd.FILLED)
         else:
             fetches.buffer.append((now + self._config.pull_hold_timeout, delivery))
-        if self._alloc_total > fetches.outstanding:
+        if self._alloc_total > fetches.outstanding or (used_up and fetches.outstanding):
+            # A link that used up its share while others may sit on empty nsqd: top it up
+            # from theirs now (it is active; they keep a probe), not after an idle timeout.
             self._rebalance(now)
 
     def _current(self, delivery: Deliver) -> _Link | None:
@@ -1612,10 +1624,7 @@ class ConsumerCoordinator:
             live = [self._live_in_flight(link, now) for link in links]
             wanted = max(0, min(self._fetches.outstanding, budget - sum(live)))
             caps = [max(0, link.max_rdy - n) for link, n in zip(links, live, strict=True)]
-            if wanted >= len(links):
-                allocs = even_shares(wanted, caps)
-            else:
-                allocs = self._pick_holders(links, wanted, now, exclude, caps)
+            allocs = self._pull_shares(links, wanted, now, exclude, caps)
             self._alloc_total = sum(allocs)
             targets = []
             for link, alloc, n in zip(links, allocs, live, strict=True):
@@ -1650,6 +1659,52 @@ class ConsumerCoordinator:
         self._next_expiry = expiry
         return live
 
+    def _pull_shares(
+        self,
+        links: list[_Link],
+        wanted: int,
+        now: float,
+        exclude: frozenset[int],
+        caps: list[int],
+    ) -> list[int]:
+        """Pull mode: spread the outstanding fetch budget (``wanted``) over ``links``.
+
+        Links that delivered within ``low_rdy_idle_timeout`` are *active*: they get the
+        budget, while every idle link keeps a probe of 1 (so messages that show up on any
+        nsqd are still found; a probe that delivers makes its link active). With no active
+        link (or all of them active) the budget is spread evenly. With fewer RDY than links,
+        active links come first, most recent first. The caller rebalances as soon as a link
+        has used up its share, so budget parked on an empty nsqd moves to the busy one at once.
+        """
+        n = len(links)
+        usable = [i for i in range(n) if caps[i] > 0]
+        if wanted <= 0 or not usable:
+            return [0] * n
+        recent_after = now - self._config.low_rdy_idle_timeout
+        active = [
+            i for i in usable
+            if links[i].last_message_at > recent_after and links[i].conn_id not in exclude
+        ]
+        active.sort(key=lambda i: (links[i].last_message_at, links[i].pull_seq), reverse=True)
+        if wanted < len(usable):
+            return self._pick_holders(links, wanted, now, exclude, caps, active)
+        if not active or len(active) == len(usable):
+            return even_shares(wanted, caps)
+        shares = [0] * n
+        chosen = set(active)
+        idle = [i for i in usable if i not in chosen]
+        for i in idle:
+            shares[i] = 1
+        rest = wanted - len(idle)
+        for i, share in zip(active, even_shares(rest, [caps[i] for i in active]), strict=True):
+            shares[i] = share
+            rest -= share
+        if rest > 0:  # the active links are capped: the idle ones take the rest
+            extra = even_shares(rest, [caps[i] - 1 for i in idle])
+            for i, share in zip(idle, extra, strict=True):
+                shares[i] += share
+        return shares
+
     def _pick_holders(
         self,
         links: list[_Link],
@@ -1657,11 +1712,20 @@ class ConsumerCoordinator:
         now: float,
         exclude: frozenset[int],
         caps: list[int],
+        first: Sequence[int] = (),
     ) -> list[int]:
-        """Fewer RDY than connections: keep current holders, fill up at random, 1 each."""
+        """Fewer RDY than connections: 1 each to ``first`` (pull mode's active links), then
+        the current holders, then at random."""
         shares = [0] * len(links)
         if count <= 0:
             return shares
+        if first:
+            for i in first[:count]:
+                shares[i] = 1
+            count -= min(count, len(first))
+            if count == 0:
+                return shares
+            caps = [0 if shares[i] else cap for i, cap in enumerate(caps)]
         held = [i for i, link in enumerate(links) if link.target > 0 and caps[i] > 0]
         if len(held) > count:
             held.sort(key=lambda i: links[i].last_message_at, reverse=True)

@@ -236,3 +236,93 @@ def test_pull_stuck_handler_does_not_hold_the_budget_forever() -> None:
     w.advance(21.0)  # nsqd took the stuck one back: the budget is free again
     assert len(w.results) == 2 and len(w.results[-1].messages) == 1
     assert c.total_rdy <= 1
+
+
+# --- pull mode with several nsqd: the budget goes where the messages are (F15) -----------------
+
+
+def _pull_world(seed: int, max_in_flight: int = 100) -> World:
+    w = World(3, Config(max_in_flight=max_in_flight), seed=seed, pull=True)
+    w.start()
+    w.advance(1.0)
+    return w
+
+
+def _never_over(w: World) -> None:
+    assert not w.over_budget  # the RDY sum nsqd sees never exceeds max_in_flight
+    assert not w.coordinator._fetches.buffer  # nsqd never pushed more than was asked
+    assert not w.lines(b"REQ ")  # so nothing had to be held and requeued
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fetch_fills_at_once_when_all_messages_are_on_one_of_three_nsqd(seed: int) -> None:
+    w = _pull_world(seed)
+    c = w.coordinator
+    w.publish(2, 50)
+    t0 = w.now
+    c.fetch(10, w.now)
+    w.pump()
+    w.advance(0.5)
+    (result,) = w.results
+    assert result.reason is FetchEnd.FILLED and len(result.messages) == 10
+    # the others keep a probe of 1 each, and nothing more than the request asked was sent
+    for d in result.messages:
+        c.finish(d, w.now)
+    w.pump()
+    for _ in range(4):  # the other 40 in 4 more fetches of 10, no expiry waited for
+        c.fetch(10, w.now, expires=5.0)
+        w.pump()
+        w.advance(0.01)
+        assert w.results[-1].reason is FetchEnd.FILLED and len(w.results[-1].messages) == 10
+        for d in w.results[-1].messages:
+            c.finish(d, w.now)
+        w.pump()
+    assert w.now - t0 < 1.0
+    assert w.server_depth() == 0 and w.server_in_flight() == 0
+    assert sum(len(r.messages) for r in w.results) == 50
+    _never_over(w)
+
+
+def test_budget_moves_to_the_busy_node_and_idle_probes_still_find_new_messages() -> None:
+    w = _pull_world(3)
+    c = w.coordinator
+    w.publish(0, 30)
+    for batch in (12, 10):  # held by the user, not finished: they count in flight
+        c.fetch(batch, w.now, expires=5.0)
+        w.pump()
+        assert w.results[-1].reason is FetchEnd.FILLED
+    c.fetch(10, w.now, expires=5.0)
+    w.pump()
+    assert len(w.results) == 2  # node 0 had only 8 left: 2 still asked
+    assert c._fetches.outstanding == 2
+    live = {1: 30, 2: 0, 3: 0}
+    allocs = {i: rdy - live[i] for i, rdy in w.rdy_by_conn().items() if rdy}
+    assert sum(allocs.values()) <= 2  # never more than asked
+    assert w.server_in_flight() == 30
+    # messages that show up on an idle nsqd are found by its probe, then it gets the rest
+    w.publish(1, 3)
+    assert len(w.results) == 3
+    last = w.results[-1]
+    assert last.reason is FetchEnd.FILLED and len(last.messages) == 10
+    assert w.server_depth() == 1 and w.server_in_flight() == 32  # only what was asked
+    _never_over(w)
+
+
+def test_fetch_one_at_a_time_follows_the_node_that_has_messages() -> None:
+    w = _pull_world(5)
+    c = w.coordinator
+    w.publish(2, 50)
+    empty = 0
+    for _ in range(20):
+        c.fetch(1, w.now, expires=1.0)
+        w.pump()
+        w.advance(0.01)
+        result = w.results[-1]
+        if not result.messages:
+            empty += 1
+        for d in result.messages:
+            c.finish(d, w.now)
+        w.pump()
+        w.advance(1.0)
+    assert empty == 0 and len(w.results) == 20
+    _never_over(w)
