@@ -538,10 +538,12 @@ class EmbeddedNSQD:
                 await client.wake.wait()
                 client.wake = anyio.Event()
                 async with client.send_lock:
-                    data = core.data_to_send(conn_id)
+                    data = core.data_to_send(conn_id, anyio.current_time())
                     if data:
                         with anyio.fail_after(send_timeout):
                             await client.stream.send(data)
+                if core.output_pending(conn_id):
+                    client.wake.set()  # data_to_send resumed deliveries: write them too
                 if not client.drained.is_set():
                     client.drained.set()
                 if client.closing and core.output_pending(conn_id) == 0:
