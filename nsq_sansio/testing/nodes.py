@@ -294,11 +294,17 @@ class NsqdNode(SimNode):
     def _flush(self, now: float) -> None:
         nsqd = self.nsqd
         net = self.sim.net
-        for cid in nsqd.connections_with_output():
-            conn = self.conns.get(cid)
-            data = nsqd.data_to_send(cid)
-            if conn is not None and data:
-                net.send(conn, self, data)
+        # taking a connection's output may release more deliveries to it (nsqd's output
+        # back-pressure): take until nothing is left
+        for _ in range(100):
+            ready = nsqd.connections_with_output()
+            if not ready:
+                break
+            for cid in ready:
+                conn = self.conns.get(cid)
+                data = nsqd.data_to_send(cid, now)
+                if conn is not None and data:
+                    net.send(conn, self, data)
         registry = nsqd.take_registry_events()
         if registry:
             self.disk.metadata = nsqd.metadata()

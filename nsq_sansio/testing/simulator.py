@@ -106,6 +106,8 @@ class Workload:
     via_tcp: bool = True
     #: Indexes of the nsqd to publish to (round-robin); empty: all of them.
     targets: tuple[int, ...] = ()
+    #: Pad every body to this many bytes (``b"m<n>."`` then filler); 0: no padding.
+    body_size: int = 0
 
 
 class FaultKind(enum.Enum):
@@ -301,7 +303,7 @@ class Simulator:
         index = 0
         while count < workload.messages:
             size = min(workload.batch, workload.messages - count)
-            bodies = [b"m%d" % (count + k) for k in range(size)]
+            bodies = [_body(count + k, workload.body_size) for k in range(size)]
             count += size
             target = index % len(nsqds)
             at = workload.start + index * interval
@@ -448,6 +450,13 @@ class Simulator:
             monitor=monitor,
             replay=self.replay,
         )
+
+
+def _body(index: int, size: int) -> bytes:
+    body = b"m%d" % index
+    if size > len(body):
+        body += b"." + b"x" * (size - len(body) - 1)
+    return body
 
 
 # --- scenarios: run, serialise, replay ---------------------------------------------------------
