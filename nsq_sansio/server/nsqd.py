@@ -7,7 +7,7 @@ nsqd 1.3 (``nsqd/protocol_v2.go``, ``channel.go``, ``topic.go``); where this dif
 
 How a transport drives it (the h11 shape, for many connections at once)::
 
-    node = NSQD(NSQDOptions(tcp_port=4150), random.Random(seed), epoch_offset=time.time() - mono)
+    node = NSQD(NSQDOptions(tcp_port=4150), random.Random(seed), epoch_offset=wall - mono)
     cid = node.connect(now, "127.0.0.1:53122")            # a client connected
     events = node.receive_data(cid, data, now)             # bytes read; b"" means EOF
     for conn_id in node.connections_with_output():         # a PUB here may feed consumers there
@@ -501,7 +501,7 @@ class NSQD:
     """One nsqd node: its topics and channels and every client connected to it (pure, sans-IO).
 
     ``epoch_offset`` is added to ``now`` to stamp messages and stats with wall-clock time
-    (pass ``time.time() - time.monotonic()``); ``backend_factory`` makes the overflow queue of
+    (the transport passes wall-clock seconds minus monotonic seconds); ``backend_factory`` makes the overflow queue of
     each non-ephemeral topic and channel from its name (``topic`` or ``topic:channel``).
     """
 
