@@ -500,9 +500,10 @@ def _parse_identify(body: bytes) -> _Identify:
 class NSQD:
     """One nsqd node: its topics and channels and every client connected to it (pure, sans-IO).
 
-    ``epoch_offset`` is added to ``now`` to stamp messages and stats with wall-clock time
-    (the transport passes wall-clock seconds minus monotonic seconds); ``backend_factory`` makes the overflow queue of
-    each non-ephemeral topic and channel from its name (``topic`` or ``topic:channel``).
+    ``epoch_offset`` is added to ``now`` to stamp messages and stats with wall-clock time (the
+    transport passes wall-clock seconds minus monotonic seconds); ``backend_factory`` makes the
+    overflow queue of each non-ephemeral topic and channel from its name (``topic`` or
+    ``topic:channel``).
     """
 
     def __init__(
