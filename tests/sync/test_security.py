@@ -121,3 +121,34 @@ def test_auth() -> None:
         ) as c:
             wait_for(lambda: c.stats().reconnects >= 1, what="reconnect attempts")
             assert c.get(timeout=0.05) is None
+
+
+def test_client_certificate_required_by_nsqd(test_ca: dict[str, str]) -> None:
+    """--tls-client-auth-policy=require-verify: the client's certificate is what lets it in."""
+    topic = unique()
+    server_tls = {
+        "tls_cert": test_ca["cert"],
+        "tls_key": test_ca["key"],
+        "tls_root_ca_file": test_ca["ca"],
+        "tls_client_auth_policy": "require-verify",
+    }
+    with running_nsqd(**server_tls) as (server, runner):
+        with_cert: dict[str, Any] = {
+            "tls_ca_file": test_ca["ca"],
+            "tls_cert_file": test_ca["client_cert"],
+            "tls_key_file": test_ca["client_key"],
+        }
+        with Producer(server.tcp_address, **with_cert) as producer:
+            producer.publish(topic, b"for certified eyes")
+        with Consumer(topic, "c", nsqd=[server.tcp_address], **with_cert) as c:
+            m = c.get(timeout=5)
+            assert m is not None and m.body == b"for certified eyes"
+            m.finish()
+        # The same CA but no client certificate: the handshake is refused, nothing flows.
+        with (
+            Producer(server.tcp_address, tls_ca_file=test_ca["ca"], timeout=2.0) as p,
+            pytest.raises((NoNSQDAvailable, TimeoutError)),
+        ):
+            p.publish(topic, b"should not arrive")
+        stats = channel_stats(runner, topic, "c")
+        assert stats is not None and stats["message_count"] == 1  # only the certified one

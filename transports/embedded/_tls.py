@@ -39,11 +39,27 @@ class PrefixedStream(anyio.abc.ByteStream):
         return self._inner.extra_attributes
 
 
-def server_ssl_context(cert: str, key: str) -> ssl.SSLContext:
-    """A TLS server context from PEM files (TLS 1.2+)."""
+def server_ssl_context(
+    cert: str, key: str, *, root_ca_file: str | None = None, client_auth_policy: str | None = None
+) -> ssl.SSLContext:
+    """A TLS server context from PEM files (TLS 1.2+).
+
+    ``client_auth_policy="require-verify"`` (nsqd's flag value) asks every client for a
+    certificate signed by ``root_ca_file`` and refuses the handshake otherwise.
+    """
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
+    if client_auth_policy is not None:
+        if client_auth_policy != "require-verify":
+            raise ValueError(
+                f"tls_client_auth_policy {client_auth_policy!r} is not supported here "
+                "(only 'require-verify')"
+            )
+        if root_ca_file is None:
+            raise ValueError("tls_client_auth_policy 'require-verify' needs tls_root_ca_file")
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(root_ca_file)
     return ctx
 
 

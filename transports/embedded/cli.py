@@ -96,6 +96,8 @@ def _nsqd_parser() -> argparse.ArgumentParser:
     _flag(p, "tls-cert", default=None, help="path to a PEM certificate file")
     _flag(p, "tls-key", default=None, help="path to a PEM private key file")
     _flag(p, "tls-required", type=_bool, default=False, nargs="?", const=True)
+    _flag(p, "tls-root-ca-file", default=None, help="CA that client certificates must chain to")
+    _flag(p, "tls-client-auth-policy", default=None, help="'require-verify' (client certificates)")
     _flag(p, "version", action="store_true", help="print version and exit")
     return p
 
@@ -125,6 +127,8 @@ def nsqd_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "tls_required": args.tls_required,
+        "tls_root_ca_file": args.tls_root_ca_file,
+        "tls_client_auth_policy": args.tls_client_auth_policy,
         "mem_queue_size": args.mem_queue_size,
         "max_msg_size": args.max_msg_size,
         "max_body_size": args.max_body_size,

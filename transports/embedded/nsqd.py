@@ -134,6 +134,8 @@ class EmbeddedNSQD:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_required: bool = False,
+        tls_root_ca_file: str | None = None,
+        tls_client_auth_policy: str | None = None,
         seed: int | None = None,
         lookupd_ping_interval: float = 15.0,
         auth_http_addresses: Sequence[str] = (),
@@ -158,7 +160,16 @@ class EmbeddedNSQD:
         self._hostname = hostname or socket.gethostname()
         self._lookupd_addresses = list(lookupd_tcp_addresses)
         self._data_path = Path(data_path) if data_path is not None else None
-        self._ssl_context = server_ssl_context(tls_cert, tls_key) if tls_cert and tls_key else None
+        self._ssl_context = (
+            server_ssl_context(
+                tls_cert,
+                tls_key,
+                root_ca_file=tls_root_ca_file,
+                client_auth_policy=tls_client_auth_policy,
+            )
+            if tls_cert and tls_key
+            else None
+        )
         self._tls_required = tls_required
         self._seed = seed
         self._lookupd_ping_interval = lookupd_ping_interval
