@@ -28,6 +28,7 @@ BODY = b"x" * 100
 
 def _broker(conn: "mp.connection.Connection", backend: str) -> None:  # noqa: UP037
     import anyio
+
     from transports.embedded.nsqd import EmbeddedNSQD
 
     async def main() -> None:

@@ -24,5 +24,7 @@ def test_core_is_mypy_strict_clean() -> None:
 
 @pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is installed by the test extra")
 def test_ruff_is_clean() -> None:
-    result = _run("ruff", "check", "nsq_sansio", "transports", "tests", "bench", "examples")
+    result = _run(
+        "ruff", "check", "--no-cache", "nsq_sansio", "transports", "tests", "bench", "examples"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
