@@ -1194,8 +1194,11 @@ class ConsumerCoordinator:
         buffer = self._fetches.buffer
         while buffer and request.remaining:
             _, delivery = buffer.popleft()
-            if self._current(delivery) is None:
+            link = self._current(delivery)
+            if link is None:
                 continue
+            if link.touched.get(delivery.message.id, delivery.deadline) <= now:
+                continue  # nsqd timed it out already: a stale copy, it will come again
             request.messages.append(delivery)
             request.remaining -= 1
         if no_wait:

@@ -87,3 +87,24 @@ def test_an_absurd_explicit_requeue_delay_is_clamped_not_swallowed() -> None:
     assert w.coordinator.requeue(delivery, w.now, delay=1e10)  # REQ sent, clamped
     w.pump()
     assert w.server_in_flight() == 0 and w.lines(b"REQ ")
+
+
+def test_a_held_message_past_its_deadline_is_not_handed_out() -> None:
+    # pull_hold_timeout longer than msg_timeout: the held copy times out on nsqd first.
+    w = World(
+        1,
+        Config(max_in_flight=10, pull_hold_timeout=30.0, msg_timeout=2.0),
+        pull=True,
+        node_options={"msg_timeout": 2.0},
+    )
+    w.start()
+    c = w.coordinator
+    first = c.fetch(5, w.now, expires=60.0)
+    w.pump()
+    w.publish(0, 1)  # arrives for the waiting fetch...
+    c.cancel_fetch(first, w.now)  # ...which is abandoned: the copy goes to the hold buffer
+    w.pump()
+    stale = c.fetch(5, w.now + 3.0, no_wait=True)  # 3 s later: past its 2 s deadline
+    w.pump()
+    (result,) = [r for r in w.results if r.request_id == stale]
+    assert result.messages == ()
