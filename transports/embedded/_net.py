@@ -67,3 +67,45 @@ def remote_address(stream: anyio.abc.SocketStream) -> str:
     if isinstance(addr, tuple):
         return format_address(str(addr[0]), int(addr[1]))
     return str(addr)
+
+
+class ListenerAddresses:
+    """The ports and connectable addresses of a server's TCP and HTTP listeners.
+
+    Subclasses set ``_host``, ``_tcp_port`` and ``_http_port`` once they are bound (port 0 in
+    tests: the real ports are known only then).
+    """
+
+    _host: str
+    _tcp_port: int
+    _http_port: int
+
+    @property
+    def tcp_port(self) -> int:
+        return self._tcp_port
+
+    @property
+    def http_port(self) -> int:
+        return self._http_port
+
+    @property
+    def tcp_address(self) -> str:
+        """``host:port`` of the TCP listener (what clients and ``--lookupd-tcp-address`` take)."""
+        return format_address(self._connect_host(), self._tcp_port)
+
+    @property
+    def http_address(self) -> str:
+        return format_address(self._connect_host(), self._http_port)
+
+    @property
+    def http_url(self) -> str:
+        """``http://host:port``: what consumers' ``lookupd=[...]`` takes."""
+        return f"http://{self.http_address}"
+
+    def _connect_host(self) -> str:
+        """A wildcard bind address is reached through loopback."""
+        if self._host in ("0.0.0.0", ""):
+            return "127.0.0.1"
+        if self._host == "::":
+            return "::1"
+        return self._host

@@ -27,7 +27,13 @@ from nsq_sansio.server.lookupd import (
 )
 
 from ._clock import LoopClock
-from ._net import bind, format_address, local_port, parse_address, remote_address
+from ._net import (
+    ListenerAddresses,
+    bind,
+    local_port,
+    parse_address,
+    remote_address,
+)
 from .http import (
     HTTPRequest,
     HTTPResponse,
@@ -41,7 +47,7 @@ from .http import (
 __all__ = ["EmbeddedLookupd"]
 
 
-class EmbeddedLookupd:
+class EmbeddedLookupd(ListenerAddresses):
     """A runnable nsqlookupd for tests, demos and local development."""
 
     def __init__(
@@ -77,35 +83,6 @@ class EmbeddedLookupd:
         if self._core is None:
             raise RuntimeError("EmbeddedLookupd is not running (use 'async with')")
         return self._core
-
-    @property
-    def tcp_port(self) -> int:
-        return self._tcp_port
-
-    @property
-    def http_port(self) -> int:
-        return self._http_port
-
-    @property
-    def tcp_address(self) -> str:
-        """``host:port`` of the TCP (V1) listener, what nsqd's ``--lookupd-tcp-address`` takes."""
-        return format_address(self._connect_host(), self._tcp_port)
-
-    @property
-    def http_address(self) -> str:
-        return format_address(self._connect_host(), self._http_port)
-
-    @property
-    def http_url(self) -> str:
-        """``http://host:port``: what consumers' ``lookupd=[...]`` takes."""
-        return f"http://{self.http_address}"
-
-    def _connect_host(self) -> str:
-        if self._host in ("0.0.0.0", ""):
-            return "127.0.0.1"
-        if self._host == "::":
-            return "::1"
-        return self._host
 
     def now(self) -> float:
         """The server loop's clock, the ``now`` its :attr:`core` takes; callable from any

@@ -54,7 +54,14 @@ from nsq_sansio.server.nsqd import NSQD, ClientState
 from nsq_sansio.server.options import NSQDOptions
 
 from ._clock import LoopClock
-from ._net import bind, format_address, local_port, parse_address, remote_address
+from ._net import (
+    ListenerAddresses,
+    bind,
+    format_address,
+    local_port,
+    parse_address,
+    remote_address,
+)
 from ._tls import server_ssl_context, start_server_tls
 from .auth import parse_auth_address, query_auth
 from .file_backend import FileBackendFactory, load_metadata, save_metadata
@@ -108,7 +115,7 @@ class _Client:
         self.scope: anyio.CancelScope | None = None
 
 
-class EmbeddedNSQD:
+class EmbeddedNSQD(ListenerAddresses):
     """A runnable nsqd for tests, demos and local development.
 
     Keyword arguments not listed are :class:`~nsq_sansio.server.options.NSQDOptions` fields
@@ -216,27 +223,6 @@ class EmbeddedNSQD:
         return self._core
 
     @property
-    def tcp_port(self) -> int:
-        return self._tcp_port
-
-    @property
-    def http_port(self) -> int:
-        return self._http_port
-
-    @property
-    def tcp_address(self) -> str:
-        """``host:port`` for protocol V2 clients (producers and consumers)."""
-        return format_address(self._connect_host(), self._tcp_port)
-
-    @property
-    def http_address(self) -> str:
-        return format_address(self._connect_host(), self._http_port)
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.http_address}"
-
-    @property
     def https_port(self) -> int:
         """Port of the HTTPS API (0 when ``https_address`` was not given)."""
         return self._https_port
@@ -254,13 +240,6 @@ class EmbeddedNSQD:
 
     def core_has_topic(self, topic: str) -> bool:
         return self._core is not None and topic in self._core.topic_names()
-
-    def _connect_host(self) -> str:
-        if self._host in ("0.0.0.0", ""):
-            return "127.0.0.1"
-        if self._host == "::":
-            return "::1"
-        return self._host
 
     def now(self) -> float:
         """The server loop's clock, the ``now`` its :attr:`core` takes; callable from any
