@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import signal
@@ -11,93 +10,25 @@ import ssl
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 from conformance.wire import RawConn, http_request, unique, wait_for
 
+from transports.demo import self_signed_certificate
 from transports.embedded import Cluster, EmbeddedLookupd, EmbeddedNSQD, ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _openssl_cert(directory: Path) -> tuple[str, str]:
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key_path),
-            "-out",
-            str(cert_path),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return str(cert_path), str(key_path)
-
-
-def _cryptography_cert(directory: Path) -> tuple[str, str]:
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return str(cert_path), str(key_path)
-
-
 @pytest.fixture(scope="module")
-def cert_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+def cert_files() -> Iterator[tuple[str, str]]:
     """A throwaway self-signed certificate for 127.0.0.1 (cryptography, else openssl)."""
-    directory = tmp_path_factory.mktemp("tls")
     try:
-        return _cryptography_cert(directory)
-    except ImportError:
-        pass
-    try:
-        return _openssl_cert(directory)
+        with self_signed_certificate() as files:
+            yield files
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("neither the cryptography package nor an openssl binary is available")
 
