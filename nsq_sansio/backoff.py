@@ -41,8 +41,15 @@ class Outcome(enum.Enum):
 class Backoff:
     """The backoff state machine; the coordinator turns its phase into an RDY budget."""
 
-    __slots__ = ("_deadline", "_enabled", "_level", "_max_duration", "_max_level",
-                 "_multiplier", "_phase")
+    __slots__ = (
+        "_deadline",
+        "_enabled",
+        "_level",
+        "_max_duration",
+        "_max_level",
+        "_multiplier",
+        "_phase",
+    )
 
     def __init__(self, multiplier: float, max_duration: float, *, enabled: bool = True) -> None:
         self._multiplier = multiplier
@@ -52,11 +59,7 @@ class Backoff:
         self._phase = BackoffPhase.NORMAL
         self._deadline: float | None = None
         level = 0
-        while (
-            self._enabled
-            and multiplier * 2.0**level < max_duration
-            and level < _MAX_LEVEL_LIMIT
-        ):
+        while self._enabled and multiplier * 2.0**level < max_duration and level < _MAX_LEVEL_LIMIT:
             level += 1
         self._max_level = max(level, 1)
 

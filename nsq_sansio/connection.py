@@ -27,6 +27,7 @@ from .compression import Codec, DeflateCodec, SnappyCodec
 from .errors import (
     CompressionError,
     ConnectionLost,
+    IdentifyRejected,
     LocalProtocolError,
     NSQError,
     ProtocolError,
@@ -136,8 +137,10 @@ class ClientConnection:
             raise LocalProtocolError("snappy and deflate are mutually exclusive; ask for one")
         self._requested = fields
         interval = fields.get("heartbeat_interval", 0)
-        if isinstance(interval, bool) or not isinstance(interval, int) or not (
-            interval in (-1, 0) or interval >= 1000
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, int)
+            or not (interval in (-1, 0) or interval >= 1000)
         ):
             raise LocalProtocolError(
                 f"heartbeat_interval must be an int of ms: -1 (off), 0 (nsqd's default) or "
@@ -630,8 +633,14 @@ class ClientConnection:
         if command is not None:
             events.append(MessageTakenBack(_message_id_in(error.text), command, error))
             return
-        if self._awaiting and self._awaiting[0][0] is _Awaiting.PUBLISH:
-            events.append(PublishFailed(self._awaiting.popleft()[1], error))
+        if self._awaiting:
+            kind = self._awaiting[0][0]
+            if kind is _Awaiting.PUBLISH:
+                events.append(PublishFailed(self._awaiting.popleft()[1], error))
+            elif kind is _Awaiting.IDENTIFY:
+                # A refused IDENTIFY is the configuration's fault: retrying cannot help.
+                self._fail(IdentifyRejected(error), events)
+                return
         self._fail(error, events)
 
     def _on_eof(self, events: list[Event]) -> None:

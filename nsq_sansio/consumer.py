@@ -64,12 +64,18 @@ from .connection import MAX_COMMAND_DELAY, ClientConnection, ConnectionState
 from .discovery import (
     LookupAnswer,
     LookupdAddress,
-    LookupdError,
     LookupdPoller,
     LookupFailure,
     NSQDAddress,
 )
-from .errors import ConfigError, ConnectionLost, LocalProtocolError, NSQError
+from .errors import (
+    ConfigError,
+    ConnectionLost,
+    LocalProtocolError,
+    LookupdError,
+    MessageGone,
+    NSQError,
+)
 from .events import (
     CloseWait,
     ConnectionClosed,
@@ -119,11 +125,6 @@ _attempts: Callable[[Message], int] = itemgetter(3)  # Message.attempts
 
 def _no_fin(message_id: bytes) -> None:  # pragma: no cover - never called: no message yet
     raise LocalProtocolError("FIN on a connection that is not set up")
-
-
-class MessageGone(NSQError):
-    """The message can no longer be answered here: its connection closed, drain requeued it,
-    or nsqd delivered it again (it had timed out). nsqd requeues it by itself."""
 
 
 # --- actions: coordinator -> transport ---------------------------------------------------------
@@ -370,7 +371,6 @@ class _Link:
         #: True only while conn_id is in the coordinator's ``_dirty`` (spares finish() a set
         #: insert per message); False does not mean it is not there.
         self.dirty = False
-
 
     @property
     def tracked(self) -> dict[bytes, Deliver]:
@@ -1685,7 +1685,8 @@ class ConsumerCoordinator:
             return [0] * n
         recent_after = now - self._config.low_rdy_idle_timeout
         active = [
-            i for i in usable
+            i
+            for i in usable
             if links[i].last_message_at > recent_after and links[i].conn_id not in exclude
         ]
         active.sort(key=lambda i: (links[i].last_message_at, links[i].pull_seq), reverse=True)
@@ -1740,8 +1741,7 @@ class ConsumerCoordinator:
         ]
         if len(held) + len(free) < count:  # not enough fresh ones: allow the excluded back
             free += [
-                i for i, link in enumerate(links)
-                if i not in held and i not in free and caps[i] > 0
+                i for i, link in enumerate(links) if i not in held and i not in free and caps[i] > 0
             ]
         chosen = held + self._rng.sample(free, min(len(free), count - len(held)))
         for i in chosen:

@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit
 
 import h11
 
-from .errors import ConfigError, NSQError
+from .errors import ConfigError, LookupdError
 from .names import validate_topic
 
 __all__ = [
@@ -41,14 +41,6 @@ __all__ = [
 
 #: Largest lookup answer accepted (a few thousand producers fit in far less).
 MAX_RESPONSE_SIZE = 4 * 1024 * 1024
-
-
-class LookupdError(NSQError):
-    """A lookupd answered garbage, an error status, or nothing; it is skipped this round."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _split_host_port(text: str, default_port: int | None, what: str) -> tuple[str, int]:

@@ -19,10 +19,13 @@ __all__ = [
     "DPubFailed",
     "FinFailed",
     "FrameTooLarge",
+    "IdentifyRejected",
     "InvalidCommand",
     "InvalidName",
     "LocalProtocolError",
+    "LookupdError",
     "MPubFailed",
+    "MessageGone",
     "NSQError",
     "ProtocolError",
     "PubFailed",
@@ -70,6 +73,19 @@ class ConfigError(NSQError, ValueError):
     """A configuration value is out of range; the message names the field and the allowed range."""
 
 
+class MessageGone(NSQError):
+    """The message can no longer be answered here: its connection closed, drain requeued it,
+    or nsqd delivered it again (it had timed out). nsqd requeues it by itself."""
+
+
+class LookupdError(NSQError):
+    """A lookupd answered garbage, an error status, or nothing; it is skipped this round."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class ServerError(NSQError):
     """nsqd answered with an error frame such as ``E_INVALID``; ``code`` and ``text`` are kept.
 
@@ -97,6 +113,21 @@ class ServerError(NSQError):
             code = "E_UNKNOWN"
         error_class = _BY_CODE.get(code, ServerError)
         return error_class(code, text)
+
+
+class IdentifyRejected(ConfigError):
+    """nsqd refused IDENTIFY (``E_BAD_BODY IDENTIFY output buffer timeout (10) is invalid``...).
+
+    The configuration asks for something this nsqd does not allow (a value outside its
+    ``--max-*`` / ``--min-*`` limits), so reconnecting cannot help: consumers fail with it and
+    publishes raise it instead of retrying. ``error`` is nsqd's answer, ``code``/``text`` its parts.
+    """
+
+    def __init__(self, error: ServerError) -> None:
+        super().__init__(f"nsqd refused IDENTIFY, check the configuration: {error}")
+        self.error = error
+        self.code = error.code
+        self.text = error.text
 
 
 class InvalidCommand(ServerError):

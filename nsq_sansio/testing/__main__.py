@@ -14,8 +14,7 @@ def main(argv: list[str]) -> int:
     per_write = "--rdy-per-step" not in argv
     args = [a for a in argv if a not in ("--rdy-per-step", "--rdy-per-write")]
     if len(args) != 2 or args[0] != "replay":
-        print("usage: python -m nsq_sansio.testing replay <blob> [--rdy-per-step]",
-              file=sys.stderr)
+        print("usage: python -m nsq_sansio.testing replay <blob> [--rdy-per-step]", file=sys.stderr)
         return 2
     scenario = scenario_from_blob(args[1])
     print(scenario)
@@ -24,8 +23,10 @@ def main(argv: list[str]) -> int:
     except InvariantViolation as exc:
         print(exc)
         return 1
-    print(f"ok: {result.messages_finished}/{result.messages_expected} messages finished, "
-          f"{result.deliveries} deliveries, {result.events} events, t={result.end_time:.1f}s")
+    print(
+        f"ok: {result.messages_finished}/{result.messages_expected} messages finished, "
+        f"{result.deliveries} deliveries, {result.events} events, t={result.end_time:.1f}s"
+    )
     return 0
 
 

@@ -79,8 +79,9 @@ class InvariantViolation(AssertionError):
     def __init__(self, violations: list[Violation], replay: str) -> None:
         shown = "\n  ".join(str(v) for v in violations[:10])
         more = f"\n  ... and {len(violations) - 10} more" if len(violations) > 10 else ""
-        super().__init__(f"{len(violations)} invariant violation(s):\n  {shown}{more}\n"
-                         f"replay: {replay}")
+        super().__init__(
+            f"{len(violations)} invariant violation(s):\n  {shown}{more}\nreplay: {replay}"
+        )
         self.violations = violations
         self.replay = replay
 
@@ -88,9 +89,25 @@ class InvariantViolation(AssertionError):
 class _Pipe:
     """What one client<->nsqd connection carried, as parsed from the wire."""
 
-    __slots__ = ("client", "client_rdy", "conn", "delivered_commands", "frames", "held",
-                 "max_msg_timeout", "monitor", "msg_timeout", "nsqd", "opaque", "outstanding",
-                 "parser", "server_rdy", "step_rdy", "step_time", "topic_channel")
+    __slots__ = (
+        "client",
+        "client_rdy",
+        "conn",
+        "delivered_commands",
+        "frames",
+        "held",
+        "max_msg_timeout",
+        "monitor",
+        "msg_timeout",
+        "nsqd",
+        "opaque",
+        "outstanding",
+        "parser",
+        "server_rdy",
+        "step_rdy",
+        "step_time",
+        "topic_channel",
+    )
 
     def __init__(self, monitor: Monitor, conn: SimConn) -> None:
         self.monitor = monitor
@@ -143,7 +160,8 @@ class _Pipe:
                 if entry is not None and entry[0] > now:
                     first = entry[1]
                     self.outstanding[command.args[0]] = (
-                        min(now + self.msg_timeout, first + self.max_msg_timeout), first
+                        min(now + self.msg_timeout, first + self.max_msg_timeout),
+                        first,
                     )
 
     def closed(self, now: float) -> None:
@@ -177,7 +195,8 @@ class _Pipe:
                         live += 1
             if live >= allowed:
                 self.monitor.violate(
-                    Invariant.RDY_IN_FLIGHT, now,
+                    Invariant.RDY_IN_FLIGHT,
+                    now,
                     f"{self.nsqd} pushed a message to {self.client} (conn {self.conn.id}) holding "
                     f"{live} un-expired messages with RDY {allowed}",
                 )
@@ -257,23 +276,30 @@ class Monitor:
             total = sum(p.client_rdy for p in pipes.values())
             if isinstance(node, ConsumerNode) and total > node.coord.max_in_flight:
                 detail = ", ".join(f"{p.nsqd}={p.client_rdy}" for p in pipes.values())
-                self.violate(Invariant.RDY_SUM, now,
-                             f"{pipe.client} RDY sum {total} > max_in_flight "
-                             f"{node.coord.max_in_flight} after writing RDY {count} to "
-                             f"{pipe.nsqd} ({detail})")
+                self.violate(
+                    Invariant.RDY_SUM,
+                    now,
+                    f"{pipe.client} RDY sum {total} > max_in_flight "
+                    f"{node.coord.max_in_flight} after writing RDY {count} to "
+                    f"{pipe.nsqd} ({detail})",
+                )
         if count <= 1:
             return
         node = self.sim.nodes.get(pipe.client)
         if isinstance(node, ConsumerNode) and node.coord.backoff_phase is not BackoffPhase.NORMAL:
-            self.violate(Invariant.BACKOFF_RDY, now,
-                         f"{pipe.client} sent RDY {count} to {pipe.nsqd} while backing off "
-                         f"({node.coord.backoff_phase.name}, level {node.coord.backoff_level})")
+            self.violate(
+                Invariant.BACKOFF_RDY,
+                now,
+                f"{pipe.client} sent RDY {count} to {pipe.nsqd} while backing off "
+                f"({node.coord.backoff_phase.name}, level {node.coord.backoff_level})",
+            )
 
     def subscribed(self, pipe: _Pipe) -> None:
         """A SUB went out on ``pipe``."""
 
-    def message_sent(self, pipe: _Pipe, message_id: bytes, attempts: int, body: bytes,
-                     now: float) -> None:
+    def message_sent(
+        self, pipe: _Pipe, message_id: bytes, attempts: int, body: bytes, now: float
+    ) -> None:
         self.messages_sent += 1
         self._id_body[(pipe.nsqd, message_id)] = body
         if pipe.topic_channel is not None:
@@ -284,10 +310,13 @@ class Monitor:
             # nsqd counts an attempt when it hands the message to a connection, even if the
             # bytes never leave (the connection died first): so "more", not "one more"
             if attempts <= before:
-                self.violate(Invariant.ATTEMPTS, now,
-                             f"{pipe.nsqd} delivered {message_id!r} ({body!r}) on "
-                             f"{pipe.topic_channel[1]} with attempts {attempts}, after a "
-                             f"delivery with attempts {before}")
+                self.violate(
+                    Invariant.ATTEMPTS,
+                    now,
+                    f"{pipe.nsqd} delivered {message_id!r} ({body!r}) on "
+                    f"{pipe.topic_channel[1]} with attempts {attempts}, after a "
+                    f"delivery with attempts {before}",
+                )
             self._attempts[counted] = attempts
 
     def fin_sent(self, pipe: _Pipe, message_id: bytes, now: float) -> None:
@@ -309,12 +338,15 @@ class Monitor:
         pipe.client_rdy = 0
         if by_client and pipe.client in self.draining and pipe.held and self._healthy(conn):
             now = self.sim.now
-            self.drain_leftovers[pipe.client] = (
-                self.drain_leftovers.get(pipe.client, 0) + len(pipe.held)
+            self.drain_leftovers[pipe.client] = self.drain_leftovers.get(pipe.client, 0) + len(
+                pipe.held
             )
-            self.violate(Invariant.DRAIN, now,
-                         f"draining {pipe.client} closed its connection to {pipe.nsqd} with "
-                         f"{len(pipe.held)} message(s) never answered (they wait for timeouts)")
+            self.violate(
+                Invariant.DRAIN,
+                now,
+                f"draining {pipe.client} closed its connection to {pipe.nsqd} with "
+                f"{len(pipe.held)} message(s) never answered (they wait for timeouts)",
+            )
 
     def _healthy(self, conn: SimConn) -> bool:
         """Nothing excuses a draining consumer that leaves messages behind on this connection:
@@ -343,8 +375,7 @@ class Monitor:
         self.handled[key] = self.handled.get(key, 0) + 1
         self.first_handled_at.setdefault(key, now)
 
-    def on_give_up(self, consumer: str, topic: str, channel: str, body: bytes,
-                   now: float) -> None:
+    def on_give_up(self, consumer: str, topic: str, channel: str, body: bytes, now: float) -> None:
         self.given_up.add((topic, channel, body))
 
     def on_nsqd_down(self, nsqd: str, on_disk: dict[str, set[bytes]], now: float) -> None:
@@ -387,8 +418,11 @@ class Monitor:
         limit = node.coord.max_in_flight
         if total > limit:
             detail = ", ".join(f"{p.nsqd}={p.client_rdy}" for p in pipes.values())
-            self.violate(Invariant.RDY_SUM, now,
-                         f"{node.name} RDY sum {total} > max_in_flight {limit} ({detail})")
+            self.violate(
+                Invariant.RDY_SUM,
+                now,
+                f"{node.name} RDY sum {total} > max_in_flight {limit} ({detail})",
+            )
 
     # -- end checks -------------------------------------------------------------------------
 
@@ -401,15 +435,20 @@ class Monitor:
         missing = self.outstanding()
         if missing:
             sample = ", ".join(repr(k[2]) for k in missing[:5])
-            self.violate(Invariant.AT_LEAST_ONCE, now,
-                         f"{len(missing)} accepted message(s) never finished nor given up "
-                         f"(e.g. {sample})")
+            self.violate(
+                Invariant.AT_LEAST_ONCE,
+                now,
+                f"{len(missing)} accepted message(s) never finished nor given up (e.g. {sample})",
+            )
         self._check_brokers(now)
         for consumer in sorted(self.draining - set(self.drained)):
             node = self.sim.nodes.get(consumer)
             if node is not None and node.alive:
-                self.violate(Invariant.DRAIN, now, f"{consumer} started a drain that never "
-                             "completed (no DrainComplete)")
+                self.violate(
+                    Invariant.DRAIN,
+                    now,
+                    f"{consumer} started a drain that never completed (no DrainComplete)",
+                )
         if discovery:
             self.check_discovery(now)
 
@@ -426,26 +465,37 @@ class Monitor:
                         continue
                     held = chan["depth"] + chan["in_flight_count"] + chan["deferred_count"]
                     if held:
-                        self.violate(Invariant.BROKER_EMPTY, now,
-                                     f"{node.name} still holds {held} message(s) on "
-                                     f"{topic['topic_name']}/{chan['channel_name']} "
-                                     f"(depth {chan['depth']}, in flight "
-                                     f"{chan['in_flight_count']}, deferred "
-                                     f"{chan['deferred_count']})")
+                        self.violate(
+                            Invariant.BROKER_EMPTY,
+                            now,
+                            f"{node.name} still holds {held} message(s) on "
+                            f"{topic['topic_name']}/{chan['channel_name']} "
+                            f"(depth {chan['depth']}, in flight "
+                            f"{chan['in_flight_count']}, deferred "
+                            f"{chan['deferred_count']})",
+                        )
 
     def check_discovery(self, now: float) -> None:
         from .nodes import ConsumerNode, NsqdNode
 
         live = {n.address for n in self.sim.nodes.values() if isinstance(n, NsqdNode) and n.alive}
         for node in self.sim.nodes.values():
-            if (not isinstance(node, ConsumerNode) or not node.alive or not node.started
-                    or not node.lookupd_addresses):
+            if (
+                not isinstance(node, ConsumerNode)
+                or not node.alive
+                or not node.started
+                or not node.lookupd_addresses
+            ):
                 continue
             if node.drain_started_at is not None:
                 continue
-            connected = {conn.address for conn in node.conn_of.values()
-                         if conn.state.name == "OPEN"}
+            connected = {
+                conn.address for conn in node.conn_of.values() if conn.state.name == "OPEN"
+            }
             if connected != live:
-                self.violate(Invariant.DISCOVERY, now,
-                             f"{node.name} is connected to {sorted(connected)}, live nsqd are "
-                             f"{sorted(live)}")
+                self.violate(
+                    Invariant.DISCOVERY,
+                    now,
+                    f"{node.name} is connected to {sorted(connected)}, live nsqd are "
+                    f"{sorted(live)}",
+                )

@@ -81,8 +81,15 @@ class SimConn:
         "tx_free",
     )
 
-    def __init__(self, conn_id: int, client: SimNode, server: SimNode | None, address: str,
-                 port: int, latency: float) -> None:
+    def __init__(
+        self,
+        conn_id: int,
+        client: SimNode,
+        server: SimNode | None,
+        address: str,
+        port: int,
+        latency: float,
+    ) -> None:
         self.id = conn_id
         self.client = client
         self.server = server
@@ -112,8 +119,9 @@ class SimConn:
 class Network:
     """Connections, latency, partitions and resets; everything runs on the :class:`Scheduler`."""
 
-    def __init__(self, scheduler: Scheduler, rng: random.Random, link: LinkSpec | None = None
-                 ) -> None:
+    def __init__(
+        self, scheduler: Scheduler, rng: random.Random, link: LinkSpec | None = None
+    ) -> None:
         self.scheduler = scheduler
         self.rng = rng
         self.link = link or LinkSpec()
@@ -181,8 +189,10 @@ class Network:
             else:
                 self._pending_resets.append((dead, conn, peer))
         for conn in list(self.conns.values()):
-            if conn.held and conn.server is not None and self.reachable(
-                conn.client.name, conn.server.name
+            if (
+                conn.held
+                and conn.server is not None
+                and self.reachable(conn.client.name, conn.server.name)
             ):
                 held, conn.held = conn.held, []
                 for direction, data in held:
@@ -368,7 +378,6 @@ class Network:
                 observer.delivered(direction, data, now)
             target.on_data(conn, data, now)
         self.after(target)
-
 
 
 def _nothing(node: SimNode) -> None:

@@ -167,8 +167,16 @@ class SimDisk:
 class NsqdNode(SimNode):
     """An nsqd (the core's :class:`NSQD`) plus one :class:`LookupPeer` per lookupd."""
 
-    def __init__(self, sim: Simulator, name: str, options: NSQDOptions, lookupds: list[str],
-                 *, durable: bool, seed: int) -> None:
+    def __init__(
+        self,
+        sim: Simulator,
+        name: str,
+        options: NSQDOptions,
+        lookupds: list[str],
+        *,
+        durable: bool,
+        seed: int,
+    ) -> None:
         super().__init__(sim, name)
         self.options = options
         self.ports = {options.tcp_port}
@@ -191,12 +199,16 @@ class NsqdNode(SimNode):
         return node
 
     def _make_peers(self) -> None:
-        identity = NodeIdentity(self.name, self.options.tcp_port, self.options.http_port,
-                                self.name, self.options.version)
+        identity = NodeIdentity(
+            self.name,
+            self.options.tcp_port,
+            self.options.http_port,
+            self.name,
+            self.options.version,
+        )
         rng = random.Random(self.seed * 7919 + self.restarts)
         self.peers = [
-            LookupPeer(address, identity, ping_interval=self.sim.spec.lookup_ping_interval,
-                       rng=rng)
+            LookupPeer(address, identity, ping_interval=self.sim.spec.lookup_ping_interval, rng=rng)
             for address in self.lookupd_addresses
         ]
         self.peer_conns = {}
@@ -309,8 +321,9 @@ class NsqdNode(SimNode):
         if registry:
             self.disk.metadata = nsqd.metadata()
             for event in registry:
-                channel = event.channel if isinstance(event, (ChannelCreated,
-                                                              ChannelDeleted)) else None
+                channel = (
+                    event.channel if isinstance(event, (ChannelCreated, ChannelDeleted)) else None
+                )
                 for peer in self.peers:
                     if isinstance(event, (TopicCreated, ChannelCreated)):
                         peer.register(now, event.topic, channel)
@@ -441,9 +454,18 @@ class LookupdNode(SimNode):
                 self.http_requests += 1
                 self.sim.monitor.on_lookup_request(self.name, conn.client.name, now)
                 status, body = self.answer(self.targets.pop(conn.id, "/"), now)
-                out = server.send(h11.Response(status_code=status, headers=[
-                    ("Content-Type", "application/json"), ("Content-Length", str(len(body))),
-                ])) or b""
+                out = (
+                    server.send(
+                        h11.Response(
+                            status_code=status,
+                            headers=[
+                                ("Content-Type", "application/json"),
+                                ("Content-Length", str(len(body))),
+                            ],
+                        )
+                    )
+                    or b""
+                )
                 out += server.send(h11.Data(data=body)) or b""
                 out += server.send(h11.EndOfMessage()) or b""
                 self.sim.net.send(conn, self, out)
@@ -571,9 +593,21 @@ class ConsumerStats:
 class ConsumerNode(SimNode):
     """A consumer: the core's :class:`ConsumerCoordinator` with a simulated user handler."""
 
-    def __init__(self, sim: Simulator, name: str, topic: str, channel: str, config: Config,
-                 handler: Handler, *, nsqd: Iterable[str] = (), lookupd: Iterable[str] = (),
-                 seed: int = 0, pull: bool = False, fetch_batch: int = 10) -> None:
+    def __init__(
+        self,
+        sim: Simulator,
+        name: str,
+        topic: str,
+        channel: str,
+        config: Config,
+        handler: Handler,
+        *,
+        nsqd: Iterable[str] = (),
+        lookupd: Iterable[str] = (),
+        seed: int = 0,
+        pull: bool = False,
+        fetch_batch: int = 10,
+    ) -> None:
         super().__init__(sim, name)
         self.topic = topic
         self.channel = channel
@@ -585,9 +619,15 @@ class ConsumerNode(SimNode):
         self.pull = pull
         self.fetch_batch = fetch_batch
         self.fetching = False
-        self.coord = ConsumerCoordinator(topic, channel, config, rng=self.rng,
-                                         nsqd=self.nsqd_addresses, lookupd=self.lookupd_addresses,
-                                         pull=pull)
+        self.coord = ConsumerCoordinator(
+            topic,
+            channel,
+            config,
+            rng=self.rng,
+            nsqd=self.nsqd_addresses,
+            lookupd=self.lookupd_addresses,
+            pull=pull,
+        )
         self.started = False
         self.drained_at: float | None = None
         self.drain_started_at: float | None = None
@@ -607,8 +647,13 @@ class ConsumerNode(SimNode):
 
     def _fetch_more(self, now: float) -> None:
         """Pull mode: ask for the next batch once the last one is handled (a fetch loop)."""
-        if (not self.pull or self.fetching or self.jobs or self.waiting
-                or self.coord.state is not ConsumerState.RUNNING):
+        if (
+            not self.pull
+            or self.fetching
+            or self.jobs
+            or self.waiting
+            or self.coord.state is not ConsumerState.RUNNING
+        ):
             return
         self.fetching = True
         self.coord.fetch(self.fetch_batch, now, expires=2.0)
@@ -728,8 +773,9 @@ class ConsumerNode(SimNode):
                 elif kind is GiveUp:
                     assert isinstance(action, GiveUp)
                     self.stats.given_up += 1
-                    monitor.on_give_up(self.name, self.topic, self.channel,
-                                       action.message.body, now)
+                    monitor.on_give_up(
+                        self.name, self.topic, self.channel, action.message.body, now
+                    )
                 elif kind is TakenBack:
                     self.stats.taken_back += 1
                 elif kind is FetchResult:
@@ -755,8 +801,10 @@ class ConsumerNode(SimNode):
     # simulated user code
     def _deliver(self, delivery: Deliver, now: float) -> None:
         self.stats.delivered += 1
-        if self.coord.state is not ConsumerState.RUNNING and self.coord.state is not \
-                ConsumerState.DRAINING:
+        if (
+            self.coord.state is not ConsumerState.RUNNING
+            and self.coord.state is not ConsumerState.DRAINING
+        ):
             return
         limit = self.handler.concurrency
         if limit is not None and len(self.jobs) >= limit:
@@ -807,8 +855,9 @@ class ConsumerNode(SimNode):
         try:
             self.coord.touch(job.delivery, now)
         except NSQError as exc:
-            self.sim.monitor.violate(Invariant.CLIENT_API, now,
-                                     f"{self.name}: touch({job.delivery.id!r}) raised {exc!r}")
+            self.sim.monitor.violate(
+                Invariant.CLIENT_API, now, f"{self.name}: touch({job.delivery.id!r}) raised {exc!r}"
+            )
             return
         self.stats.touches += 1
         self._pump(now)
@@ -830,12 +879,14 @@ class ConsumerNode(SimNode):
                 if self.coord.finish(job.delivery, now):
                     self.stats.finished += 1
                     self.sim.monitor.on_handled(self.name, job.delivery, now)
-            elif self.coord.requeue(job.delivery, now, handler.requeue_delay,
-                                    backoff=handler.backoff):
+            elif self.coord.requeue(
+                job.delivery, now, handler.requeue_delay, backoff=handler.backoff
+            ):
                 self.stats.requeued += 1
         except NSQError as exc:
             self.sim.monitor.violate(
-                Invariant.CLIENT_API, now,
+                Invariant.CLIENT_API,
+                now,
                 f"{self.name}: answering message {job.delivery.id!r} (attempt "
                 f"{job.delivery.attempts}) raised {exc!r}",
             )
@@ -852,8 +903,9 @@ class ProducerNode(SimNode):
     """Publishes bodies to one nsqd over protocol V2 (PUB/MPUB), retrying what was not
     acknowledged on a new connection; acknowledged bodies go to the monitor's ledger."""
 
-    def __init__(self, sim: Simulator, name: str, nsqd_address: str, topic: str,
-                 *, retry_delay: float = 1.0) -> None:
+    def __init__(
+        self, sim: Simulator, name: str, nsqd_address: str, topic: str, *, retry_delay: float = 1.0
+    ) -> None:
         super().__init__(sim, name)
         self.address = nsqd_address
         self.topic = topic
@@ -908,8 +960,9 @@ class ProducerNode(SimNode):
                 bodies = self.pending.pop(event.request_id, None)
                 if bodies is not None:
                     self.acked += len(bodies)
-                    self.sim.monitor.on_accepted(conn.server.name if conn.server else "?",
-                                                 self.topic, bodies, now)
+                    self.sim.monitor.on_accepted(
+                        conn.server.name if conn.server else "?", self.topic, bodies, now
+                    )
             elif isinstance(event, PublishFailed):
                 bodies = self.pending.pop(event.request_id, None)
                 if bodies is not None:

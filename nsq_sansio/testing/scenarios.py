@@ -41,9 +41,15 @@ __all__ = [
 ]
 
 _BASE = Config(
-    max_in_flight=1, default_requeue_delay=1.0, max_requeue_delay=10.0,
-    backoff_multiplier=0.5, max_backoff_duration=4.0, lookupd_poll_interval=5.0,
-    reconnect_delay=0.5, max_reconnect_delay=5.0, heartbeat_interval=5.0,
+    max_in_flight=1,
+    default_requeue_delay=1.0,
+    max_requeue_delay=10.0,
+    backoff_multiplier=0.5,
+    max_backoff_duration=4.0,
+    lookupd_poll_interval=5.0,
+    reconnect_delay=0.5,
+    max_reconnect_delay=5.0,
+    heartbeat_interval=5.0,
 )
 
 
@@ -74,20 +80,33 @@ class LongJobResult:
     replay: str
 
 
-def long_jobs(job: float, *, keepalive: bool, msg_timeout: float = 10.0,
-              max_msg_timeout: float = 30.0, max_attempts: int = 100,
-              seed: int = 0) -> LongJobResult:
+def long_jobs(
+    job: float,
+    *,
+    keepalive: bool,
+    msg_timeout: float = 10.0,
+    max_msg_timeout: float = 30.0,
+    max_attempts: int = 100,
+    seed: int = 0,
+) -> LongJobResult:
     """One message whose job takes ``job`` seconds, two consumers (max_in_flight 1 each)."""
     base = ClusterSpec()
     cluster = dataclasses.replace(
         base,
-        nsqd_options=dataclasses.replace(base.nsqd_options, msg_timeout=msg_timeout,
-                                         max_msg_timeout=max_msg_timeout),
-        consumers=(ConsumerSpec(count=2, config=_BASE.replace(max_attempts=max_attempts),
-                                handler=Handler(duration=job, keepalive=keepalive)),),
+        nsqd_options=dataclasses.replace(
+            base.nsqd_options, msg_timeout=msg_timeout, max_msg_timeout=max_msg_timeout
+        ),
+        consumers=(
+            ConsumerSpec(
+                count=2,
+                config=_BASE.replace(max_attempts=max_attempts),
+                handler=Handler(duration=job, keepalive=keepalive),
+            ),
+        ),
     )
-    scenario = Scenario(cluster=cluster, workload=Workload(messages=1, via_tcp=False, start=2.0),
-                        seed=seed)
+    scenario = Scenario(
+        cluster=cluster, workload=Workload(messages=1, via_tcp=False, start=2.0), seed=seed
+    )
     sim = Simulator(cluster, seed=seed, replay=replay_line(scenario))
     sim.schedule_workload(scenario.workload)
     sim.run_until(2.0 + job * 3 + max_msg_timeout)
@@ -122,13 +141,17 @@ def rolling_restart(*, drain: bool, consumers: int = 2, seed: int = 0) -> Restar
     config = _BASE.replace(max_in_flight=5, drain_timeout=10.0)
     cluster = dataclasses.replace(
         ClusterSpec(),
-        consumers=(ConsumerSpec(count=consumers, config=config,
-                                handler=Handler(duration=0.3, concurrency=1)),),
+        consumers=(
+            ConsumerSpec(
+                count=consumers, config=config, handler=Handler(duration=0.3, concurrency=1)
+            ),
+        ),
     )
     kind = FaultKind.DRAIN_CONSUMER if drain else FaultKind.KILL_CONSUMER
     faults = tuple(Fault(4.0 + 3.0 * i, kind, f"c0.{i}", 0.5) for i in range(consumers))
-    scenario = Scenario(cluster=cluster, workload=Workload(messages=100, rate=5.0),
-                        faults=faults, seed=seed)
+    scenario = Scenario(
+        cluster=cluster, workload=Workload(messages=100, rate=5.0), faults=faults, seed=seed
+    )
     sim = Simulator(cluster, seed=seed, replay=replay_line(scenario))
     sim.schedule_workload(scenario.workload)
     for fault in faults:
@@ -136,11 +159,18 @@ def rolling_restart(*, drain: bool, consumers: int = 2, seed: int = 0) -> Restar
     sim.run_until(25.0)
     _finish(sim, 300.0)
     monitor = sim.monitor
-    latency = max((monitor.first_handled_at[k] - monitor.accepted_at[k[2]]
-                   for k in monitor.first_handled_at), default=0.0)
+    latency = max(
+        (monitor.first_handled_at[k] - monitor.accepted_at[k[2]] for k in monitor.first_handled_at),
+        default=0.0,
+    )
     result = sim.result()
-    return RestartResult(_timeouts(sim), round(latency, 3), result.messages_finished,
-                         result.messages_expected, sim.replay)
+    return RestartResult(
+        _timeouts(sim),
+        round(latency, 3),
+        result.messages_finished,
+        result.messages_expected,
+        sim.replay,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +182,21 @@ class StarvationResult:
     replay: str
 
 
-def starvation(*, nsqd: int = 5, max_in_flight: int = 2, loaded: tuple[int, ...] = (3, 4),
-               messages: int = 40, seed: int = 0) -> StarvationResult:
+def starvation(
+    *,
+    nsqd: int = 5,
+    max_in_flight: int = 2,
+    loaded: tuple[int, ...] = (3, 4),
+    messages: int = 40,
+    seed: int = 0,
+) -> StarvationResult:
     """One consumer, more nsqd than max_in_flight, messages only on the ``loaded`` nodes."""
-    config = _BASE.replace(max_in_flight=max_in_flight, low_rdy_idle_timeout=2.0,
-                           rdy_redistribute_interval=1.0)
+    config = _BASE.replace(
+        max_in_flight=max_in_flight, low_rdy_idle_timeout=2.0, rdy_redistribute_interval=1.0
+    )
     cluster = dataclasses.replace(
-        ClusterSpec(), nsqd=nsqd,
+        ClusterSpec(),
+        nsqd=nsqd,
         consumers=(ConsumerSpec(count=1, config=config, handler=Handler(duration=0.01)),),
     )
     workload = Workload(messages=messages, rate=20.0, via_tcp=False, start=8.0, targets=loaded)
@@ -173,8 +211,9 @@ def starvation(*, nsqd: int = 5, max_in_flight: int = 2, loaded: tuple[int, ...]
     homes = Counter(monitor.expected[k] for k in monitor.first_handled_at)
     done = max(monitor.first_handled_at.values(), default=8.0) - 8.0
     result = sim.result()
-    return StarvationResult(result.messages_finished, result.messages_expected, round(done, 3),
-                            dict(homes), sim.replay)
+    return StarvationResult(
+        result.messages_finished, result.messages_expected, round(done, 3), dict(homes), sim.replay
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +224,19 @@ class HerdResult:
     replay: str
 
 
-def thundering_herd(*, consumers: int = 40, jitter: float = 0.3, interval: float = 10.0,
-                    window: float = 0.5, seed: int = 0) -> HerdResult:
+def thundering_herd(
+    *,
+    consumers: int = 40,
+    jitter: float = 0.3,
+    interval: float = 10.0,
+    window: float = 0.5,
+    seed: int = 0,
+) -> HerdResult:
     """``consumers`` started together poll one lookupd every ``interval`` (+ jitter)."""
     config = _BASE.replace(lookupd_poll_interval=interval, lookupd_poll_jitter=jitter)
     cluster = dataclasses.replace(
-        ClusterSpec(), consumers=(ConsumerSpec(count=consumers, config=config),),
+        ClusterSpec(),
+        consumers=(ConsumerSpec(count=consumers, config=config),),
     )
     scenario = Scenario(cluster=cluster, workload=Workload(messages=0), seed=seed)
     sim = Simulator(cluster, seed=seed, replay=replay_line(scenario))

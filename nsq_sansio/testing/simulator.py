@@ -47,11 +47,19 @@ class ConsumerSpec:
 
     count: int = 1
     channel: str = "archive"
-    config: Config = field(default_factory=lambda: Config(
-        max_in_flight=10, default_requeue_delay=1.0, max_requeue_delay=10.0,
-        backoff_multiplier=0.5, max_backoff_duration=4.0, lookupd_poll_interval=5.0,
-        reconnect_delay=0.5, max_reconnect_delay=5.0, heartbeat_interval=5.0,
-    ))
+    config: Config = field(
+        default_factory=lambda: Config(
+            max_in_flight=10,
+            default_requeue_delay=1.0,
+            max_requeue_delay=10.0,
+            backoff_multiplier=0.5,
+            max_backoff_duration=4.0,
+            lookupd_poll_interval=5.0,
+            reconnect_delay=0.5,
+            max_reconnect_delay=5.0,
+            heartbeat_interval=5.0,
+        )
+    )
     handler: Handler = field(default_factory=Handler)
     #: Discover nsqd through lookupd (True) or connect to every nsqd directly (False).
     use_lookupd: bool = True
@@ -72,12 +80,20 @@ class ClusterSpec:
     #: nsqd's backends survive a crash (written to disk, and ``mem_queue_size`` 0 so every
     #: message is on disk until delivered), like ``--mem-queue-size=0`` with a disk queue.
     durable: bool = True
-    nsqd_options: NSQDOptions = field(default_factory=lambda: NSQDOptions(
-        msg_timeout=10.0, max_msg_timeout=60.0, client_timeout=10.0, max_req_timeout=60.0,
-    ))
-    lookupd_options: LookupdOptions = field(default_factory=lambda: LookupdOptions(
-        inactive_producer_timeout=30.0, tombstone_lifetime=10.0,
-    ))
+    nsqd_options: NSQDOptions = field(
+        default_factory=lambda: NSQDOptions(
+            msg_timeout=10.0,
+            max_msg_timeout=60.0,
+            client_timeout=10.0,
+            max_req_timeout=60.0,
+        )
+    )
+    lookupd_options: LookupdOptions = field(
+        default_factory=lambda: LookupdOptions(
+            inactive_producer_timeout=30.0,
+            tombstone_lifetime=10.0,
+        )
+    )
     link: LinkSpec = field(default_factory=LinkSpec)
     lookup_ping_interval: float = 5.0
 
@@ -165,8 +181,15 @@ class Simulator:
     """A cluster on a virtual clock. Build it from a :class:`ClusterSpec`, schedule things,
     run. ``strict`` raises :class:`InvariantViolation` at the first violated step."""
 
-    def __init__(self, spec: ClusterSpec | None = None, *, seed: int = 0, strict: bool = True,
-                 replay: str = "", rdy_per_write: bool = True) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec | None = None,
+        *,
+        seed: int = 0,
+        strict: bool = True,
+        replay: str = "",
+        rdy_per_write: bool = True,
+    ) -> None:
         self.spec = spec if spec is not None else ClusterSpec()
         self.seed = seed
         self.strict = strict
@@ -208,11 +231,20 @@ class Simulator:
         durable = spec.durable
         for i in range(spec.nsqd):
             options = dataclasses.replace(
-                spec.nsqd_options, node_id=i, broadcast_address=f"nsqd{i}", hostname=f"nsqd{i}",
+                spec.nsqd_options,
+                node_id=i,
+                broadcast_address=f"nsqd{i}",
+                hostname=f"nsqd{i}",
                 mem_queue_size=0 if durable else spec.nsqd_options.mem_queue_size,
             )
-            nsqd = NsqdNode(self, f"nsqd{i}", options, [lk.tcp_address for lk in self.lookupds],
-                            durable=durable, seed=self.rng.getrandbits(32))
+            nsqd = NsqdNode(
+                self,
+                f"nsqd{i}",
+                options,
+                [lk.tcp_address for lk in self.lookupds],
+                durable=durable,
+                seed=self.rng.getrandbits(32),
+            )
             self.nsqds.append(nsqd)
             self._add(nsqd)
             nsqd.restart_topics(self.now)
@@ -222,17 +254,25 @@ class Simulator:
         for each in list(self.nodes.values()):
             self.after(each)
 
-    def add_consumer(self, cspec: ConsumerSpec, base: str, *, start_at: float | None = None
-                     ) -> ConsumerNode:
+    def add_consumer(
+        self, cspec: ConsumerSpec, base: str, *, start_at: float | None = None
+    ) -> ConsumerNode:
         """A new consumer named ``base`` (``base~1``, ``base~2``... for replacements)."""
         generation = self._generation.get(base, 0)
         self._generation[base] = generation + 1
         name = base if generation == 0 else f"{base}~{generation}"
         node = ConsumerNode(
-            self, name, self.spec.topic, cspec.channel, cspec.config, cspec.handler,
+            self,
+            name,
+            self.spec.topic,
+            cspec.channel,
+            cspec.config,
+            cspec.handler,
             nsqd=[] if cspec.use_lookupd and self.lookupds else [n.address for n in self.nsqds],
             lookupd=[lk.http_address for lk in self.lookupds] if cspec.use_lookupd else [],
-            seed=self.rng.getrandbits(32), pull=cspec.pull, fetch_batch=cspec.fetch_batch,
+            seed=self.rng.getrandbits(32),
+            pull=cspec.pull,
+            fetch_batch=cspec.fetch_batch,
         )
         node.spec = cspec  # type: ignore[attr-defined]
         node.base = base  # type: ignore[attr-defined]
@@ -361,8 +401,11 @@ class Simulator:
                 node.drain(now)
                 self.after(node)
             cspec: ConsumerSpec = node.spec  # type: ignore[attr-defined]
-            self.add_consumer(cspec, node.base,  # type: ignore[attr-defined]
-                              start_at=now + fault.duration)
+            self.add_consumer(
+                cspec,
+                node.base,  # type: ignore[attr-defined]
+                start_at=now + fault.duration,
+            )
 
     def _heal(self, cut: int) -> None:
         self.net.heal(cut)
@@ -462,14 +505,14 @@ def _body(index: int, size: int) -> bytes:
 # --- scenarios: run, serialise, replay ---------------------------------------------------------
 
 
-def run_scenario(scenario: Scenario, *, check_discovery: bool = True,
-                 rdy_per_write: bool = True) -> RunResult:
+def run_scenario(
+    scenario: Scenario, *, check_discovery: bool = True, rdy_per_write: bool = True
+) -> RunResult:
     """Run a scenario to the end: faults until ``duration``, then heal and settle, then the
     final invariants. Raises :class:`InvariantViolation` (with the replay line) on failure.
     ``rdy_per_write=False`` checks the RDY sum per consumer step only."""
     line = replay_line(scenario) + ("" if rdy_per_write else " --rdy-per-step")
-    sim = Simulator(scenario.cluster, seed=scenario.seed, replay=line,
-                    rdy_per_write=rdy_per_write)
+    sim = Simulator(scenario.cluster, seed=scenario.seed, replay=line, rdy_per_write=rdy_per_write)
     sim.schedule_workload(scenario.workload)
     for fault in scenario.faults:
         sim.schedule_fault(fault)
@@ -479,11 +522,19 @@ def run_scenario(scenario: Scenario, *, check_discovery: bool = True,
     if check_discovery:
         # discovery needs a poll after the last change (and replacements started by the
         # faults must have started): give every consumer a few intervals after that
-        longest = max((c.config.lookupd_poll_interval * (1 + c.config.lookupd_poll_jitter)
-                       for c in scenario.cluster.consumers), default=0.0)
+        longest = max(
+            (
+                c.config.lookupd_poll_interval * (1 + c.config.lookupd_poll_jitter)
+                for c in scenario.cluster.consumers
+            ),
+            default=0.0,
+        )
         last_start = max((f.at + f.duration for f in scenario.faults), default=0.0)
-        sim.run_until(max(sim.now, last_start) + 3 * longest
-                      + scenario.cluster.lookupd_options.tombstone_lifetime)
+        sim.run_until(
+            max(sim.now, last_start)
+            + 3 * longest
+            + scenario.cluster.lookupd_options.tombstone_lifetime
+        )
     sim.monitor.check_final(sim.now, discovery=check_discovery)
     sim.raise_if_violated()
     return sim.result()
@@ -521,8 +572,19 @@ def _types() -> dict[str, type]:
 
     return {
         t.__name__: t
-        for t in (ClusterSpec, ConsumerSpec, Workload, Fault, Scenario, Config, NSQDOptions,
-                  LO, LinkSpec, Handler, FaultKind)
+        for t in (
+            ClusterSpec,
+            ConsumerSpec,
+            Workload,
+            Fault,
+            Scenario,
+            Config,
+            NSQDOptions,
+            LO,
+            LinkSpec,
+            Handler,
+            FaultKind,
+        )
     }
 
 

@@ -51,8 +51,9 @@ def link_specs() -> SearchStrategy[LinkSpec]:
     )
 
 
-def handlers(*, max_duration: float = 2.0, long_job: float = 15.0, hangs: bool = False
-             ) -> SearchStrategy[Handler]:
+def handlers(
+    *, max_duration: float = 2.0, long_job: float = 15.0, hangs: bool = False
+) -> SearchStrategy[Handler]:
     """Simulated user code: durations up to ``max_duration`` (kept under the cluster's
     msg_timeout), and with keepalive also ``long_job`` (past msg_timeout, under
     max_msg_timeout); failures, concurrency limits; with ``hangs``, rare jobs that never
@@ -111,8 +112,9 @@ def _workable(spec: ConsumerSpec, msg_timeout: float) -> ConsumerSpec:
     return dataclasses.replace(spec, handler=dataclasses.replace(handler, concurrency=None))
 
 
-def consumer_specs(*, max_count: int = 3, msg_timeout: float = 10.0, hangs: bool = False
-                   ) -> SearchStrategy[ConsumerSpec]:
+def consumer_specs(
+    *, max_count: int = 3, msg_timeout: float = 10.0, hangs: bool = False
+) -> SearchStrategy[ConsumerSpec]:
     """Consumer groups whose handlers can keep up with nsqd's ``msg_timeout``."""
     return st.builds(
         ConsumerSpec,
@@ -127,8 +129,9 @@ def consumer_specs(*, max_count: int = 3, msg_timeout: float = 10.0, hangs: bool
     ).map(lambda spec: _workable(spec, msg_timeout))
 
 
-def cluster_specs(*, max_nsqd: int = 4, max_lookupd: int = 2, hangs: bool = False
-                  ) -> SearchStrategy[ClusterSpec]:
+def cluster_specs(
+    *, max_nsqd: int = 4, max_lookupd: int = 2, hangs: bool = False
+) -> SearchStrategy[ClusterSpec]:
     """1..max_nsqd nsqd, 1..max_lookupd lookupd, one or two consumer groups."""
     return st.builds(
         ClusterSpec,
@@ -152,12 +155,17 @@ def workloads(*, max_messages: int = 200) -> SearchStrategy[Workload]:
 
 
 _BROKER_FAULTS = [FaultKind.DROP_CONNECTIONS, FaultKind.PARTITION, FaultKind.CRASH, FaultKind.STOP]
-_CONSUMER_FAULTS = [FaultKind.DROP_CONNECTIONS, FaultKind.PARTITION, FaultKind.KILL_CONSUMER,
-                    FaultKind.DRAIN_CONSUMER]
+_CONSUMER_FAULTS = [
+    FaultKind.DROP_CONNECTIONS,
+    FaultKind.PARTITION,
+    FaultKind.KILL_CONSUMER,
+    FaultKind.DRAIN_CONSUMER,
+]
 
 
-def fault_schedules(cluster: ClusterSpec, *, duration: float = 30.0, max_faults: int = 4
-                    ) -> SearchStrategy[tuple[Fault, ...]]:
+def fault_schedules(
+    cluster: ClusterSpec, *, duration: float = 30.0, max_faults: int = 4
+) -> SearchStrategy[tuple[Fault, ...]]:
     """Faults on the nodes of ``cluster`` at times within ``duration``."""
     nsqds = [f"nsqd{i}" for i in range(cluster.nsqd)]
     lookupds = [f"lookupd{i}" for i in range(cluster.lookupd)]
@@ -169,22 +177,27 @@ def fault_schedules(cluster: ClusterSpec, *, duration: float = 30.0, max_faults:
         length = draw(st.sampled_from([0.5, 3.0, 15.0]))
         group = draw(st.sampled_from(["nsqd", "lookupd", "consumer"]))
         if group == "nsqd":
-            return Fault(at, draw(st.sampled_from(_BROKER_FAULTS)), draw(st.sampled_from(nsqds)),
-                         length)
+            return Fault(
+                at, draw(st.sampled_from(_BROKER_FAULTS)), draw(st.sampled_from(nsqds)), length
+            )
         if group == "lookupd":
-            kind = draw(st.sampled_from([FaultKind.DROP_CONNECTIONS, FaultKind.PARTITION,
-                                         FaultKind.CRASH]))
+            kind = draw(
+                st.sampled_from([FaultKind.DROP_CONNECTIONS, FaultKind.PARTITION, FaultKind.CRASH])
+            )
             return Fault(at, kind, draw(st.sampled_from(lookupds)), length)
-        return Fault(at, draw(st.sampled_from(_CONSUMER_FAULTS)), draw(st.sampled_from(consumers)),
-                     length)
+        return Fault(
+            at, draw(st.sampled_from(_CONSUMER_FAULTS)), draw(st.sampled_from(consumers)), length
+        )
 
-    return st.lists(one(), max_size=max_faults).map(lambda faults: tuple(sorted(
-        faults, key=lambda f: f.at)))
+    return st.lists(one(), max_size=max_faults).map(
+        lambda faults: tuple(sorted(faults, key=lambda f: f.at))
+    )
 
 
 @st.composite
-def _scenarios(draw: Any, max_nsqd: int, max_messages: int, max_faults: int,
-               duration: float, hangs: bool) -> Scenario:
+def _scenarios(
+    draw: Any, max_nsqd: int, max_messages: int, max_faults: int, duration: float, hangs: bool
+) -> Scenario:
     cluster = draw(cluster_specs(max_nsqd=max_nsqd, hangs=hangs))
     return Scenario(
         cluster=cluster,
@@ -195,10 +208,17 @@ def _scenarios(draw: Any, max_nsqd: int, max_messages: int, max_faults: int,
     )
 
 
-def scenarios(*, max_nsqd: int = 4, max_messages: int = 200, max_faults: int = 4,
-              duration: float = 30.0, hangs: bool = False) -> SearchStrategy[Scenario]:
+def scenarios(
+    *,
+    max_nsqd: int = 4,
+    max_messages: int = 200,
+    max_faults: int = 4,
+    duration: float = 30.0,
+    hangs: bool = False,
+) -> SearchStrategy[Scenario]:
     """Whole runs: a cluster, a workload, a fault schedule and a seed. ``hangs`` adds handlers
     that, rarely, never answer a message (stuck workers)."""
-    result: SearchStrategy[Scenario] = _scenarios(max_nsqd, max_messages, max_faults, duration,
-                                                  hangs)
+    result: SearchStrategy[Scenario] = _scenarios(
+        max_nsqd, max_messages, max_faults, duration, hangs
+    )
     return result

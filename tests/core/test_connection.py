@@ -560,9 +560,29 @@ def test_every_other_error_is_fatal_typed_and_keeps_code_and_text(
 
 
 def test_error_frame_followed_by_garbage_gives_one_close_event() -> None:
-    conn = ClientConnection()
+    conn = subscribed_conn()
     events = conn.receive_data(error(b"E_INVALID bad") + b"\x00\x00\x00\x01")
     assert isinstance(closed_with(events).error, E.InvalidCommand)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"E_BAD_BODY IDENTIFY output buffer timeout (10) is invalid",
+        b"E_BAD_BODY IDENTIFY msg timeout (3600000) is invalid",
+        b"E_INVALID cannot IDENTIFY in current state",
+    ],
+)
+def test_refused_identify_is_a_config_error_carrying_nsqds_answer(frame: bytes) -> None:
+    conn = ClientConnection({"output_buffer_timeout": 10})
+    closed = closed_with(conn.receive_data(error(frame)))
+    assert isinstance(closed.error, E.IdentifyRejected)
+    assert isinstance(closed.error, E.ConfigError)  # the configuration's fault: do not retry
+    server_error = ServerError.from_frame(frame)
+    assert type(closed.error.error) is type(server_error)
+    assert (closed.error.code, closed.error.text) == (server_error.code, server_error.text)
+    assert frame.decode() in str(closed.error)
+    assert conn.state is S.CLOSED
 
 
 def test_server_error_from_frame_edge_cases() -> None:

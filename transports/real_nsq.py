@@ -1,0 +1,328 @@
+"""Find and run the real NSQ binaries (nsqd, nsqlookupd and the Go tools) beside the project.
+
+The real nsqd is the referee of this project: conformance tests run against it as well as
+against the embedded broker, benchmarks measure against it, and real Go clients drive the
+embedded broker. None of that may fail on a machine without the binaries, so everything here
+answers "not found" (:func:`find_binaries` returns ``None``) rather than raising; tests skip
+and benchmarks say so and exit.
+
+Where the binaries are looked for, first match wins:
+
+1. the ``bin_dir`` argument (a benchmark's ``--nsqd-bin``);
+2. ``$NSQ_BIN_DIR``, a folder holding ``nsqd``;
+3. ``../shared/reference/nsq-1.3.0/bin`` next to the checkout (this workplace's copy of the
+   v1.3.0 release; its script unpacks the binaries once and prints their folder).
+
+:class:`RealNSQD` and :class:`RealLookupd` start one process each on free loopback ports with a
+private data directory, wait until ``/ping`` answers, and stop it (SIGTERM, then SIGKILL) on
+exit; both are context managers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "REFERENCE_VERSION",
+    "RealLookupd",
+    "RealNSQD",
+    "find_binaries",
+    "free_port",
+    "tool",
+]
+
+#: The release the workplace's reference copy was built from.
+REFERENCE_VERSION = "1.3.0"
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REFERENCE_SCRIPT = _REPO_ROOT.parent / "shared" / "reference" / f"nsq-{REFERENCE_VERSION}" / "bin"
+_found: dict[str | None, Path | None] = {}
+
+
+def find_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """The folder holding ``nsqd`` (and the other tools), or ``None`` when there is none."""
+    key = None if bin_dir is None else os.fspath(bin_dir)
+    if key in _found:
+        return _found[key]
+    found: Path | None = None
+    for candidate in (key, os.environ.get("NSQ_BIN_DIR")):
+        if candidate:
+            folder = Path(candidate)
+            if folder.is_file():  # the nsqd binary itself was given
+                folder = folder.parent
+            if (folder / "nsqd").is_file():
+                found = folder
+                break
+    if found is None and key is None and _REFERENCE_SCRIPT.is_file():
+        try:
+            printed = subprocess.run(
+                ["bash", str(_REFERENCE_SCRIPT)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            printed = ""
+        if printed and (Path(printed) / "nsqd").is_file():
+            found = Path(printed)
+    _found[key] = found
+    return found
+
+
+def tool(name: str, bin_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """Path of one binary (``nsqd``, ``to_nsq``, ``bench_reader``...), or ``None``."""
+    folder = find_binaries(bin_dir)
+    if folder is None:
+        return None
+    path = folder / name
+    return path if path.is_file() else None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _Process:
+    """One real NSQ server process on loopback: start, wait for /ping, stop."""
+
+    binary = ""
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        bin_dir: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 10.0,
+    ) -> None:
+        path = tool(self.binary, bin_dir)
+        if path is None:
+            raise FileNotFoundError(
+                f"no {self.binary} binary found (pass bin_dir, set NSQ_BIN_DIR, or keep "
+                f"../shared/reference/nsq-{REFERENCE_VERSION} beside the checkout)"
+            )
+        self.path = path
+        self.extra_args = list(args)
+        self.startup_timeout = startup_timeout
+        self.tcp_port = free_port()
+        self.http_port = free_port()
+        self._data_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    # --- addresses -------------------------------------------------------------------------
+
+    @property
+    def tcp_address(self) -> str:
+        return f"127.0.0.1:{self.tcp_port}"
+
+    @property
+    def http_address(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def data_path(self) -> str:
+        assert self._data_dir is not None, "start() first"
+        return self._data_dir.name
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def command(self) -> list[str]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def start(self) -> _Process:
+        """Start the process (a fresh data directory on first start) and wait for /ping."""
+        if self._process is not None and self._process.poll() is None:
+            return self
+        if self._data_dir is None:
+            self._data_dir = tempfile.TemporaryDirectory(prefix=f"real-{self.binary}-")
+        self._log = open(os.path.join(self._data_dir.name, f"{self.binary}.log"), "ab")  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [str(self.path), *self.command(), *self.extra_args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if self._process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.binary} exited with {self._process.returncode} at start: "
+                    f"{self.log_text()[-2000:]}"
+                )
+            with contextlib.suppress(OSError):
+                if self.get("/ping", timeout=0.5) == b"OK":
+                    return self
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(
+                    f"{self.binary} did not answer /ping in {self.startup_timeout} s"
+                )
+            time.sleep(0.02)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (nsqd flushes its queues to disk), SIGKILL after ``timeout``; keeps the data."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash looks like (nothing is flushed)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def close(self) -> None:
+        """Stop and delete the data directory."""
+        self.stop()
+        if self._data_dir is not None:
+            self._data_dir.cleanup()
+            self._data_dir = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def log_text(self) -> str:
+        if self._data_dir is None:
+            return ""
+        try:
+            return Path(self._data_dir.name, f"{self.binary}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def __enter__(self) -> _Process:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- HTTP --------------------------------------------------------------------------------
+
+    def get(self, path: str, *, timeout: float = 5.0) -> bytes:
+        """GET ``path`` on the HTTP port; raises ``urllib.error.HTTPError`` on an error status."""
+        with urllib.request.urlopen(self.http_url + path, timeout=timeout) as answer:
+            body: bytes = answer.read()
+            return body
+
+    def post(self, path: str, body: bytes = b"", *, timeout: float = 5.0) -> bytes:
+        request = urllib.request.Request(self.http_url + path, data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            result: bytes = answer.read()
+            return result
+
+    def get_json(self, path: str, *, timeout: float = 5.0) -> Any:
+        return json.loads(self.get(path, timeout=timeout))
+
+
+class RealNSQD(_Process):
+    """A real nsqd on loopback. ``args`` are extra flags (``--max-msg-size=1024``...);
+    ``lookupd`` are nsqlookupd TCP addresses it registers with."""
+
+    binary = "nsqd"
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        *,
+        lookupd: Sequence[str] = (),
+        bin_dir: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 10.0,
+    ) -> None:
+        super().__init__(args, bin_dir=bin_dir, startup_timeout=startup_timeout)
+        self.lookupd = list(lookupd)
+
+    def command(self) -> list[str]:
+        return [
+            f"--tcp-address={self.tcp_address}",
+            f"--http-address={self.http_address}",
+            "--broadcast-address=127.0.0.1",
+            f"--data-path={self.data_path}",
+            *(f"--lookupd-tcp-address={address}" for address in self.lookupd),
+        ]
+
+    def __enter__(self) -> RealNSQD:
+        self.start()
+        return self
+
+    def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
+        """``/stats?format=json`` (optionally filtered), as a dict."""
+        query = "/stats?format=json"
+        if topic is not None:
+            query += f"&topic={topic}"
+        if channel is not None:
+            query += f"&channel={channel}"
+        data: dict[str, Any] = self.get_json(query)
+        return data
+
+    def topic_stats(self, topic: str) -> dict[str, Any] | None:
+        """One topic's entry of /stats, or ``None`` when nsqd does not know it."""
+        for entry in self.stats(topic).get("topics") or ():
+            if entry.get("topic_name") == topic:
+                found: dict[str, Any] = entry
+                return found
+        return None
+
+    def channel_stats(self, topic: str, channel: str) -> dict[str, Any] | None:
+        """One channel's entry of /stats, or ``None``."""
+        entry = self.topic_stats(topic)
+        for chan in (entry or {}).get("channels") or ():
+            if chan.get("channel_name") == channel:
+                found: dict[str, Any] = chan
+                return found
+        return None
+
+
+class RealLookupd(_Process):
+    """A real nsqlookupd on loopback (``args`` are extra flags)."""
+
+    binary = "nsqlookupd"
+
+    def command(self) -> list[str]:
+        return [
+            f"--tcp-address={self.tcp_address}",
+            f"--http-address={self.http_address}",
+            "--broadcast-address=127.0.0.1",
+        ]
+
+    def __enter__(self) -> RealLookupd:
+        self.start()
+        return self
