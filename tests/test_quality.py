@@ -17,8 +17,8 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(600)
-def test_core_is_mypy_strict_clean() -> None:
-    result = _run(sys.executable, "-m", "mypy", "--strict", "nsq_sansio")
+def test_core_and_transports_are_mypy_strict_clean() -> None:
+    result = _run(sys.executable, "-m", "mypy", "--strict", "nsq_sansio", "transports")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
