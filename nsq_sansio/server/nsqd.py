@@ -179,6 +179,11 @@ def _go_quote(value: bytes | str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _nanoseconds(seconds: float) -> int:
+    """A duration as Go's ``time.Duration`` (integer nanoseconds) for JSON answers."""
+    return round(seconds * 1_000_000_000)
+
+
 def _text(value: bytes) -> str:
     return value.decode("utf-8", "replace")
 
@@ -879,15 +884,24 @@ class NSQD:
         return [] if found is None else sorted(found.channels)
 
     def info(self) -> dict[str, Any]:
-        """``GET /info``."""
+        """``GET /info`` (durations in nanoseconds, as Go's ``time.Duration`` marshals)."""
+        options = self.options
         return {
-            "version": self.options.version,
-            "broadcast_address": self.options.broadcast_address,
-            "hostname": self.options.hostname,
-            "http_port": self.options.http_port,
-            "tcp_port": self.options.tcp_port,
+            "version": options.version,
+            "broadcast_address": options.broadcast_address,
+            "hostname": options.hostname,
+            "http_port": options.http_port,
+            "tcp_port": options.tcp_port,
             "start_time": int(self._start_time + self._epoch_offset),
+            "max_heartbeat_interval": _nanoseconds(options.max_heartbeat_interval),
+            "max_output_buffer_size": options.max_output_buffer_size,
+            "max_output_buffer_timeout": _nanoseconds(options.max_output_buffer_timeout),
+            "max_deflate_level": options.max_deflate_level,
         }
+
+    def uptime(self, now: float) -> float:
+        """Seconds since the node started (``now`` in the node's clock)."""
+        return max(0.0, now - self._start_time)
 
     @property
     def health(self) -> str:
@@ -902,25 +916,45 @@ class NSQD:
         channel: str | None = None,
         include_clients: bool = True,
     ) -> dict[str, Any]:
-        """``GET /stats?format=json``: the same keys nsqd reports (``memory`` left out)."""
+        """``GET /stats?format=json`` without ``memory`` (the transport's to add).
+
+        nsqd's shape, nulls included: ``topics`` is ``None`` when ``topic`` names no topic
+        (a topic without the ``channel`` asked for is left out); ``producers`` and each
+        channel's ``clients`` are ``None`` without ``include_clients``, and ``producers`` is
+        ``None`` when there are none (Go's nil slices)."""
+        stats: dict[str, Any] = {
+            "version": self.options.version,
+            "health": self._health,
+            "start_time": int(self._start_time + self._epoch_offset),
+            "topics": None,
+            "producers": None,
+        }
+        if topic:
+            found_topic = self._topics.get(topic)
+            if found_topic is None:
+                return stats
+            names = [topic]
+        else:
+            names = sorted(self._topics)
         topics: list[dict[str, Any]] = []
-        for name in sorted(self._topics):
-            if topic is not None and name != topic:
-                continue
+        for name in names:
             found = self._topics[name]
-            channels: list[dict[str, Any]] = []
-            for channel_name in sorted(found.channels):
-                if channel is not None and channel_name != channel:
+            if channel:
+                chosen = [found.channels[channel]] if channel in found.channels else []
+                if not chosen:
                     continue
-                chan = found.channels[channel_name]
+            else:
+                chosen = [found.channels[key] for key in sorted(found.channels)]
+            channels: list[dict[str, Any]] = []
+            for chan in chosen:
                 clients = (
                     [self._client_stats(conn) for conn in chan.clients.values()]
                     if include_clients
-                    else []
+                    else None
                 )
                 channels.append(
                     {
-                        "channel_name": channel_name,
+                        "channel_name": chan.name,
                         "depth": chan.depth(),
                         "backend_depth": chan.backend.depth,
                         "in_flight_count": len(chan.in_flight),
@@ -946,23 +980,14 @@ class NSQD:
                     "e2e_processing_latency": {"count": 0, "percentiles": None},
                 }
             )
-        producers: list[dict[str, Any]] = []
+        stats["topics"] = topics
         if include_clients:
+            producers: list[dict[str, Any]] = []
             for conn in self._conns.values():
                 if conn.pub_counts and conn.state is not ClientState.CLOSED:
-                    stats = self._client_stats(conn)
-                    if topic is not None:
-                        if topic not in conn.pub_counts:
-                            continue
-                        stats["pub_counts"] = [{"topic": topic, "count": conn.pub_counts[topic]}]
-                    producers.append(stats)
-        return {
-            "version": self.options.version,
-            "health": self._health,
-            "start_time": int(self._start_time + self._epoch_offset),
-            "topics": topics,
-            "producers": producers,
-        }
+                    producers.append(self._client_stats(conn, topic or None))
+            stats["producers"] = producers or None
+        return stats
 
     def take_registry_events(self) -> list[RegistryEvent]:
         """Topic/channel creations and deletions since the last call, in order (for lookupd).
@@ -1572,7 +1597,7 @@ class NSQD:
             raise _ClientError("E_INVALID", f"{command} insufficient number of params")
         message_id = params[1]
         if len(message_id) != 16:
-            raise _ClientError("E_INVALID", "Invalid Message ID")
+            raise _ClientError("E_INVALID", "invalid message ID")
         return channel, message_id
 
     def _take_in_flight(self, channel: _Channel, conn: _Conn, message_id: bytes) -> _Msg | str:
@@ -2206,7 +2231,9 @@ class NSQD:
         finally:
             self._pump_topic(found, now)
 
-    def _client_stats(self, conn: _Conn) -> dict[str, Any]:
+    def _client_stats(self, conn: _Conn, topic: str | None = None) -> dict[str, Any]:
+        """One client's entry of /stats; a producer's ``pub_counts`` only for ``topic`` when
+        one is given (and left out when that leaves none, as nsqd's omitempty does)."""
         stats: dict[str, Any] = {
             "client_id": conn.client_id,
             "hostname": conn.hostname,
@@ -2233,8 +2260,11 @@ class NSQD:
             stats["authed"] = True
             stats["auth_identity"] = conn.auth.identity
             stats["auth_identity_url"] = conn.auth.identity_url
-        if conn.pub_counts:
+        counts = conn.pub_counts
+        if topic is not None:
+            counts = {topic: counts[topic]} if topic in counts else {}
+        if counts:
             stats["pub_counts"] = [
-                {"topic": topic, "count": count} for topic, count in sorted(conn.pub_counts.items())
+                {"topic": name, "count": count} for name, count in sorted(counts.items())
             ]
         return stats

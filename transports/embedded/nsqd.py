@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import os
@@ -20,7 +21,9 @@ import random
 import socket
 import ssl
 import struct
+import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -71,11 +74,13 @@ from .http import (
     empty_response,
     error_response,
     json_response,
+    method_not_routed,
+    plain_text_response,
     serve_http_connection,
     text_response,
 )
 
-__all__ = ["EmbeddedNSQD", "route_nsqd"]
+__all__ = ["NSQD_ROUTES", "EmbeddedNSQD", "memory_stats", "route_nsqd"]
 
 _log = logging.getLogger("nsq_sansio.embedded")
 
@@ -278,6 +283,7 @@ class EmbeddedNSQD(ListenerAddresses):
             **self._options,
         )
         self._serve_group = task_group
+        _install_gc_pause_recorder()
         self._timer_wake = anyio.Event()
         self._clock.bind()
         now = anyio.current_time()
@@ -655,21 +661,28 @@ class EmbeddedNSQD(ListenerAddresses):
         return response
 
 
-_GET = {"/ping", "/info", "/stats"}
-_POST = {
-    "/pub",
-    "/mpub",
-    "/topic/create",
-    "/topic/delete",
-    "/topic/empty",
-    "/topic/pause",
-    "/topic/unpause",
-    "/channel/create",
-    "/channel/delete",
-    "/channel/empty",
-    "/channel/pause",
-    "/channel/unpause",
+_GET = frozenset({"GET"})
+_POST = frozenset({"POST"})
+#: nsqd's HTTP routes and the methods each takes (what the real one's router answers 405 to).
+NSQD_ROUTES: dict[str, frozenset[str]] = {
+    "/ping": _GET,
+    "/info": _GET,
+    "/stats": _GET,
+    "/pub": _POST,
+    "/mpub": _POST,
+    "/topic/create": _POST,
+    "/topic/delete": _POST,
+    "/topic/empty": _POST,
+    "/topic/pause": _POST,
+    "/topic/unpause": _POST,
+    "/channel/create": _POST,
+    "/channel/delete": _POST,
+    "/channel/empty": _POST,
+    "/channel/pause": _POST,
+    "/channel/unpause": _POST,
 }
+# nsqd's boolParams: other values leave the default (include_*) or mean binary (/mpub).
+_BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 
 
 def route_nsqd(
@@ -677,18 +690,13 @@ def route_nsqd(
 ) -> tuple[HTTPResponse, list[ServerEvent]]:
     """Answer one nsqd HTTP API request from the pure core; raises ``AdminError``."""
     path = request.path
-    if path in _GET:
-        if request.method not in ("GET", "HEAD"):
-            return error_response(405, "METHOD_NOT_ALLOWED"), []
-    elif path in _POST:
-        if request.method != "POST":
-            return error_response(405, "METHOD_NOT_ALLOWED"), []
-    else:
-        return error_response(404, "NOT_FOUND"), []
+    refused = method_not_routed(NSQD_ROUTES, request)
+    if refused is not None:
+        return refused, []
     opts = core.options
     if path == "/ping":
         health = core.health
-        return text_response(health, 200 if health == "OK" else 500), []
+        return plain_text_response(health, 200 if health == "OK" else 500), []
     if path == "/info":
         return json_response(core.info()), []
     if path == "/stats":
@@ -696,11 +704,13 @@ def route_nsqd(
             now,
             topic=request.arg("topic") or None,
             channel=request.arg("channel") or None,
-            include_clients=request.arg("include_clients") not in ("false", "0"),
+            include_clients=_BOOL_PARAMS.get(request.arg("include_clients") or "", True),
         )
+        if _BOOL_PARAMS.get(request.arg("include_mem") or "", True):
+            stats["memory"] = memory_stats()
         if request.arg("format") == "json":
             return json_response(stats), []
-        return text_response(_stats_text(stats)), []
+        return text_response(_stats_text(stats, core.uptime(now))), []
     if path == "/pub":
         if request.body_too_large or len(request.body) > opts.max_msg_size:
             raise AdminError(413, "MSG_TOO_BIG")
@@ -712,7 +722,8 @@ def route_nsqd(
         if request.body_too_large:
             raise AdminError(413, "BODY_TOO_BIG")
         topic = _required_topic(request)
-        if request.has_arg("binary"):
+        binary = request.arg("binary")
+        if binary is not None and _BOOL_PARAMS.get(binary, True):
             bodies = _split_binary_mpub(request.body, opts.max_msg_size)
         else:
             bodies = [line for line in request.body.split(b"\n") if line]
@@ -795,26 +806,140 @@ def _split_binary_mpub(body: bytes, max_msg_size: int) -> list[bytes]:
     return bodies
 
 
-def _stats_text(stats: dict[str, Any]) -> str:
-    """A short human-readable form of ``/stats`` (nsqd's text format, abridged)."""
-    lines = [f"nsqd v{stats['version']} (nsq-sansio embedded)", f"Health: {stats['health']}", ""]
-    if not stats["topics"]:
-        lines.append("NO_TOPICS")
-    for topic in stats["topics"]:
-        paused = " *P" if topic["paused"] else ""
-        lines.append(
-            f"[{topic['topic_name']:<15}] depth: {topic['depth']:<5} "
-            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8}{paused}"
+def _stats_text(stats: dict[str, Any], uptime: float) -> str:
+    """``/stats`` as nsqd prints it without ``format=json`` (same layout, same columns)."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stats["start_time"]))
+    out = [
+        f"nsqd v{stats['version']} (nsq-sansio embedded)\n",
+        f"start_time {started}\n",
+        f"uptime {_go_duration(uptime)}\n",
+        f"\nHealth: {stats['health']}\n",
+    ]
+    memory = stats.get("memory")
+    if memory is not None:
+        out.append("\nMemory:\n")
+        out.extend(f"   {key:<25}\t{value}\n" for key, value in memory.items())
+    topics = stats["topics"] or []
+    out.append("\nTopics:" if topics else "\nTopics: None\n")
+    for topic in topics:
+        paused = "*P " if topic["paused"] else "   "
+        out.append(
+            f"\n{paused}[{topic['topic_name']:<15}] depth: {topic['depth']:<5} "
+            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8} e2e%: \n"
         )
         for ch in topic["channels"]:
-            paused = " *P" if ch["paused"] else ""
-            lines.append(
-                f"    [{ch['channel_name']:<25}] depth: {ch['depth']:<5} "
+            paused = "   *P " if ch["paused"] else "      "
+            out.append(
+                f"{paused}[{ch['channel_name']:<25}] depth: {ch['depth']:<5} "
                 f"be-depth: {ch['backend_depth']:<5} inflt: {ch['in_flight_count']:<4} "
                 f"def: {ch['deferred_count']:<4} re-q: {ch['requeue_count']:<5} "
-                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8}{paused}"
+                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8} e2e%: \n"
             )
-    return "\n".join(lines) + "\n"
+            out.extend(f"        {_client_text(c)}\n" for c in ch["clients"] or ())
+    producers = stats["producers"] or []
+    out.append("\nProducers:\n" if producers else "\nProducers: None\n")
+    out.extend(f"   {_client_text(client)}\n" for client in producers)
+    return "".join(out)
+
+
+def _client_text(client: dict[str, Any]) -> str:
+    """One client line of the text /stats (nsqd's ``ClientV2Stats.String``)."""
+    connected = max(0, int(time.time()) - int(client["connect_ts"]))
+    port = str(client["remote_address"]).rsplit(":", 1)[-1]
+    ident = f"{client['hostname']}:{port} {client['user_agent']}"
+    head = f"[{client['version']} {ident:<21}]"
+    counts = client.get("pub_counts")
+    if counts:
+        total = sum(entry["count"] for entry in counts)
+        topics = ",".join(f"{entry['topic']}={entry['count']}" for entry in counts)
+        return f"{head} msgs: {total:<8} topics: {topics} connected: {_go_duration(connected)}"
+    return (
+        f"{head} state: {client['state']} inflt: {client['in_flight_count']:<4} "
+        f"rdy: {client['ready_count']:<4} fin: {client['finish_count']:<8} "
+        f"re-q: {client['requeue_count']:<8} msgs: {client['message_count']:<8} "
+        f"connected: {_go_duration(connected)}"
+    )
+
+
+def _go_duration(seconds: float) -> str:
+    """Go's ``time.Duration.String`` for the values /stats prints (``1h2m3s``, ``2.5s``,
+    ``350ms``, ``0s``)."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        millis = seconds * 1000
+        return f"{millis:.6f}".rstrip("0").rstrip(".") + "ms"
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    fraction = f"{seconds - whole:.9f}"[1:].rstrip("0").rstrip(".")
+    out = f"{secs}{fraction}s"
+    if hours or minutes:
+        out = f"{minutes}m" + out
+    if hours:
+        out = f"{hours}h" + out
+    return out
+
+
+# GC pauses of this process (microseconds), for /stats' memory block; the callback is
+# installed once, by the first embedded nsqd that starts.
+_GC_PAUSES: deque[int] = deque(maxlen=256)
+_gc_started = 0.0
+
+
+def _record_gc_pause(phase: str, info: dict[str, Any]) -> None:
+    global _gc_started
+    if phase == "start":
+        _gc_started = time.perf_counter()
+    elif _gc_started:
+        _GC_PAUSES.append(int((time.perf_counter() - _gc_started) * 1_000_000))
+
+
+def _install_gc_pause_recorder() -> None:
+    if _record_gc_pause not in gc.callbacks:
+        gc.callbacks.append(_record_gc_pause)
+
+
+def _percentile(sorted_values: list[int], fraction: float) -> int:
+    if not sorted_values:
+        return 0
+    index = min(len(sorted_values) - 1, max(0, math.ceil(fraction * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def memory_stats() -> dict[str, int]:
+    """``/stats``' ``memory`` block: nsqd's keys (Go runtime figures) filled with this
+    Python process's nearest equivalents: allocated blocks for ``heap_objects``, the
+    resident set for ``heap_in_use_bytes``, the recent GC pauses and the number of
+    collections; ``heap_idle_bytes``, ``heap_released_bytes`` and ``next_gc_bytes`` have no
+    CPython counterpart and are 0."""
+    pauses = sorted(_GC_PAUSES)
+    return {
+        "heap_objects": sys.getallocatedblocks(),
+        "heap_idle_bytes": 0,
+        "heap_in_use_bytes": _resident_bytes(),
+        "heap_released_bytes": 0,
+        "gc_pause_usec_100": _percentile(pauses, 1.0),
+        "gc_pause_usec_99": _percentile(pauses, 0.99),
+        "gc_pause_usec_95": _percentile(pauses, 0.95),
+        "next_gc_bytes": 0,
+        "gc_total_runs": sum(generation["collections"] for generation in gc.get_stats()),
+    }
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        try:
+            import resource
+
+            # ru_maxrss is the peak, in KiB on Linux (bytes on macOS): a fallback only
+            return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        except (ImportError, OSError):
+            return 0
 
 
 async def _aclose_quietly(stream: anyio.abc.AsyncResource) -> None:
