@@ -127,6 +127,15 @@ _RESUME_POLL_MAX = 0.25
 # restored backend holds an id handed out again): it waits this long instead of spinning.
 _DUPLICATE_ID_RETRY = 1.0
 _MAX_REGISTRY_EVENTS = 100_000
+# A topic's backlog (what waited while it had no channel, was paused, or before a restart)
+# moves into its channels in steps of at most this many messages and bytes: one step where
+# the move starts, then one per handle_timer call, so a transport serves every other client
+# and the HTTP API between steps (nsqd moves it in the topic's own messagePump goroutine).
+_BACKLOG_STEP_MESSAGES = 1024
+_BACKLOG_STEP_BYTES = 1 << 20
+# At most this many timed-out or deferred messages of one channel go back to its queue per
+# handle_timer call; the rest are due at once and handled by the next call.
+_TIMER_STEP = 1024
 
 
 class ClientState(enum.Enum):
@@ -548,6 +557,8 @@ class NSQD:
         self._touched: dict[_Topic, None] = {}
         # Channels where a FIN freed room for more: pumped once at the end of the input.
         self._freed: dict[_Channel, None] = {}
+        # Topics whose backlog is being moved into their channels, a step per handle_timer.
+        self._moving: dict[_Topic, None] = {}
         self._fast_path = not self.options.tls_required and not self.options.auth_enabled
         self._heartbeat_frame = (
             _FRAME_HEADER.pack(4 + len(_HEARTBEAT), _FRAME_RESPONSE) + _HEARTBEAT
@@ -741,7 +752,14 @@ class NSQD:
     # ------------------------------------------------------------------ timers
 
     def next_deadline(self) -> float | None:
-        """When :meth:`handle_timer` next has work (heartbeats, timeouts, deferred messages)."""
+        """When :meth:`handle_timer` next has work (heartbeats, timeouts, deferred messages).
+
+        While a backlog is being moved into channels (see :meth:`backlog_pending`) this is
+        the latest ``now`` the node was given: work is due at once, one bounded step per
+        :meth:`handle_timer` call, and the transport serves its other IO between calls.
+        """
+        if self._moving:
+            return self._now
         alarms = self._alarms
         while alarms:
             deadline, _, owner = alarms[0]
@@ -752,12 +770,16 @@ class NSQD:
         return None
 
     def handle_timer(self, now: float) -> list[ServerEvent]:
-        """Do everything due at ``now``: heartbeats, client timeouts, message timeouts, deferred
-        messages becoming ready (and the deliveries they allow)."""
+        """Do what is due at ``now``: heartbeats, client timeouts, message timeouts, deferred
+        messages becoming ready (and the deliveries they allow), and one step of moving a
+        topic's backlog into its channels. Each call does a bounded amount of work: when
+        more is due, :meth:`next_deadline` says so and the transport calls again."""
         events: list[ServerEvent] = []
         self._now = now
         alarms = self._alarms
-        while alarms and alarms[0][0] <= now:
+        # What this call arms for "now" (more of a channel's timeouts) waits for the next one.
+        last_seq = self._seq
+        while alarms and alarms[0][0] <= now and alarms[0][1] <= last_seq:
             deadline, _, owner = heappop(alarms)
             if owner.alarm_at != deadline:
                 continue
@@ -766,7 +788,16 @@ class NSQD:
                 self._conn_timer(owner, now, events)
             else:
                 self._channel_timer(owner, now, events)
+        moving = self._moving
+        if moving:
+            topic = next(iter(moving))
+            del moving[topic]  # back at the end of the line if it has more: topics take turns
+            self._move_backlog(topic, now)
         return events
+
+    def backlog_pending(self) -> bool:
+        """True while some topic's backlog is still being moved into its channels."""
+        return bool(self._moving)
 
     # ------------------------------------------------------------------ HTTP API (pure)
 
@@ -1081,6 +1112,7 @@ class NSQD:
             found.mem.clear()
             found.backend.close()
         self._alarms.clear()
+        self._moving.clear()
         self.state = NSQDState.CLOSED
         return events
 
@@ -1816,9 +1848,14 @@ class NSQD:
     def _topic_put(self, topic: _Topic, msg: _Msg, now: float) -> None:
         """Publish to a topic: straight to its channels, or queued while it has none or is
         paused. Raises BackendError only when the message could not be kept at all."""
-        if topic.channels and not topic.paused and not topic.starting:
-            if topic.mem or topic.spilled:
-                self._topic_flow(topic, now)
+        if (
+            topic.channels
+            and not topic.paused
+            and not topic.starting
+            and (msg.deferred or not (topic.mem or topic.spilled))
+        ):
+            # Straight to the channels, unless a backlog is still being moved into them:
+            # then the message waits behind it (a DPUB's copies are held back anyway).
             self._distribute(topic, msg, now)
         elif len(topic.mem) < self._mem_limit and not topic.spilled:
             topic.mem.append(msg)
@@ -1829,21 +1866,46 @@ class NSQD:
         topic.message_bytes += len(msg.body)
 
     def _topic_flow(self, topic: _Topic, now: float) -> None:
-        """Move what waits in a topic into its channels (after SUB, unpause, restart)."""
-        if not topic.channels or topic.paused or topic.starting:
+        """Start moving what waits in a topic into its channels (after SUB, unpause, restart):
+        the first step now, the rest in :meth:`handle_timer` steps."""
+        self._move_backlog(topic, now)
+
+    def _move_backlog(self, topic: _Topic, now: float) -> None:
+        """Move one bounded step of a topic's backlog into its channels and deliver what it
+        allows; the topic stays in ``_moving`` while it has more."""
+        if (
+            not topic.channels
+            or topic.paused
+            or topic.starting
+            or topic.deleted
+            or not (topic.mem or topic.spilled)
+        ):
+            self._moving.pop(topic, None)
             return
         mem = topic.mem
-        backend = topic.backend
-        while mem:
-            self._distribute(topic, mem.popleft(), now)
-        while backend.depth:
-            record = backend.get()
-            if record is None:
-                break
-            decoded = decode_record(record)
-            if decoded is not None:
-                self._distribute(topic, _record_msg(decoded), now)
-        topic.spilled = backend.depth > 0
+        moved = 0
+        size = 0
+        while mem and moved < _BACKLOG_STEP_MESSAGES and size < _BACKLOG_STEP_BYTES:
+            msg = mem.popleft()
+            self._distribute(topic, msg, now)
+            moved += 1
+            size += len(msg.body)
+        if not mem and topic.spilled:
+            backend = topic.backend
+            while moved < _BACKLOG_STEP_MESSAGES and size < _BACKLOG_STEP_BYTES:
+                record = backend.get()
+                if record is None:
+                    break
+                moved += 1
+                size += len(record)
+                decoded = decode_record(record)
+                if decoded is not None:
+                    self._distribute(topic, _record_msg(decoded), now)
+            topic.spilled = backend.depth > 0
+        if mem or topic.spilled:
+            self._moving[topic] = None
+        else:
+            self._moving.pop(topic, None)
         self._pump_topic(topic, now)
 
     def _distribute(self, topic: _Topic, msg: _Msg, now: float) -> None:
@@ -2014,11 +2076,13 @@ class NSQD:
         heap = channel.in_flight_heap
         in_flight = channel.in_flight
         clients = channel.clients
-        while heap and heap[0][0] <= now:
+        budget = _TIMER_STEP
+        while heap and heap[0][0] <= now and budget:
             _, seq, msg = heappop(heap)
             if msg.timer != seq:
                 continue
             msg.timer = -1
+            budget -= 1
             del in_flight[msg.id]
             channel.timeout_count += 1
             owner = clients.get(msg.owner)
@@ -2028,13 +2092,15 @@ class NSQD:
                     self._enqueue_ready(channel, owner)
             self._channel_put(channel, msg)
         deferred = channel.deferred_heap
-        while deferred and deferred[0][0] <= now:
+        while deferred and deferred[0][0] <= now and budget:
             self._channel_put(channel, heappop(deferred)[2])
+            budget -= 1
         while heap and heap[0][2].timer != heap[0][1]:
             heappop(heap)
         next_at = min(heap[0][0] if heap else _INF, deferred[0][0] if deferred else _INF)
         if next_at < _INF:
-            self._arm(channel, next_at)
+            # More due than one step takes: the rest at once, in the next handle_timer call.
+            self._arm(channel, max(next_at, now))
         self._pump(channel, now)
 
     def _delete_channel(self, channel: _Channel, now: float, events: list[ServerEvent]) -> None:
@@ -2064,6 +2130,7 @@ class NSQD:
         if topic.deleted:
             return
         topic.deleted = True
+        self._moving.pop(topic, None)
         for channel in list(topic.channels.values()):
             self._delete_channel(channel, now, events)
         topic.mem.clear()

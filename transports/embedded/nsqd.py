@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio.streams.tls import TLSStream
 
 from nsq_sansio.errors import InvalidName, LocalProtocolError
@@ -438,6 +439,9 @@ class EmbeddedNSQD(ListenerAddresses):
                 except Exception:
                     _log.exception("nsqd: timer failed")
                     await anyio.sleep(0.1)  # never spin on a failing timer
+                # Each call does a bounded step (a backlog moves in many): serve every other
+                # client and the HTTP API before the next one.
+                await anyio.lowlevel.checkpoint()
                 continue
             self._timer_target = math.inf if deadline is None else deadline
             wake = self._timer_wake
