@@ -947,22 +947,22 @@ class NSQD:
         channel: str | None = None,
         include_clients: bool = True,
     ) -> dict[str, Any]:
-        """``GET /stats?format=json`` without ``memory`` (the transport's to add).
+        """``GET /stats?format=json`` without ``memory`` (the transport's to add), with lists
+        where nsqd's JSON has null for Go's nil slices (an HTTP layer converts them).
 
-        nsqd's shape, nulls included: ``topics`` is ``None`` when ``topic`` names no topic
-        (a topic without the ``channel`` asked for is left out); ``producers`` and each
-        channel's ``clients`` are ``None`` without ``include_clients``, and ``producers`` is
-        ``None`` when there are none (Go's nil slices)."""
+        ``topic`` keeps that topic only (none when it does not exist); ``channel`` keeps
+        that channel only and leaves out the topics without it, as nsqd does. With a
+        ``topic``, each producer's ``pub_counts`` has that topic's count only (left out when
+        it has none); without ``include_clients``, no clients and no producers."""
         stats: dict[str, Any] = {
             "version": self.options.version,
             "health": self._health,
             "start_time": int(self._start_time + self._epoch_offset),
-            "topics": None,
-            "producers": None,
+            "topics": [],
+            "producers": [],
         }
         if topic:
-            found_topic = self._topics.get(topic)
-            if found_topic is None:
+            if topic not in self._topics:
                 return stats
             names = [topic]
         else:
@@ -981,7 +981,7 @@ class NSQD:
                 clients = (
                     [self._client_stats(conn) for conn in chan.clients.values()]
                     if include_clients
-                    else None
+                    else []
                 )
                 channels.append(
                     {
@@ -1013,11 +1013,11 @@ class NSQD:
             )
         stats["topics"] = topics
         if include_clients:
-            producers: list[dict[str, Any]] = []
-            for conn in self._conns.values():
-                if conn.pub_counts and conn.state is not ClientState.CLOSED:
-                    producers.append(self._client_stats(conn, topic or None))
-            stats["producers"] = producers or None
+            stats["producers"] = [
+                self._client_stats(conn, topic or None)
+                for conn in self._conns.values()
+                if conn.pub_counts and conn.state is not ClientState.CLOSED
+            ]
         return stats
 
     def take_registry_events(self) -> list[RegistryEvent]:

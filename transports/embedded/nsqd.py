@@ -704,11 +704,18 @@ def route_nsqd(
     if path == "/info":
         return json_response(core.info()), []
     if path == "/stats":
+        topic_filter = request.arg("topic") or None
+        include_clients = _BOOL_PARAMS.get(request.arg("include_clients") or "", True)
         stats = core.stats(
             now,
-            topic=request.arg("topic") or None,
+            topic=topic_filter,
             channel=request.arg("channel") or None,
-            include_clients=_BOOL_PARAMS.get(request.arg("include_clients") or "", True),
+            include_clients=include_clients,
+        )
+        _as_go_nil_slices(
+            stats,
+            missing_topic=topic_filter is not None and topic_filter not in core.topic_names(),
+            include_clients=include_clients,
         )
         if _BOOL_PARAMS.get(request.arg("include_mem") or "", True):
             stats["memory"] = memory_stats()
@@ -768,6 +775,20 @@ def route_nsqd(
     elif path == "/channel/unpause":
         core.unpause_channel(topic, channel or "", now)
     return empty_response(), events
+
+
+def _as_go_nil_slices(stats: dict[str, Any], *, missing_topic: bool, include_clients: bool) -> None:
+    """Where nsqd's /stats JSON has null (Go's nil slices) rather than the core's empty
+    lists: "topics" (and "producers") for a topic asked for that does not exist, "producers"
+    when there are none, each channel's "clients" when clients were not asked for."""
+    if missing_topic:
+        stats["topics"] = None
+    if not include_clients:
+        for topic in stats["topics"] or ():
+            for channel in topic["channels"]:
+                channel["clients"] = None
+    if missing_topic or not stats["producers"]:
+        stats["producers"] = None
 
 
 def _required_topic(request: HTTPRequest) -> str:
