@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from .conftest import Target
-from .wire import RawConn, http_json, http_request, split_address, unique
+from .wire import RawConn, http_json, http_request, split_address, unique, wait_for
 
 
 def test_ping_and_info(target: Target) -> None:
@@ -316,3 +316,53 @@ def test_deferred_http_pub(target: Target) -> None:
         http_request(target.http, "POST", f"/pub?topic={topic}&defer=1500", b"later")
         assert c.nothing_within(0.5)
         assert c.read_message().body == b"later"
+
+
+def test_config_reads_options_and_sets_the_log_level(target: Target) -> None:
+    assert http_json(target.http, "GET", "/config/mem_queue_size") == 10000
+    assert http_json(target.http, "GET", "/config/msg_timeout") == 60 * 1_000_000_000  # ns
+    assert http_json(target.http, "GET", "/config/max_rdy_count") == 2500
+    status, body, headers = http_request(target.http, "GET", "/config/broadcast_address")
+    assert (status, headers["content-type"]) == (200, "text/plain; charset=utf-8")  # a string
+    assert body == split_address(target.tcp)[0].encode()
+    for method, path, body, status, message in [
+        ("GET", "/config/no_such_option", None, 400, "INVALID_OPTION"),
+        ("PUT", "/config/mem_queue_size", b"5", 400, "INVALID_OPTION"),
+        ("PUT", "/config/log_level", b"loud", 400, "INVALID_VALUE"),
+        ("PUT", "/config/log_level", b"", 413, "INVALID_VALUE"),
+        ("POST", "/config/log_level", b"info", 405, "METHOD_NOT_ALLOWED"),
+    ]:
+        got_status, got_body, _ = http_request(target.http, method, path, body)
+        assert (got_status, json.loads(got_body)) == (status, {"message": message}), path
+    level = http_json(target.http, "GET", "/config/log_level")
+    assert http_json(target.http, "PUT", "/config/log_level", b"warn") == 3
+    assert http_json(target.http, "GET", "/config/log_level") == 3
+    names = {1: b"debug", 2: b"info", 3: b"warn", 4: b"error", 5: b"fatal"}
+    assert http_json(target.http, "PUT", "/config/log_level", names[level]) == level
+
+
+def test_config_changes_the_nsqlookupd_it_registers_with(target: Target) -> None:
+    if target.lookupd_http is None or target.lookupd_tcp is None:
+        pytest.skip("no nsqlookupd configured")
+    lookupd_http = target.lookupd_http
+    tcp_port = split_address(target.tcp)[1]
+
+    def registered() -> bool:
+        nodes = http_json(lookupd_http, "GET", "/nodes")["producers"]
+        return any(node["tcp_port"] == tcp_port for node in nodes)
+
+    topic = unique()
+    http_request(target.http, "POST", f"/topic/create?topic={topic}")
+    wait_for(registered)
+    original = http_json(target.http, "GET", "/config/nsqlookupd_tcp_addresses")
+    assert target.lookupd_tcp in original
+    try:
+        assert http_json(target.http, "PUT", "/config/nsqlookupd_tcp_addresses", b"[]") == []
+        wait_for(lambda: not registered())  # the connection closed: nsqlookupd forgot it
+    finally:
+        restored = json.dumps(original).encode()
+        assert http_json(target.http, "PUT", "/config/nsqlookupd_tcp_addresses", restored) == (
+            original
+        )
+    wait_for(registered)  # back, with what it has
+    wait_for(lambda: topic in http_json(lookupd_http, "GET", "/topics")["topics"])

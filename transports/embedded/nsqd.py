@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import json
 import logging
 import math
 import os
@@ -189,6 +190,7 @@ class EmbeddedNSQD(ListenerAddresses):
         self._options = options
         if isinstance(auth_http_addresses, str):
             auth_http_addresses = [auth_http_addresses]
+        self._auth_addresses = list(auth_http_addresses)
         self._auth_urls = [parse_auth_address(a) for a in auth_http_addresses]
         if not auth_http_timeout > 0:
             raise ValueError(f"auth_http_timeout must be > 0 seconds, got {auth_http_timeout!r}")
@@ -213,6 +215,8 @@ class EmbeddedNSQD(ListenerAddresses):
         self._timer_wake: anyio.Event | None = None
         self._timer_target = math.inf
         self._peers: list[tuple[LookupPeer, list[anyio.Event]]] = []
+        self._identity: NodeIdentity | None = None
+        self._log_level = 2  # nsqd's INFO
         self._tcp_port = 0
         self._http_port = 0
         self._host = "127.0.0.1"
@@ -305,16 +309,96 @@ class EmbeddedNSQD(ListenerAddresses):
             hostname=self._hostname,
             version=options.version,
         )
+        self._identity = identity
         for address in self._lookupd_addresses:
-            peer = LookupPeer(address, identity, ping_interval=self._lookupd_ping_interval)
-            wake: list[anyio.Event] = [anyio.Event()]
-            self._peers.append((peer, wake))
-            task_group.start_soon(self._lookupd_loop, peer, wake)
+            self._start_lookupd_peer(address)
         task_group.start_soon(self._tcp_listener.serve, self._handle_tcp)
         task_group.start_soon(self._http_listener.serve, self._handle_http)
         if self._https_listener is not None:
             task_group.start_soon(self._https_listener.serve, self._handle_https)
         task_group.start_soon(self._timer_loop)
+
+    def _start_lookupd_peer(self, address: str) -> None:
+        assert self._identity is not None and self._serve_group is not None
+        peer = LookupPeer(address, self._identity, ping_interval=self._lookupd_ping_interval)
+        wake: list[anyio.Event] = [anyio.Event()]
+        self._peers.append((peer, wake))
+        self._serve_group.start_soon(self._lookupd_loop, peer, wake)
+
+    def set_lookupd_addresses(self, addresses: Sequence[str]) -> None:
+        """nsqd's ``PUT /config/nsqlookupd_tcp_addresses``: register with the nsqlookupds
+        newly listed, drop the connections to those no longer listed (call it on the
+        server's loop)."""
+        wanted = list(dict.fromkeys(addresses))
+        for peer, wake in list(self._peers):
+            if peer.address not in wanted:
+                peer.close()
+                wake[0].set()
+                self._peers.remove((peer, wake))
+        known = {peer.address for peer, _ in self._peers}
+        for address in wanted:
+            if address not in known:
+                self._start_lookupd_peer(address)
+        self._lookupd_addresses = wanted
+
+    def _config_value(self, name: str) -> tuple[bool, Any]:
+        """``GET /config/<name>``: nsqd's option value by its config name, as nsqd gives it
+        (durations in nanoseconds, tls_required as nsqd's 0/1/2)."""
+        options = self.core.options
+        if name == "nsqlookupd_tcp_addresses":
+            return True, list(self._lookupd_addresses)
+        if name == "log_level":
+            return True, self._log_level
+        addresses = {
+            "tcp_address": self.tcp_address,
+            "http_address": self.http_address,
+            "https_address": self.https_address or "",
+            "broadcast_address": options.broadcast_address,
+            "data_path": str(self._data_path or ""),
+            "auth_http_addresses": list(self._auth_addresses),
+            "tls_required": 2 if self._tls_required else 0,
+        }
+        if name in addresses:
+            return True, addresses[name]
+        if name in _CONFIG_OPTION_NAMES:
+            value = getattr(options, name)
+            if isinstance(value, float) and name in _CONFIG_DURATIONS:
+                return True, round(value * 1_000_000_000)
+            return True, value
+        return False, None
+
+    def _route_config(self, request: HTTPRequest) -> HTTPResponse:
+        """nsqd's ``/config/<option>``: GET any option; PUT ``nsqlookupd_tcp_addresses`` (a
+        JSON list) or ``log_level`` (debug, info, warn, error, fatal)."""
+        name = request.path[len("/config/") :]
+        if request.method == "PUT":
+            body = request.body
+            if not body or request.body_too_large or len(body) > self.core.options.max_msg_size:
+                return error_response(413, "INVALID_VALUE")
+            if name == "nsqlookupd_tcp_addresses":
+                try:
+                    addresses = json.loads(body)
+                except ValueError:
+                    return error_response(400, "INVALID_VALUE")
+                if not isinstance(addresses, list) or not all(
+                    isinstance(a, str) for a in addresses
+                ):
+                    return error_response(400, "INVALID_VALUE")
+                self.set_lookupd_addresses(addresses)
+            elif name == "log_level":
+                level = _LOG_LEVELS.get(body.decode("utf-8", "replace").strip().lower())
+                if level is None:
+                    return error_response(400, "INVALID_VALUE")
+                self._log_level = level
+                _log.setLevel(_PYTHON_LOG_LEVELS[level])
+            else:
+                return error_response(400, "INVALID_OPTION")
+        found, value = self._config_value(name)
+        if not found:
+            return error_response(400, "INVALID_OPTION")
+        if isinstance(value, str):
+            return text_response(value)
+        return json_response(value)
 
     def _backend_factory(self) -> BackendFactory | None:
         if self._data_path is None:
@@ -656,6 +740,12 @@ class EmbeddedNSQD(ListenerAddresses):
     async def _route(self, request: HTTPRequest) -> HTTPResponse:
         core = self.core
         now = anyio.current_time()
+        if request.path.startswith("/config/") and len(request.path) > len("/config/"):
+            if request.method in ("GET", "PUT"):
+                return self._route_config(request)
+            refused = method_not_routed({request.path: _CONFIG_METHODS}, request)
+            assert refused is not None
+            return refused
         try:
             response, events = route_nsqd(core, request, now)
         except AdminError as err:
@@ -684,6 +774,42 @@ NSQD_ROUTES: dict[str, frozenset[str]] = {
     "/channel/empty": _POST,
     "/channel/pause": _POST,
     "/channel/unpause": _POST,
+}
+_CONFIG_METHODS = frozenset({"GET", "PUT"})
+# NSQDOptions fields that are nsqd options of the same config name; the durations among them.
+_CONFIG_OPTION_NAMES = _OPTION_NAMES - {
+    "version",
+    "hostname",
+    "tcp_port",
+    "http_port",
+    "broadcast_address",
+    "tls_available",
+    "tls_required",
+    "auth_check",
+    "auth_by_transport",
+    "max_command_line",
+    "requeue_in_flight_on_close",
+}
+_CONFIG_DURATIONS = {
+    "msg_timeout",
+    "max_msg_timeout",
+    "max_req_timeout",
+    "max_defer_timeout",
+    "client_timeout",
+    "max_heartbeat_interval",
+    "max_output_buffer_timeout",
+    "min_output_buffer_timeout",
+    "output_buffer_timeout",
+}
+# nsqd's log levels (lg.LogLevel) and the Python logging level each sets on this module's
+# logger, which every embedded nsqd of the process shares.
+_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+_PYTHON_LOG_LEVELS = {
+    1: logging.DEBUG,
+    2: logging.INFO,
+    3: logging.WARNING,
+    4: logging.ERROR,
+    5: logging.CRITICAL,
 }
 # nsqd's boolParams: other values leave the default (include_*) or mean binary (/mpub).
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
