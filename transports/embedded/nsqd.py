@@ -133,6 +133,10 @@ class EmbeddedNSQD(ListenerAddresses):
     ``GET /auth?remote_ip=&tls=&secret=`` on those servers (h11 over anyio, at most
     ``auth_http_timeout`` seconds), again when the answer's ``ttl`` runs out; see
     :mod:`transports.embedded.auth`. An in-process check is ``auth_check=callable`` instead.
+
+    ``tls_required`` is nsqd's ``--tls-required``: ``True`` (TLS before any command but
+    IDENTIFY, and the plain HTTP port answers 403) or ``"tcp-https"`` (TCP clients need TLS,
+    the plain HTTP API stays open).
     """
 
     def __init__(
@@ -147,7 +151,7 @@ class EmbeddedNSQD(ListenerAddresses):
         data_path: str | os.PathLike[str] | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
-        tls_required: bool = False,
+        tls_required: bool | str = False,
         tls_root_ca_file: str | None = None,
         tls_client_auth_policy: str | None = None,
         seed: int | None = None,
@@ -184,7 +188,7 @@ class EmbeddedNSQD(ListenerAddresses):
             if tls_cert and tls_key
             else None
         )
-        self._tls_required = tls_required
+        self._tls_required, self._http_tls_required = _tls_required_mode(tls_required)
         self._seed = seed
         self._lookupd_ping_interval = lookupd_ping_interval
         self._options = options
@@ -198,7 +202,7 @@ class EmbeddedNSQD(ListenerAddresses):
         # validate now, so a bad option fails at construction, not inside the event loop
         NSQDOptions(
             tls_available=self._ssl_context is not None,
-            tls_required=tls_required,
+            tls_required=self._tls_required,
             auth_by_transport=bool(self._auth_urls),
             **options,
         )
@@ -356,7 +360,7 @@ class EmbeddedNSQD(ListenerAddresses):
             "broadcast_address": options.broadcast_address,
             "data_path": str(self._data_path or ""),
             "auth_http_addresses": list(self._auth_addresses),
-            "tls_required": 2 if self._tls_required else 0,
+            "tls_required": (2 if self._http_tls_required else 1) if self._tls_required else 0,
         }
         if name in addresses:
             return True, addresses[name]
@@ -713,7 +717,7 @@ class EmbeddedNSQD(ListenerAddresses):
 
     async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
         core = self.core
-        route = self._route_tls_required if self._tls_required else self._route
+        route = self._route_tls_required if self._http_tls_required else self._route
         await serve_http_connection(stream, route, max_body=core.options.max_body_size)
 
     async def _route_tls_required(self, request: HTTPRequest) -> HTTPResponse:
@@ -775,6 +779,22 @@ NSQD_ROUTES: dict[str, frozenset[str]] = {
     "/channel/pause": _POST,
     "/channel/unpause": _POST,
 }
+
+
+def _tls_required_mode(value: bool | str) -> tuple[bool, bool]:
+    """nsqd's ``--tls-required`` (true, false, tcp-https) -> (TCP needs TLS, HTTP needs TLS)."""
+    if isinstance(value, str):
+        mode = value.strip().lower()
+        if mode == "tcp-https":
+            return True, False
+        if mode in ("true", "1", "t", "yes", "on"):
+            return True, True
+        if mode in ("false", "0", "f", "no", "off", ""):
+            return False, False
+        raise ValueError(f"tls_required must be true, false or tcp-https, got {value!r}")
+    return bool(value), bool(value)
+
+
 _CONFIG_METHODS = frozenset({"GET", "PUT"})
 # NSQDOptions fields that are nsqd options of the same config name; the durations among them.
 _CONFIG_OPTION_NAMES = _OPTION_NAMES - {
