@@ -686,6 +686,11 @@ class Consumer:
     def on_data(self, link: Link, data: bytes, now: float) -> None:
         key = link.key
         if isinstance(key, int):
+            if self._posted:
+                # FINs user code gave since the last write go out before this read is
+                # decoded: nsqd holds at most max_in_flight un-FIN'd messages, so every FIN
+                # sent sooner is a message it can send sooner.
+                self.write_pending()
             self._coordinator.receive_data(key, data, now)
         elif isinstance(key, _HTTPKey):
             self._coordinator.http_data(key.request_id, data, now)
