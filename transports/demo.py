@@ -37,11 +37,14 @@ import shutil
 import struct
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from transports.progress import ProgressDisplay, Stage
 
 __all__ = ["DemoOptions", "DemoResult", "Progress", "Tally", "Workload", "demo_main", "run_demo"]
 
@@ -49,6 +52,8 @@ TOPIC = "demo"
 CHANNELS = ("push", "pull")
 _HEADER = struct.Struct(">IdI")  # seq, publish time (time.monotonic()), defer in ms
 MIN_BODY_SIZE = _HEADER.size
+#: The closing report fits an 80-column terminal.
+REPORT_WIDTH = 79
 #: Failures of an always-failing message up to this attempt ask for backoff.
 BACKOFF_ATTEMPTS = 1
 
@@ -328,58 +333,36 @@ class Tally:
 # --- progress --------------------------------------------------------------------------------
 
 
-def _bar(done: int, total: int, width: int = 28) -> str:
-    frac = 0.0 if total <= 0 else min(1.0, done / total)
-    full = int(frac * width)
-    return "[" + "#" * full + "-" * (width - full) + f"] {frac * 100:5.1f}%"
-
-
 class Progress:
-    """Progress bars on a text stream: redrawn in place on a terminal, a line every few
-    seconds otherwise (CI logs). No dependency beyond the standard library."""
+    """The demo's stages (publish, then each channel) drawn by
+    :class:`~transports.progress.ProgressDisplay`: bars fitted to the terminal, redrawn in
+    place, or one compact line per stage every 2 s when stderr is not a terminal."""
 
-    def __init__(self, tally: Tally, stream: TextIO | None = None, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        tally: Tally,
+        stream: TextIO | None = None,
+        enabled: bool = True,
+        columns: int | None = None,
+    ) -> None:
         self.tally = tally
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.started = time.monotonic()
-        self._drawn = 0
-        self._last_plain = 0.0
-        self._last: dict[str, tuple[float, int]] = {}
+        self.display = ProgressDisplay(stream, enabled=enabled, columns=columns)
 
-    def lines(self) -> list[str]:
+    @property
+    def tty(self) -> bool:
+        return self.display.tty
+
+    def stages(self) -> list[Stage]:
         t = self.tally
-        now = time.monotonic()
         total = t.workload.count
-        out = [f"publish  {_bar(t.published, total)} {t.published:>9,}/{total:,}"]
+        out = [Stage("publish", t.published, total, (("deferred", t.deferred),))]
         for name, ch in t.channels.items():
-            last_at, last_handled = self._last.get(name, (self.started, 0))
-            rate = (ch.handled - last_handled) / max(now - last_at, 1e-9)
-            self._last[name] = (now, ch.handled)
-            out.append(
-                f"{name:<8} {_bar(ch.accounted, total)} {ch.accounted:>9,}/{total:,}"
-                f" {rate:>7,.0f}/s  req {ch.requeued:,}  gave up {ch.given_up:,}"
-            )
+            extras = (("retries", ch.requeued), ("gave up", ch.given_up))
+            out.append(Stage(name, ch.accounted, total, extras))
         return out
 
     def update(self, final: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not self.tty and not final and now - self._last_plain < 2.0:
-            return
-        lines = self.lines()
-        if self.tty:
-            width = max(20, shutil.get_terminal_size().columns - 1)
-            lines = [line[:width] for line in lines]
-            up = f"\x1b[{self._drawn}F" if self._drawn else ""
-            self.stream.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
-            self._drawn = len(lines)
-        elif final or now - self._last_plain >= 2.0:
-            self._last_plain = now
-            self.stream.write(f"[{now - self.started:6.1f}s] " + " | ".join(lines) + "\n")
-        self.stream.flush()
+        self.display.update(self.stages(), final=final)
 
 
 # --- result and report -----------------------------------------------------------------------
@@ -471,10 +454,12 @@ def format_report(result: DemoResult) -> str:
     row("p99 latency", latency(0.99))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [
-        f"nsq-sansio demo: {opts.messages:,} messages x {opts.body_size} B, runtime {opts.runtime},"
-        f" compression {opts.compression}, TLS {'on' if opts.tls else 'off'}",
+        f"nsq-sansio demo: {opts.messages:,} messages x {opts.body_size} B,"
+        f" runtime {opts.runtime}",
+        f"compression {opts.compression}, TLS {'on' if opts.tls else 'off'};"
+        f" total run {result.elapsed:.2f}s",
         f"published to 2 nsqd in {publish_time:.2f}s ({t.published / publish_time:,.0f} msg/s,"
-        f" {t.deferred:,} deferred); total run {result.elapsed:.2f}s",
+        f" {t.deferred:,} deferred)",
         "",
     ]
     for i, r in enumerate(rows):
@@ -490,11 +475,9 @@ def format_report(result: DemoResult) -> str:
     lines.append("latency: publish to first delivery (attempt 1), deferral excluded")
     problems = result.problems()
     if problems:
-        lines.append("FAILED: " + "; ".join(problems))
+        lines += textwrap.wrap("FAILED: " + "; ".join(problems), REPORT_WIDTH)
     else:
-        lines.append(
-            "OK: every message accounted for on both channels (finished or given up, no duplicates)"
-        )
+        lines.append("OK: every message accounted for (each finished or given up, no duplicates)")
     return "\n".join(lines)
 
 
