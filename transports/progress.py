@@ -113,7 +113,8 @@ class ProgressDisplay:
     ``update(stages)`` may be called as often as wanted: on a terminal it redraws at most
     every ``redraw`` seconds, piped it writes at most every ``period`` seconds;
     ``final=True`` always draws (the last state, average rates, ETA 0:00 when done).
-    ``columns`` overrides the terminal width (tests); ``clock`` the time source.
+    ``columns`` overrides the terminal width (tests); ``clock`` the time source; ``plain``
+    writes lines even on a terminal (when other output shares it).
     """
 
     def __init__(
@@ -125,6 +126,7 @@ class ProgressDisplay:
         redraw: float = 0.2,
         columns: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        plain: bool = False,
     ) -> None:
         import sys
 
@@ -135,7 +137,7 @@ class ProgressDisplay:
         self.columns = columns
         self.clock = clock
         isatty = getattr(self.stream, "isatty", None)
-        self.tty = bool(enabled and isatty is not None and isatty())
+        self.tty = bool(enabled and not plain and isatty is not None and isatty())
         self.started = clock()
         self._rates: dict[str, _Rate] = {}
         self._drawn = 0
