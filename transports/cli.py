@@ -247,6 +247,7 @@ def _tail_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--n", type=int, default=0, help="stop after N messages (0: never)")
     _flag(p, "format", choices=("raw", "json"), default="raw", help="output format")
     _add_progress(p)
+    _add_metrics(p)
     _add_client(p)
     return p
 
@@ -296,6 +297,7 @@ def tail_main(argv: Sequence[str]) -> int:
             max_in_flight=max(1, min(args.max_in_flight, limit) if limit else args.max_in_flight),
             **_client_options(args),
         ) as consumer,
+        _metrics(args.metrics_address, consumer),
     ):
         while not stop.is_set() and (not limit or shown < limit):
             msg = consumer.get(timeout=0.25)
@@ -347,6 +349,7 @@ def _pub_parser() -> argparse.ArgumentParser:
     _flag(p, "delimiter", default="\\n", help="message delimiter (default: newline)")
     _flag(p, "batch-size", type=int, default=100, help="messages per MPUB (1: PUB)")
     _flag(p, "rate", type=float, default=0.0, help="at most this many messages/s (0: no limit)")
+    _add_metrics(p)
     _add_client(p)
     return p
 
@@ -412,6 +415,7 @@ def pub_main(argv: Sequence[str]) -> int:
             stack.enter_context(open(args.file, "rb")) if args.file else sys.stdin.buffer
         )
         producer = stack.enter_context(Producer(nsqd, **_client_options(args)))
+        stack.enter_context(_metrics(args.metrics_address, producer))
         # round robin goes over the connected nsqd: let every one connect first (or time
         # out, then failover covers it), so a short input is spread over all of them
         ready_by = time.monotonic() + args.connect_timeout
@@ -725,6 +729,7 @@ def _to_file_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-n", "--n", type=int, default=0, help="stop after N messages (0: never)")
     _add_progress(p)
+    _add_metrics(p)
     _add_client(p)
     return p
 
@@ -951,6 +956,46 @@ def whole_gzip_members(path: str) -> int:
     return end
 
 
+def _add_metrics(parser: argparse.ArgumentParser) -> None:
+    _flag(
+        parser,
+        "metrics-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics of this command's client at http://HOST:PORT/metrics "
+        "(needs the metrics extra)",
+    )
+
+
+@contextlib.contextmanager
+def _metrics(address: str | None, client: Any) -> Iterator[None]:
+    """Export ``client`` at ``address`` while the command runs (nothing when None)."""
+    if address is None:
+        yield
+        return
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from transports import metrics
+    except ImportError:
+        raise CLIError(
+            "--metrics-address needs prometheus-client: python -m pip install 'nsq-sansio[metrics]'"
+        ) from None
+    registry = CollectorRegistry()
+    metrics.instrument(client, registry=registry)
+    try:
+        server, _ = metrics.start_http_server(address, registry)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    host, port = server.server_address[:2]
+    print(f"metrics: http://{format_address(host, port)}/metrics", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def _add_progress(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--progress",
@@ -1013,6 +1058,7 @@ def to_file_main(argv: Sequence[str]) -> int:
                 ),  # nsqd default max: 15 min
                 **_client_options(args),
             ) as consumer,
+            _metrics(args.metrics_address, consumer),
         ):
             while not stop.is_set() and (not limit or archived < limit):
                 want = (

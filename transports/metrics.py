@@ -53,6 +53,7 @@ __all__ = [
     "PublishObserver",
     "collector",
     "instrument",
+    "serve_nsqd_metrics",
     "start_http_server",
     "uninstrument",
 ]
@@ -486,6 +487,15 @@ def start_http_server(
     ``server.shutdown()`` to stop it."""
     host, port = _listen_address(address)
     return _start_http_server(port, addr=host, registry=REGISTRY if registry is None else registry)
+
+
+def serve_nsqd_metrics(address: str, nsqd_http_addresses: Sequence[str]) -> Any:
+    """Serve an :class:`NSQDCollector` of ``nsqd_http_addresses`` (alone in its registry) at
+    ``http://address/metrics``; returns the server (``server.shutdown()`` stops it)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(NSQDCollector(nsqd_http_addresses))
+    server, _ = start_http_server(address, registry)
+    return server
 
 
 def _listen_address(address: str) -> tuple[str, int]:
