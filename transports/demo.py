@@ -454,8 +454,7 @@ def format_report(result: DemoResult) -> str:
     row("p99 latency", latency(0.99))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [
-        f"nsq-sansio demo: {opts.messages:,} messages x {opts.body_size} B,"
-        f" runtime {opts.runtime}",
+        f"nsq-sansio demo: {opts.messages:,} messages x {opts.body_size} B, runtime {opts.runtime}",
         f"compression {opts.compression}, TLS {'on' if opts.tls else 'off'};"
         f" total run {result.elapsed:.2f}s",
         f"published to 2 nsqd in {publish_time:.2f}s ({t.published / publish_time:,.0f} msg/s,"
@@ -577,16 +576,18 @@ def _openssl_cert(cert_path: str, key_path: str) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_logs() -> Iterator[None]:
+def _quiet_logs(*names: str) -> Iterator[None]:
     """Give-ups and retries are the point of the demo and counted in its table: while it runs,
-    the library's loggers show errors only."""
-    logger = logging.getLogger("nsq_sansio")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    the library's loggers (``nsq_sansio``, plus ``names``) show errors only."""
+    loggers = [logging.getLogger(name) for name in ("nsq_sansio", *names)]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def run_demo(options: DemoOptions, *, stream: TextIO | None = None) -> DemoResult:
@@ -638,8 +639,8 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
         "-n",
         "--messages",
         type=int,
-        default=defaults.messages,
-        help="messages to publish (default %(default)s)",
+        default=None,
+        help=f"messages to publish (default {defaults.messages}; with --spark, 20000 clicks)",
     )
     p.add_argument(
         "--size",
@@ -659,8 +660,8 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
     p.add_argument(
         "--max-in-flight",
         type=int,
-        default=defaults.max_in_flight,
-        help="per consumer (default %(default)s)",
+        default=None,
+        help=f"per consumer (default {defaults.max_in_flight}; with --spark, 5000)",
     )
     p.add_argument(
         "--batch",
@@ -689,10 +690,18 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         type=float,
-        default=defaults.timeout,
-        help="give up the run after this many seconds (default %(default)s)",
+        default=None,
+        help=f"give up the run after this many seconds (default {defaults.timeout:g};"
+        " with --spark, 600)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--spark",
+        action="store_true",
+        help="run the data pipeline instead: NSQ -> Spark Structured Streaming aggregation -> "
+        "Parquet -> NSQ, with a table accounting for every message (needs the spark extra; "
+        "takes -n, --max-in-flight, --timeout, --no-progress)",
+    )
     return p
 
 
@@ -700,27 +709,41 @@ def _describe(err: BaseException) -> str:
     """The first real error inside (nested) exception groups, as one line."""
     while getattr(err, "exceptions", None):  # (Base)ExceptionGroup, also on 3.10
         err = err.exceptions[0]  # type: ignore[attr-defined]
-    if isinstance(err, (RuntimeError, OSError)) and str(err):
-        return str(err)
-    return f"{type(err).__name__}: {err}"
+    # a Java exception's text is a stack trace: keep its message lines only
+    text = " ".join(
+        line.strip()
+        for line in str(err).splitlines()
+        if line.strip() and not line.lstrip().startswith(("at ", "..."))
+    )
+    text = text.split(" Caused by:")[0][:500]
+    if isinstance(err, (RuntimeError, OSError)) and text:
+        return text
+    return f"{type(err).__name__}: {text}"
 
 
-def demo_main(argv: Sequence[str] | None = None) -> int:
-    """``nsq-sansio demo [options]``; returns the exit code (0: every message accounted for)."""
+def demo_main(argv: Sequence[str] | None = None, *, spark: Any = None) -> int:
+    """``nsq-sansio demo [options]``; returns the exit code (0: every message accounted for).
+
+    ``spark``: a SparkSession for ``--spark`` (default: a local[2] one started for the run)."""
     args = build_parser().parse_args(argv)
+    if args.spark:
+        return _spark_main(args, spark)
+    defaults = DemoOptions()
     try:
         options = DemoOptions(
-            messages=args.messages,
+            messages=defaults.messages if args.messages is None else args.messages,
             body_size=args.size,
             runtime=args.runtime,
             compression=args.compression,
             tls=args.tls,
-            max_in_flight=args.max_in_flight,
+            max_in_flight=defaults.max_in_flight
+            if args.max_in_flight is None
+            else args.max_in_flight,
             batch=args.batch,
             max_attempts=args.max_attempts,
             fail_per_mille=args.fail_per_mille,
             give_ups=args.give_ups,
-            timeout=args.timeout,
+            timeout=defaults.timeout if args.timeout is None else args.timeout,
             progress=not args.no_progress,
         )
     except ValueError as err:
@@ -735,6 +758,35 @@ def demo_main(argv: Sequence[str] | None = None) -> int:
         print(f"nsq-sansio demo: {_describe(err)}", file=sys.stderr)
         return 1
     print(format_report(result))
+    return 0 if result.ok else 1
+
+
+def _spark_main(args: argparse.Namespace, spark: Any) -> int:
+    from .demo_spark import SparkDemoOptions, format_spark_report, run_spark_demo
+
+    defaults = SparkDemoOptions()
+    try:
+        options = SparkDemoOptions(
+            messages=defaults.messages if args.messages is None else args.messages,
+            max_in_flight=defaults.max_in_flight
+            if args.max_in_flight is None
+            else args.max_in_flight,
+            timeout=defaults.timeout if args.timeout is None else args.timeout,
+            progress=not args.no_progress,
+        )
+    except ValueError as err:
+        print(f"nsq-sansio demo: {err}", file=sys.stderr)
+        return 2
+    try:
+        with _quiet_logs("transports"):  # the sink's commit report: the table has it
+            result = run_spark_demo(options, spark=spark)
+    except KeyboardInterrupt:
+        print("nsq-sansio demo: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # one line, never a traceback
+        print(f"nsq-sansio demo: {_describe(err)}", file=sys.stderr)
+        return 1
+    print(format_spark_report(result))
     return 0 if result.ok else 1
 
 

@@ -165,3 +165,36 @@ def test_demo_progress_piped_is_one_short_line_per_stage_every_2s() -> None:
         assert all(gap >= 2 for gap in gaps), (stage, seconds)
     last = {stage: [line for line in err if f"] {stage} " in line][-1] for stage in stamps}
     assert "100.0% 60,000/60,000" in last["push"] and "ETA 0:00" in last["push"]
+
+
+def test_spark_demo_accounting_flags_every_kind_of_loss() -> None:
+    from collections import Counter
+
+    from transports.demo_spark import SparkDemoOptions, SparkDemoResult, expected_cells
+
+    cells = expected_cells(300)
+    good = SparkDemoResult(
+        SparkDemoOptions(messages=300),
+        published=301,
+        clicks=300,
+        malformed=0,
+        streamed=301,
+        cells_expected=cells,
+        cells_written=Counter(cells),
+        parquet_rows=len(cells),
+        republished=len(cells),
+        read_back=len(cells),
+        read_back_matching=len(cells),
+    )
+    assert good.ok, good.problems()
+    lost = Counter(cells)
+    lost[next(iter(cells))] -= 1
+    for change, words in [
+        ({"streamed": 300, "left_on_channel": 1}, "1 left on the channel"),
+        ({"cells_written": lost}, "1 (window, page) cells differ"),
+        ({"republished": len(cells) - 1}, "republished"),
+        ({"read_back_matching": len(cells) - 2}, "2 rows missing"),
+        ({"read_back_duplicates": 1}, "1 duplicates"),
+    ]:
+        bad = SparkDemoResult(**{**{f: getattr(good, f) for f in good.__slots__}, **change})  # type: ignore[arg-type]
+        assert not bad.ok and any(words in p for p in bad.problems()), (change, bad.problems())
