@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -217,3 +218,44 @@ def test_nsqd_collector_marks_an_unreachable_nsqd_down() -> None:
     [sample] = families["nsq_nsqd_up"].samples
     assert sample.labels == {"nsqd": "127.0.0.1:1"} and sample.value == 0
     assert families["nsq_channel_depth"].samples == []
+
+
+@pytest.mark.parametrize("runtime", ["sync", "asyncio"])
+def test_instrumented_producer_measures_publish_latency(
+    nsqd: EmbeddedNSQD, served: tuple[CollectorRegistry, str], runtime: str
+) -> None:
+    """Through the producers' ``publish_observer`` hook (skipped while they lack it)."""
+    from transports import anyio as aio
+    from transports import sync
+
+    producer_class: Any = sync.Producer if runtime == "sync" else aio.Producer
+    if "publish_observer" not in producer_class.__init__.__code__.co_varnames:
+        pytest.skip("this Producer has no publish_observer hook yet")
+    registry, url = served
+
+    def publish_sync() -> None:
+        with sync.Producer(nsqd.tcp_address) as producer:
+            metrics.instrument(producer, registry=registry)
+            producer.multi_publish("orders", [b"a"] * 10)
+            producer.publish("orders", b"b")
+            producer.deferred_publish("audit", b"c", 0.5)
+
+    async def publish_async() -> None:
+        async with aio.Producer([nsqd.tcp_address]) as producer:
+            metrics.instrument(producer, registry=registry)
+            await producer.multi_publish("orders", [b"a"] * 10)
+            await producer.publish("orders", b"b")
+            await producer.deferred_publish("audit", b"c", 0.5)
+
+    if runtime == "sync":
+        publish_sync()
+    else:
+        anyio.run(publish_async)
+    samples = scrape(url)
+    hist = "nsq_producer_publish_duration_seconds"
+    assert value(samples, f"{hist}_count", topic="orders") == 2
+    assert value(samples, f"{hist}_count", topic="audit") == 1
+    assert 0 < value(samples, f"{hist}_sum", topic="orders") < 5
+    assert value(samples, f"{hist}_bucket", topic="orders", le="+Inf") == 2
+    assert value(samples, "nsq_producer_topic_messages_total", topic="orders") == 11
+    assert value(samples, "nsq_producer_topic_messages_total", topic="audit") == 1
