@@ -259,3 +259,37 @@ def test_instrumented_producer_measures_publish_latency(
     assert value(samples, f"{hist}_bucket", topic="orders", le="+Inf") == 2
     assert value(samples, "nsq_producer_topic_messages_total", topic="orders") == 11
     assert value(samples, "nsq_producer_topic_messages_total", topic="audit") == 1
+
+
+def test_nsqd_collector_reads_the_real_nsqd() -> None:
+    """The real nsqd is the referee: the same series from its /stats (skips without it)."""
+    from transports.real_nsq import RealNSQD, find_binaries
+    from transports.sync import Consumer, Producer
+
+    if find_binaries() is None:
+        pytest.skip("the real NSQ binaries are not on this machine")
+    with RealNSQD() as real:
+        with Producer(real.tcp_address) as producer:
+            producer.multi_publish("orders", [b"a", b"b", b"c"])
+        with Consumer("orders", "billing", nsqd=[real.tcp_address], max_in_flight=1) as consumer:
+            msg = consumer.get(timeout=10)
+            assert msg is not None
+            msg.requeue(delay=60)  # deferred at the scrape
+            collector = metrics.NSQDCollector([real.http_address])
+            samples = {
+                (s.name, frozenset(s.labels.items())): s.value
+                for family in collector.collect()
+                for s in family.samples
+            }
+    topic = {"nsqd": real.http_address, "topic": "orders"}
+    channel = {**topic, "channel": "billing"}
+    assert value(samples, "nsq_nsqd_up", nsqd=real.http_address) == 1
+    assert value(samples, "nsq_topic_messages_total", **topic) == 3
+    assert value(samples, "nsq_channel_requeued_total", **channel) == 1
+    assert value(samples, "nsq_channel_deferred", **channel) == 1
+    assert value(samples, "nsq_channel_clients", **channel) == 1
+    assert (
+        value(samples, "nsq_channel_depth", **channel)
+        + value(samples, "nsq_channel_in_flight", **channel)
+        == 2
+    )
