@@ -6,11 +6,11 @@ embedded broker. None of that may fail on a machine without the binaries, so eve
 answers "not found" (:func:`find_binaries` returns ``None``) rather than raising; tests skip
 and benchmarks say so and exit.
 
-Where the binaries are looked for, first match wins:
+Where the binaries are looked for: the ``bin_dir`` argument (a benchmark's ``--nsqd-bin``)
+when one is given, and nowhere else; otherwise, first match wins:
 
-1. the ``bin_dir`` argument (a benchmark's ``--nsqd-bin``);
-2. ``$NSQ_BIN_DIR``, a folder holding ``nsqd``;
-3. ``../shared/reference/nsq-1.3.0/bin`` next to the checkout (this workplace's copy of the
+1. ``$NSQ_BIN_DIR``, a folder holding ``nsqd``;
+2. ``../shared/reference/nsq-1.3.0/bin`` next to the checkout (this workplace's copy of the
    v1.3.0 release; its script unpacks the binaries once and prints their folder).
 
 :class:`RealNSQD` and :class:`RealLookupd` start one process each on free loopback ports with a
@@ -65,7 +65,8 @@ def find_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path | None:
     if key in _found:
         return _found[key]
     found: Path | None = None
-    for candidate in (key, os.environ.get("NSQ_BIN_DIR")):
+    # an explicit folder is the only place looked at; otherwise $NSQ_BIN_DIR, then ../shared
+    for candidate in (key,) if key is not None else (os.environ.get("NSQ_BIN_DIR"),):
         if candidate:
             folder = Path(candidate)
             if folder.is_file():  # the nsqd binary itself was given
