@@ -116,6 +116,12 @@ __all__ = [
 #: How long after the drain deadline a CLS may wait for CLOSE_WAIT before the socket is cut.
 CLOSE_WAIT_GRACE = 5.0
 
+#: After an RDY is lowered, nsqd may still have sent messages under the old one (on the wire,
+#: or read but not yet handed over by the transport). That capacity is only given to another
+#: connection once those messages have been answered, or this long after the lowered RDY was
+#: decided (at least; 4x the connection's handshake time when that is longer).
+RDY_SETTLE_MIN = 0.25
+
 
 _new_tuple = tuple.__new__
 _message_id: Callable[[Message], bytes] = itemgetter(0)  # Message.id
@@ -296,9 +302,12 @@ class _Link:
         "accepting",
         "address",
         "alloc",
+        "ceiling",
+        "claim",
         "close_deadline",
         "close_wait",
         "conn_id",
+        "connected_at",
         "dirty",
         "handshake_deadline",
         "head",
@@ -319,6 +328,8 @@ class _Link:
         "remaining",
         "seen",
         "send_fin",
+        "settle_at",
+        "settle_delay",
         "target",
         "touched",
         "warm",
@@ -339,6 +350,17 @@ class _Link:
         self.wire_rdy = 0
         #: The same RDY was asked again (the 25% refresh): write it even if unchanged.
         self.rdy_refresh = False
+        #: The most messages this connection can still come to hold without a further raise:
+        #: at least ``wire_rdy``; after a lowered RDY, what nsqd may have sent under the old
+        #: one (see :meth:`ConsumerCoordinator._budget_left`). ``claim`` is
+        #: ``max(ceiling, rdy)``, this connection's part of ``max_in_flight``.
+        self.ceiling = 0
+        self.claim = 0
+        #: When the part of ``ceiling`` above ``max(wire_rdy, messages held)`` is released:
+        #: by then nsqd has read the lowered RDY and what it sent before has arrived.
+        self.settle_at: float | None = None
+        self.settle_delay = RDY_SETTLE_MIN
+        self.connected_at = deadline
         self.remaining = 0
         self.target = 0
         self.alloc = 0
@@ -460,6 +482,12 @@ class ConsumerCoordinator:
         #: max_in_flight, not even between two writes.
         self._rdy_due: set[int] = set()
         self._total_rdy = 0
+        #: Sum of every connection's ``claim`` (max of its RDY and its ceiling): what may end
+        #: up held; a raise never takes it over max_in_flight.
+        self._claimed = 0
+        #: Connections whose ceiling is above their written RDY (a lowered RDY whose old
+        #: capacity may still be in use): answers there return budget, so none is calm.
+        self._settling: set[int] = set()
         self._alloc_total = 0
         self._fetches = FetchQueue()
         self._next_redistribute: float | None = None
@@ -635,6 +663,10 @@ class ConsumerCoordinator:
                 candidates.append(self._backoff.deadline)
             if self._next_redistribute is not None and self._links:
                 candidates.append(self._next_redistribute)
+            for conn_id in self._settling:
+                settle_at = self._links[conn_id].settle_at
+                if settle_at is not None:
+                    candidates.append(settle_at)
             if self._poller is not None:
                 poll = self._poller.next_deadline()
                 if poll is not None:
@@ -738,6 +770,7 @@ class ConsumerCoordinator:
         if link is None or link.phase is not LinkPhase.CONNECTING:
             return
         link.phase = LinkPhase.HANDSHAKING
+        link.connected_at = now
         link.proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
         link.send_fin = link.proto.finish
         self._dirty.add(conn_id)
@@ -919,6 +952,8 @@ class ConsumerCoordinator:
         if self._backoff.handle_timer(now):
             self._recalm()
             self._rebalance(now)
+        if self._settling:
+            self._settle_due(now)
         if self._next_redistribute is not None and now >= self._next_redistribute:
             self._next_redistribute = now + self._config.rdy_redistribute_interval
             self._redistribute(now)
@@ -1135,6 +1170,8 @@ class ConsumerCoordinator:
             self._emit_rdy(link)
             link.proto.requeue(message_id, delay)
             self.requeued += 1
+            if link.conn_id in self._settling:
+                self._answered_while_settling(link, now)
             return True
         link.proto.requeue(message_id, delay)
         self.requeued += 1
@@ -1289,9 +1326,7 @@ class ConsumerCoordinator:
             link.warm = True
             self._rebalance(now)
         if link.target and needs_refresh(link.remaining, link.rdy):
-            self._send_rdy(
-                link, min(link.target, self._config.max_in_flight - self._total_rdy + link.rdy), now
-            )
+            self._send_rdy(link, min(link.target, self._budget_left(link)), now)
 
     def _on_pull_message(self, link: _Link, delivery: Deliver, now: float) -> None:
         self._pull_seq += 1
@@ -1357,6 +1392,8 @@ class ConsumerCoordinator:
         self, link: _Link, outcome: Outcome, now: float, *, recorded: bool = False
     ) -> None:
         """``recorded``: the outcome was already given to backoff (and changed nothing)."""
+        if link.conn_id in self._settling:
+            self._answered_while_settling(link, now)
         if self._state is ConsumerState.RUNNING:
             if not recorded and self._backoff.record(outcome, now):
                 self._recalm()
@@ -1378,6 +1415,8 @@ class ConsumerCoordinator:
             link.proto.requeue(message_id, 0.0)
             self._dirty.add(link.conn_id)
             self.requeued += 1
+            if link.conn_id in self._settling:
+                self._answered_while_settling(link, None)
 
     def _flush_buffer(self, now: float | None) -> None:
         """Requeue held pull messages whose hold ended (all of them when ``now`` is None)."""
@@ -1449,6 +1488,7 @@ class ConsumerCoordinator:
         link.phase = LinkPhase.SUBSCRIBED
         link.accepting = self._state is ConsumerState.RUNNING
         link.handshake_deadline = None
+        link.settle_delay = max(RDY_SETTLE_MIN, 4 * (now - link.connected_at))
         link.max_rdy = max(1, settings.max_rdy_count)
         link.msg_timeout = settings.msg_timeout / 1000
         link.max_msg_timeout = max(settings.max_msg_timeout / 1000, link.msg_timeout)
@@ -1498,7 +1538,12 @@ class ConsumerCoordinator:
         self._rdy_due.discard(conn_id)
         self._total_rdy -= link.rdy
         self._alloc_total -= link.alloc
-        link.rdy = link.alloc = link.target = 0
+        self._claimed -= link.claim
+        link.rdy = link.alloc = link.target = link.claim = link.ceiling = 0
+        if self._settling:
+            self._settling.discard(conn_id)
+            if not self._settling:
+                self._recalm()
         final = b""
         if link.proto is not None:
             final = link.proto.data_to_send()
@@ -1574,6 +1619,7 @@ class ConsumerCoordinator:
             self._state is ConsumerState.RUNNING
             and not self._pull
             and self._backoff.phase is BackoffPhase.NORMAL
+            and not self._settling
         )
 
     # --- internals: RDY ------------------------------------------------------------------------
@@ -1590,9 +1636,12 @@ class ConsumerCoordinator:
         self._dirty.add(link.conn_id)
         if count and not link.rdy:
             link.rdy_at = now
+        elif count < link.rdy:
+            link.settle_at = now + link.settle_delay
         self._total_rdy += count - link.rdy
         link.rdy = count
         link.remaining = count
+        self._reclaim(link)
 
     def _emit_rdy(self, link: _Link) -> None:
         """Hand the RDY decided for ``link`` to its connection, unless nsqd has it already."""
@@ -1603,7 +1652,100 @@ class ConsumerCoordinator:
             assert link.proto is not None
             link.proto.send_ready(link.rdy)
             link.wire_rdy = link.rdy
+            if link.rdy > link.ceiling:
+                link.ceiling = link.rdy
+            elif link.ceiling > link.rdy and link.conn_id not in self._settling:
+                # Lowered: nsqd may still send under the old RDY until it reads this one.
+                self._settling.add(link.conn_id)
+                self._calm = False
+            self._reclaim(link)
         link.rdy_refresh = False
+
+    # --- internals: the max_in_flight bound ----------------------------------------------------
+    #
+    # nsqd sends on a connection while its in-flight count is below the RDY it last read, so
+    # the sum of RDY alone does not bound what the user holds: a lowered RDY leaves what is
+    # already in flight there (and what nsqd sent before reading it) in the user's hands. Each
+    # connection's *ceiling* bounds what it can still come to hold: raised with each RDY
+    # written; after a lowered RDY, one less for every answer written after it (nsqd reads it
+    # before those answers, so it can send again only under the new RDY), down to that RDY; and
+    # at ``settle_at`` (the old RDY's messages have arrived by then) down to what is held. A
+    # raise never takes the sum of ``max(ceiling, RDY)`` over max_in_flight, so the messages
+    # held, everywhere, stay within it (not counting those whose deadline passed: nsqd took them
+    # back and counts them no more).
+
+    def _reclaim(self, link: _Link) -> None:
+        """Recount ``link``'s claim after its RDY or ceiling changed."""
+        claim = link.ceiling if link.ceiling > link.rdy else link.rdy
+        self._claimed += claim - link.claim
+        link.claim = claim
+
+    def _budget_left(self, link: _Link) -> int:
+        """The most RDY ``link`` may have: max_in_flight minus what the others may hold."""
+        return self._config.max_in_flight - self._claimed + link.claim
+
+    def _settled(self, link: _Link) -> None:
+        """``link`` can hold no more than its written RDY again."""
+        link.settle_at = None
+        self._settling.discard(link.conn_id)
+        if not self._settling:
+            self._recalm()
+
+    def _answered_while_settling(self, link: _Link, now: float | None) -> None:
+        """A FIN/REQ went out after ``link``'s lowered RDY: one slot of the old RDY is free for
+        good, given to whoever waits for it (``now`` None: decided later by the caller)."""
+        if link.ceiling > link.wire_rdy:
+            link.ceiling -= 1
+        if link.ceiling <= link.wire_rdy:
+            self._settled(link)
+        self._reclaim(link)
+        if now is not None and self._state is ConsumerState.RUNNING:
+            self._grant(now)
+
+    def _settle_due(self, now: float) -> None:
+        """Release the ceilings whose settle time came: what nsqd sent under an old RDY has
+        arrived, so the ceiling falls to the RDY, or to the messages still held (unexpired)."""
+        released = False
+        for conn_id in list(self._settling):
+            link = self._links[conn_id]
+            if link.settle_at is None or now < link.settle_at:
+                continue
+            live, expiry = self._live_count(link, now)
+            ceiling = max(link.wire_rdy, live)
+            released = released or ceiling < link.ceiling
+            link.ceiling = ceiling
+            if ceiling > link.wire_rdy:
+                link.settle_at = expiry  # the user holds more than the RDY: wait for answers
+            else:
+                self._settled(link)
+            self._reclaim(link)
+        if released and self._state is ConsumerState.RUNNING:
+            self._grant(now)
+
+    def _grant(self, now: float) -> None:
+        """Budget came back: raise the connections still below their share."""
+        if self._pull:
+            self._rebalance(now)
+        else:
+            self._raise_to_targets(self._subscribed(), now)
+
+    def _raise_to_targets(self, links: list[_Link], now: float) -> None:
+        """Raise every link below its target as far as the bound allows. In push mode a link
+        that has RDY is raised by at least a quarter of its target (or to it), so budget that
+        comes back one answer at a time is not written as one RDY per answer."""
+        for link in links:
+            if link.rdy < link.target:
+                count = min(link.target, self._budget_left(link))
+                if count <= link.rdy:
+                    continue
+                if (
+                    count < link.target
+                    and link.rdy
+                    and not self._pull
+                    and (count - link.rdy) * 4 < link.target
+                ):
+                    continue
+                self._send_rdy(link, count, now)
 
     def _budget(self) -> int:
         if self._state is not ConsumerState.RUNNING:
@@ -1642,25 +1784,30 @@ class ConsumerCoordinator:
         for link in links:
             if link.rdy > link.target:
                 self._send_rdy(link, link.target, now)
-        limit = self._config.max_in_flight
-        for link in links:
-            if link.rdy < link.target:
-                self._send_rdy(link, min(link.target, limit - self._total_rdy + link.rdy), now)
+        self._raise_to_targets(links, now)
 
     def _live_in_flight(self, link: _Link, now: float) -> int:
         """Messages held here that nsqd still counts in flight (deadline not passed); notes the
         next deadline so the budget is recomputed when it passes (pull mode)."""
+        live, expiry = self._live_count(link, now)
+        if expiry is not None and (self._next_expiry is None or expiry < self._next_expiry):
+            self._next_expiry = expiry
+        return live
+
+    @staticmethod
+    def _live_count(link: _Link, now: float) -> tuple[int, float | None]:
+        """How many messages held on ``link`` nsqd still counts in flight (deadline not
+        passed), and the earliest of their deadlines."""
         live = 0
         touched = link.touched
-        expiry = self._next_expiry
+        expiry: float | None = None
         for message_id, delivery in link.tracked.items():
             deadline = touched.get(message_id, delivery.deadline) if touched else delivery.deadline
             if deadline > now:
                 live += 1
                 if expiry is None or deadline < expiry:
                     expiry = deadline
-        self._next_expiry = expiry
-        return live
+        return live, expiry
 
     def _pull_shares(
         self,
