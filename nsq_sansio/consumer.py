@@ -1025,7 +1025,7 @@ class ConsumerCoordinator:
             link.touched.pop(message_id, None)
             link.seen.discard(message_id)
         if not self._calm:
-            self._after_answer(link, Outcome.SUCCESS, now)
+            self._after_answer(link, Outcome.SUCCESS, now, delivery)
         return True
 
     def finish_many(self, deliveries: Iterable[Deliver], now: float) -> int:
@@ -1171,11 +1171,11 @@ class ConsumerCoordinator:
             link.proto.requeue(message_id, delay)
             self.requeued += 1
             if link.conn_id in self._settling:
-                self._answered_while_settling(link, now)
+                self._answered_while_settling(link, delivery, now)
             return True
         link.proto.requeue(message_id, delay)
         self.requeued += 1
-        self._after_answer(link, outcome, now, recorded=True)
+        self._after_answer(link, outcome, now, delivery, recorded=True)
         return True
 
     def touch(self, delivery: Deliver, now: float) -> float | None:
@@ -1389,17 +1389,25 @@ class ConsumerCoordinator:
         )
 
     def _after_answer(
-        self, link: _Link, outcome: Outcome, now: float, *, recorded: bool = False
+        self,
+        link: _Link,
+        outcome: Outcome,
+        now: float,
+        delivery: Deliver,
+        *,
+        recorded: bool = False,
     ) -> None:
-        """``recorded``: the outcome was already given to backoff (and changed nothing)."""
+        """``delivery`` was answered on ``link``. ``recorded``: the outcome was already given
+        to backoff (and changed nothing)."""
         if link.conn_id in self._settling:
-            self._answered_while_settling(link, now)
+            self._answered_while_settling(link, delivery, now)
         if self._state is ConsumerState.RUNNING:
             if not recorded and self._backoff.record(outcome, now):
                 self._recalm()
                 self._rebalance(now)
             elif self._pull and link.alloc > 0:
-                self._send_rdy(link, self._live_in_flight(link, now) + link.alloc, now)
+                count = self._live_in_flight(link, now) + link.alloc
+                self._send_rdy(link, min(count, self._budget_left(link)), now)
         elif self._state is ConsumerState.DRAINING:
             self._maybe_close_drained(link, now)
             self._check_drained()
@@ -1415,8 +1423,6 @@ class ConsumerCoordinator:
             link.proto.requeue(message_id, 0.0)
             self._dirty.add(link.conn_id)
             self.requeued += 1
-            if link.conn_id in self._settling:
-                self._answered_while_settling(link, None)
 
     def _flush_buffer(self, now: float | None) -> None:
         """Requeue held pull messages whose hold ended (all of them when ``now`` is None)."""
@@ -1691,15 +1697,19 @@ class ConsumerCoordinator:
         if not self._settling:
             self._recalm()
 
-    def _answered_while_settling(self, link: _Link, now: float | None) -> None:
-        """A FIN/REQ went out after ``link``'s lowered RDY: one slot of the old RDY is free for
-        good, given to whoever waits for it (``now`` None: decided later by the caller)."""
+    def _answered_while_settling(self, link: _Link, delivery: Deliver, now: float) -> None:
+        """A FIN/REQ for ``delivery`` went out after ``link``'s lowered RDY: nsqd reads it after
+        that RDY, so one slot of the old RDY is free for good and goes to whoever waits for it.
+        Not so for a message nsqd may have timed out already (its slot was freed then, and
+        maybe filled again): those are counted when the ceiling settles."""
+        if delivery.deadline - now <= link.settle_delay:
+            return
         if link.ceiling > link.wire_rdy:
             link.ceiling -= 1
         if link.ceiling <= link.wire_rdy:
             self._settled(link)
         self._reclaim(link)
-        if now is not None and self._state is ConsumerState.RUNNING:
+        if self._state is ConsumerState.RUNNING:
             self._grant(now)
 
     def _settle_due(self, now: float) -> None:
@@ -1784,6 +1794,13 @@ class ConsumerCoordinator:
         for link in links:
             if link.rdy > link.target:
                 self._send_rdy(link, link.target, now)
+        if self._claimed > self._config.max_in_flight:
+            # max_in_flight was lowered under what may be held: no connection takes a new
+            # message (RDY 0) until enough is answered; then the shares come back.
+            for link in links:
+                if link.rdy:
+                    self._send_rdy(link, 0, now)
+            return
         self._raise_to_targets(links, now)
 
     def _live_in_flight(self, link: _Link, now: float) -> int:
