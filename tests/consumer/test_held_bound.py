@@ -110,7 +110,7 @@ def test_a_joining_nsqd_is_not_starved_by_a_connection_that_holds_nothing() -> N
     w.revive(1)
     w.publish(1, 8)
     c = w.coordinator
-    while len(c.connection_ids()) < 2 or not w.rdy_by_conn().get(1) == 9:
+    while len(c.connection_ids()) < 2 or w.rdy_by_conn().get(1) != 9:
         w.advance(0.01)  # until B has subscribed (A gave up RDY 1 for B's first)
     assert w.now < 3.0
     subscribed_at = w.now
