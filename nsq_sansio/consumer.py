@@ -71,6 +71,7 @@ from .discovery import (
 from .errors import (
     ConfigError,
     ConnectionLost,
+    IdentifyRejected,
     LocalProtocolError,
     LookupdError,
     MessageGone,
@@ -98,6 +99,7 @@ __all__ = [
     "Connect",
     "ConnectionUp",
     "ConsumerCoordinator",
+    "ConsumerFailed",
     "ConsumerState",
     "Deliver",
     "Disconnected",
@@ -260,6 +262,17 @@ class DrainComplete:
     """Drain finished: every connection is closed and nothing is left in flight."""
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerFailed:
+    """The consumer stopped for good (state ``FAILED``): ``error`` cannot be cured by
+    reconnecting. Today that is :class:`~nsq_sansio.errors.IdentifyRejected`: nsqd refused the
+    configuration (a value outside its limits). Every connection was closed (what was in
+    flight requeued), lookupd polling stopped, waiting fetches answered ``FAILED``; nothing
+    will follow. The transport raises ``error`` to the user."""
+
+    error: NSQError
+
+
 Action = (
     Connect
     | StartTLS
@@ -274,6 +287,7 @@ Action = (
     | LookupdFailed
     | FetchResult
     | DrainComplete
+    | ConsumerFailed
 )
 
 
@@ -284,6 +298,8 @@ class ConsumerState(enum.Enum):
     RUNNING = "running"
     DRAINING = "draining"
     CLOSED = "closed"
+    #: Stopped by an error reconnecting cannot cure (see :class:`ConsumerFailed`).
+    FAILED = "failed"
 
 
 class LinkPhase(enum.Enum):
@@ -503,6 +519,7 @@ class ConsumerCoordinator:
         #: handed to user code, and drain requeues the others at once.
         self._explicit_delivery = False
         self._max_attempts = self._config.max_attempts
+        self._failure: NSQError | None = None
         self.received = 0
         self.finished = 0
         self.requeued = 0
@@ -529,6 +546,11 @@ class ConsumerCoordinator:
     @property
     def config(self) -> Config:
         return self._config
+
+    @property
+    def failure(self) -> NSQError | None:
+        """Why the consumer failed (state ``FAILED``), else None."""
+        return self._failure
 
     @property
     def max_in_flight(self) -> int:
@@ -720,8 +742,8 @@ class ConsumerCoordinator:
         ``unseen``: deliveries the transport received but never handed to user code (still in
         its queue); they are requeued at once (REQ 0) so other consumers take them. Pull mode's
         own buffer is requeued the same way."""
-        if self._state in (ConsumerState.DRAINING, ConsumerState.CLOSED):
-            return
+        if self._state in (ConsumerState.DRAINING, ConsumerState.CLOSED, ConsumerState.FAILED):
+            return  # FAILED: already closed, ConsumerFailed said so (no DrainComplete)
         if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
             raise LocalProtocolError(f"drain timeout must be >= 0 seconds, got {timeout!r}")
         if self._state is ConsumerState.CREATED:
@@ -1223,7 +1245,8 @@ class ConsumerCoordinator:
         self._next_fetch_id += 1
         request = FetchRequest(request_id, batch, None if expires is None else now + expires)
         if self._state is not ConsumerState.RUNNING:
-            self._answer_fetch(request, FetchEnd.DRAINING)
+            failed = self._state is ConsumerState.FAILED
+            self._answer_fetch(request, FetchEnd.FAILED if failed else FetchEnd.DRAINING)
             return request_id
         if not no_wait and len(self._fetches.waiting) >= self._config.max_waiting_fetches:
             self._answer_fetch(request, FetchEnd.TOO_MANY_WAITING)
@@ -1563,9 +1586,11 @@ class ConsumerCoordinator:
         link.accepting = False
         if self._pull and unanswered:
             self._forget_pull_messages(conn_id)
+        # nsqd refused the configuration: reconnecting cannot help, the consumer fails.
+        refused = isinstance(error, IdentifyRejected) and self._state is ConsumerState.RUNNING
         reconnect_at: float | None = None
         retry = self._direct.get(link.address)
-        if retry is not None and self._state is ConsumerState.RUNNING:
+        if retry is not None and self._state is ConsumerState.RUNNING and not refused:
             retry.failures += 1
             config = self._config
             reconnect_at = now + reconnect_delay(
@@ -1580,10 +1605,42 @@ class ConsumerCoordinator:
             self._actions.append(
                 Disconnected(conn_id, link.address, error, unanswered, reconnect_at)
             )
-        if self._state is ConsumerState.RUNNING:
+        if refused:
+            assert error is not None
+            self._fail(error, now)
+        elif self._state is ConsumerState.RUNNING:
             self._rebalance(now)
         else:
             self._check_drained()
+
+    def _fail(self, error: NSQError, now: float) -> None:
+        """Stop for good (:class:`ConsumerFailed`): no reconnect, no lookupd poll; what is in
+        flight is requeued at once (nobody can answer it any more) and every connection
+        closed. One rule for every node: the configuration is the same for all of them, so
+        one refusal fails the consumer rather than leaving that nsqd's messages unread."""
+        self._state = ConsumerState.FAILED
+        self._failure = error
+        self._calm = False
+        self._backoff.reset()
+        if self._poller is not None:
+            for request_id in self._poller.stop():
+                self._actions.append(CloseHTTPRequest(request_id))
+        for retry in self._direct.values():
+            retry.retry_at = None
+        for link in self._links.values():
+            link.accepting = False
+            if link.phase is LinkPhase.SUBSCRIBED:
+                if link.rdy:
+                    self._send_rdy(link, 0, now)  # before the REQs, as a drain does
+                for delivery in list(link.tracked.values()):
+                    self._requeue_now(link, delivery)
+        if self._pull:  # what they gathered was just requeued: the answers are empty
+            for fetch in self._fetches.take_all():
+                self._answer_fetch(fetch, FetchEnd.FAILED)
+            self._fetches.buffer.clear()
+        for link in list(self._links.values()):
+            self._drop(link, None, now, close=True)
+        self._actions.append(ConsumerFailed(error))
 
     def _forget_pull_messages(self, conn_id: int) -> None:
         fetches = self._fetches
