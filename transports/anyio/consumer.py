@@ -82,6 +82,16 @@ _SOCKET_ERRORS = (
 )
 
 
+def _only(raised: BaseException, error: BaseException) -> bool:
+    """``raised`` is ``error``, or (nested) exception groups holding only it."""
+    while raised is not error:
+        inner = getattr(raised, "exceptions", None)  # (Base)ExceptionGroup, also on 3.10
+        if not inner or len(inner) != 1:
+            return False
+        raised = inner[0]
+    return True
+
+
 def _check_seconds(what: str, value: object) -> None:
     """Raise (in the caller) for a duration that is not a finite number >= 0."""
     if (
@@ -415,7 +425,13 @@ class Consumer:
             self._stop_tasks()
             tg.cancel_scope.cancel()
             self._exited = True
-        suppress = await tg.__aexit__(exc_type, exc, tb)
+        try:
+            suppress = await tg.__aexit__(exc_type, exc, tb)
+        except BaseException as raised:
+            if self._failure is not None and _only(raised, self._failure):
+                # The task group wrapped the failure the block raised: give it back plain.
+                raise self._failure from None
+            raise
         if exc_type is None and self._failure is not None and not self._failure_raised:
             self._raise_failure()  # the block never waited for a message: say it now
         return suppress
