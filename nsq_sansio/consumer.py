@@ -6,7 +6,8 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
     loop:
         for action in coordinator.take_actions(): # Connect, CloseConnection, StartTLS,
             ...                                   # SendHTTPRequest, CloseHTTPRequest, Deliver,
-                                                  # GiveUp, TakenBack, FetchResult, DrainComplete
+                                                  # GiveUp, TakenBack, FetchResult, DrainComplete,
+                                                  # ConsumerFailed
         for conn_id, data in coordinator.pending_data():
             write(conn_id, data)
         sleep until coordinator.next_deadline() or IO, then feed one of:
@@ -22,11 +23,14 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
 What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
 
 * RDY: a new connection starts at RDY 1; ``max_in_flight`` is then spread evenly
-  (``max_in_flight // n``, remainder given out, capped by each nsqd's ``max_rdy_count``); the sum
-  of RDY never exceeds ``max_in_flight``. RDY is re-sent when a connection's count left is 0 or
-  under 25% of the last value. With fewer RDY than connections, RDY 1 goes to a random set and
-  moves away from connections idle for ``low_rdy_idle_timeout``. ``set_max_in_flight`` (0
-  pauses) redistributes at once. :meth:`ConsumerCoordinator.is_starved` is the guide's.
+  (``max_in_flight // n``, remainder given out, capped by each nsqd's ``max_rdy_count``). The
+  messages held, over all connections, never exceed ``max_in_flight`` (not only the sum of
+  RDY): a raise only uses budget not in flight elsewhere, counting what a lowered RDY may
+  still bring (see the "max_in_flight bound" internals). RDY is re-sent when a connection's
+  count left is 0 or under 25% of the last value. With fewer RDY than connections, RDY 1 goes
+  to a random set and moves away from connections idle for ``low_rdy_idle_timeout``.
+  ``set_max_in_flight`` (0 pauses) redistributes at once. :meth:`ConsumerCoordinator.is_starved`
+  is the guide's.
 * Messages: attempts over ``max_attempts`` are FIN'd and reported (:class:`GiveUp`); REQ without
   a delay waits ``default_requeue_delay * attempts`` capped; late FIN/REQ/TOUCH is reported as
   :class:`TakenBack`, never raised. Each :class:`Deliver` has a deadline; TOUCH extends it up to
@@ -40,6 +44,8 @@ What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
   (up to a deadline, then requeue it), CLS, wait for CLOSE_WAIT, close.
 * Pull mode (:mod:`nsq_sansio.pull`): RDY follows the outstanding fetches; connections that
   delivered recently get them, idle ones keep a probe of 1, a used-up share is topped up at once.
+* Failure: nsqd refusing IDENTIFY (:class:`~nsq_sansio.errors.IdentifyRejected`, a bad
+  configuration) stops the consumer for good: :class:`ConsumerFailed`, state ``FAILED``.
 
 ``CloseConnection.final_data`` must be written before the socket is closed (final REQ/FIN/CLS).
 A :class:`Deliver` is the handle the user answers with; after its connection is gone, answering
