@@ -123,6 +123,12 @@ class NoNSQDAvailable(NSQError):
         self.errors = tuple(errors)
 
 
+class _NotRead(ConnectionLost):
+    """The connection closed after nsqd refused a publish ahead of this one: nsqd stopped
+    reading there, so this one was never read (not stored): safe to send again, and it does
+    not count against the publish's retries (another publish's refusal is not its fault)."""
+
+
 class _Call:
     """One publish waiting for its answer (one per call, reused by its failover attempts).
 
@@ -417,6 +423,11 @@ class Producer:
             if isinstance(error, ServerError | TimeoutError):
                 self._failed += 1
                 raise error
+            if isinstance(error, _NotRead):
+                sent -= 1
+                self._retried += 1
+                candidates.append(node)  # nsqd never read it: the same node again
+                continue
             errors.append(error)
             if len(candidates) == 1 and len(nodes) > 1:
                 candidates = [node, *(n for n in self._candidates() if n is not node)]
@@ -745,7 +756,13 @@ class Producer:
         if not self._closed:
             node.down_until = monotonic() + 1.0
         if node.pending:
-            lost = error if isinstance(error, ConnectionLost) else ConnectionLost(str(error))
+            lost = (
+                error
+                if isinstance(error, ConnectionLost)
+                else _NotRead(f"{node.address} closed after refusing a publish: {error}")
+                if isinstance(error, ServerError)
+                else ConnectionLost(str(error))
+            )
             calls = list(node.pending.values())
             node.pending.clear()
             for call in calls:
