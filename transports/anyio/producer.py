@@ -164,6 +164,8 @@ class _Node:
         self.ready = False
         #: Bumped for every connection attempt: a finished attempt only tears down its own.
         self.generation = 0
+        self.down_generation = -1  # the last attempt torn down (teardown happens once)
+        self.reader_fd: int | None = None  # asyncio: the descriptor the loop watches for us
         self.connecting: anyio.Event | None = None
         self.scope: anyio.CancelScope | None = None
         self.pending: dict[int, _Call] = {}
@@ -617,7 +619,15 @@ class Producer:
                     self._tg.start_soon(self._timer)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._writer, node, stream, proto)
-                    error = await self._reader(node, stream, proto, generation)
+                    sock = node.sock
+                    if self._loop is not None and sock is not None:
+                        # asyncio, plain TCP: the loop calls _on_readable; _disconnect stops it.
+                        node.reader_fd = sock.fileno()
+                        self._loop.add_reader(
+                            node.reader_fd, self._on_readable, node, proto, generation
+                        )
+                        await anyio.sleep_forever()
+                    await self._reader(node, stream, proto, generation)
                     tg.cancel_scope.cancel()
         except (*_SOCKET_ERRORS, NSQError) as exc:
             error = exc if isinstance(exc, NSQError) else ConnectionLost(str(exc))
@@ -671,42 +681,66 @@ class Producer:
         stream: anyio.abc.ByteStream,
         proto: ClientConnection,
         generation: int,
-    ) -> NSQError | None:
-        pending = node.pending
-        resolve = self._resolve
+    ) -> None:
+        """Read until the connection closes (TLS, or trio: a task reading the stream)."""
         receive = stream.receive
         while True:
             try:
                 data = await receive(READ_SIZE)
             except anyio.EndOfStream:
                 data = b""
-            node.bytes_in += len(data)
-            answer_heartbeat = False
-            for event in proto.receive_data(data, monotonic()):
-                if type(event) is PublishAcknowledged:
-                    call = pending.pop(event.request_id, None)
-                    if call is not None:
-                        resolve(call, None)
-                elif isinstance(event, PublishFailed):
-                    call = pending.pop(event.request_id, None)
-                    if call is not None:
-                        node.log.warning("publish to %r refused: %s", call.topic, event.error)
-                        resolve(call, event.error)
-                elif isinstance(event, ConnectionClosed):
-                    # Mark the node gone before any woken caller runs, so the next publish
-                    # reconnects (or fails over) instead of writing to a closed connection.
-                    error = event.error or ConnectionLost("nsqd closed the connection")
-                    node.log.warning("connection lost: %s", error)
-                    self._disconnect(node, error, generation)
-                    return None
-                elif type(event) is Heartbeat:
-                    answer_heartbeat = True
-            if answer_heartbeat:  # the core queued a NOP
-                if node.sock is not None:
-                    self._write_now(node, proto)
-                elif not node.wake_set:
-                    node.wake_set = True
-                    node.wake.set()
+            if self._feed(node, proto, generation, data):
+                return
+
+    def _on_readable(self, node: _Node, proto: ClientConnection, generation: int) -> None:
+        """asyncio, plain TCP: the loop calls this when the socket is readable (no reader
+        task, no per-read future: answers resolve their publishes straight from here)."""
+        sock = node.sock
+        if sock is None or node.generation != generation:
+            return
+        try:
+            data = sock.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            node.log.warning("connection lost: %s", exc)
+            self._disconnect(node, ConnectionLost(str(exc)), generation)
+            return
+        self._feed(node, proto, generation, data)
+
+    def _feed(
+        self, node: _Node, proto: ClientConnection, generation: int, data: bytes
+    ) -> bool:
+        """Hand ``data`` to the core and each answer to its publish; True once closed."""
+        node.bytes_in += len(data)
+        pending = node.pending
+        answer_heartbeat = False
+        for event in proto.receive_data(data, monotonic()):
+            if type(event) is PublishAcknowledged:
+                call = pending.pop(event.request_id, None)
+                if call is not None:
+                    self._resolve(call, None)
+            elif isinstance(event, PublishFailed):
+                call = pending.pop(event.request_id, None)
+                if call is not None:
+                    node.log.warning("publish to %r refused: %s", call.topic, event.error)
+                    self._resolve(call, event.error)
+            elif isinstance(event, ConnectionClosed):
+                # Mark the node gone before any woken caller runs, so the next publish
+                # reconnects (or fails over) instead of writing to a closed connection.
+                error = event.error or ConnectionLost("nsqd closed the connection")
+                node.log.warning("connection lost: %s", error)
+                self._disconnect(node, error, generation)
+                return True
+            elif type(event) is Heartbeat:
+                answer_heartbeat = True
+        if answer_heartbeat:  # the core queued a NOP
+            if node.sock is not None:
+                self._write_now(node, proto)
+            elif not node.wake_set:
+                node.wake_set = True
+                node.wake.set()
+        return False
 
     async def _writer(
         self, node: _Node, stream: anyio.abc.ByteStream, proto: ClientConnection
@@ -737,9 +771,13 @@ class Producer:
     def _disconnect(self, node: _Node, error: NSQError, generation: int) -> None:
         """Tear down connection attempt ``generation`` of ``node`` (not a newer one) and fail
         what was waiting on it."""
-        if node.generation != generation:
+        if node.generation != generation or node.down_generation == generation:
             return
+        node.down_generation = generation
         node.ready = False
+        if node.reader_fd is not None:
+            self._loop.remove_reader(node.reader_fd)
+            node.reader_fd = None
         if node.sock is not None:
             if node.sock_owned:
                 node.sock.close()
