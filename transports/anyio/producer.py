@@ -86,6 +86,7 @@ _SOCKET_ERRORS = (
 PublishObserver = Callable[[str, int, float, "BaseException | None"], None]
 
 _PUB, _MPUB, _DPUB = 0, 1, 2
+_TRIO_ABORT_SUCCEEDED: Any = None  # trio.lowlevel.Abort.SUCCEEDED, once a producer runs on trio
 _wait_writable: Callable[[socket.socket], Any] = getattr(
     anyio, "wait_writable", anyio.wait_socket_writable
 )
@@ -149,6 +150,12 @@ class _Call:
         self.done = False
         self.result: BaseException | None = None
         self.orphan = False
+
+    def abort(self, _: object) -> Any:
+        """trio: the parked caller is cancelled. Its answer still comes, matched to it."""
+        self.waker = None
+        self.orphan = True
+        return _TRIO_ABORT_SUCCEEDED
 
 
 class _Node:
@@ -233,6 +240,8 @@ class Producer:
         self._tg: anyio.abc.TaskGroup | None = None
         self._trio = False
         self._loop: Any = None  # the asyncio loop (None on trio)
+        self._current_task: Any = None  # trio.lowlevel's, on trio
+        self._wait_rescheduled: Any = None
         self._closed = False
         self._published = 0
         self._failed = 0
@@ -245,7 +254,14 @@ class Producer:
 
     async def __aenter__(self) -> Producer:
         self._trio = sniffio.current_async_library() == "trio"
-        if not self._trio:
+        if self._trio:
+            import trio
+
+            global _TRIO_ABORT_SUCCEEDED
+            _TRIO_ABORT_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
+            self._current_task = trio.lowlevel.current_task
+            self._wait_rescheduled = trio.lowlevel.wait_task_rescheduled
+        else:
             import asyncio
 
             self._loop = asyncio.get_running_loop()
@@ -318,6 +334,8 @@ class Producer:
         ]
 
     async def _request(self, kind: int, topic: str, payload: Any, count: int) -> None:
+        """Send the request, failing over to other nodes while connections break, and wait
+        for its answer (one coroutine: this is the hot path of every publish)."""
         if self._tg is None:
             raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
         if self._closed:
@@ -330,7 +348,92 @@ class Producer:
         start = monotonic()
         call = _Call(topic, count, start, start + self._timeout)
         try:
-            await self._attempts(kind, topic, payload, call)
+            nodes = self._nodes
+            node = nodes[0] if len(nodes) == 1 else nodes[next(self._rr) % len(nodes)]
+            candidates = [node] if node.ready else self._candidates()
+            errors: list[BaseException] = []
+            sent = 0
+            i = 0
+            while i < len(candidates):
+                node = candidates[i]
+                i += 1
+                if errors:
+                    self._retried += 1
+                proto = node.proto
+                if not node.ready or proto is None:
+                    try:
+                        with anyio.fail_after(max(call.deadline - monotonic(), 0)):
+                            proto = await self._ensure(node)
+                    except IdentifyRejected:
+                        self._failed += 1
+                        raise  # the configuration's fault: no other node will take it either
+                    except (NSQError, TimeoutError) as exc:
+                        errors.append(exc)
+                        if len(candidates) == 1 and len(nodes) > 1:
+                            candidates = [node, *(n for n in self._candidates() if n is not node)]
+                        continue
+                try:
+                    if kind == _PUB:
+                        request_id = proto.publish(topic, payload)
+                    elif kind == _MPUB:
+                        request_id = proto.multi_publish(topic, payload)
+                    else:
+                        request_id = proto.deferred_publish(topic, payload[0], payload[1])
+                except LocalProtocolError:
+                    if proto.state is not ConnectionState.CLOSED:
+                        self._failed += 1
+                        raise  # the arguments are wrong, not the connection
+                    # The connection died and its task has not yet been told: treat as lost.
+                    self._disconnect(node, ConnectionLost("connection closed"), node.generation)
+                    errors.append(ConnectionLost(f"{node.address}: connection closed"))
+                    if i >= len(candidates) and sent <= len(nodes):
+                        candidates.append(node)
+                    continue
+                sent += 1
+                call.done = False
+                call.result = None
+                node.pending[request_id] = call
+                self._send_soon(node, proto)
+                # Park until the reader, the timer or a disconnect resolves the call.
+                if call.done:
+                    error = call.result
+                elif self._trio:
+                    call.waker = self._current_task()
+                    error = await self._wait_rescheduled(call.abort)
+                else:
+                    future = self._loop.create_future()
+                    call.waker = future
+                    try:
+                        error = await future
+                    except BaseException:
+                        call.waker = None
+                        if future.cancelled() or not future.done():
+                            call.orphan = True  # its answer still comes, matched to it
+                        raise
+                if error is None:
+                    node.published += 1
+                    self._published += 1
+                    break
+                if isinstance(error, ServerError | TimeoutError):
+                    self._failed += 1
+                    raise error
+                if isinstance(error, _NotRead):
+                    sent -= 1
+                    self._retried += 1
+                    candidates.append(node)  # nsqd never read it: the same node again
+                    continue
+                errors.append(error)
+                if len(candidates) == 1 and len(nodes) > 1:
+                    candidates = [node, *(n for n in self._candidates() if n is not node)]
+                if i >= len(candidates) and sent <= len(nodes):
+                    # The connection died with this publish unanswered, maybe not the node
+                    # (nsqd closes it after a fatal error for another publish pipelined
+                    # before ours, which it then never read): send it again after a
+                    # reconnect, like the blocking producer (at most one more send).
+                    candidates.append(node)
+            else:
+                self._failed += 1
+                raise NoNSQDAvailable(errors)
         except BaseException as exc:
             self._release_slot()
             observer = self.publish_observer
@@ -354,106 +457,6 @@ class Producer:
             observer(topic, count, monotonic() - start, error)
         except Exception:
             self._logger.exception("publish_observer failed")
-
-    async def _attempts(self, kind: int, topic: str, payload: Any, call: _Call) -> None:
-        """Send the request, failing over to other nodes while connections break."""
-        nodes = self._nodes
-        node = nodes[0] if len(nodes) == 1 else nodes[next(self._rr) % len(nodes)]
-        candidates = [node] if node.ready else self._candidates()
-        errors: list[BaseException] = []
-        sent = 0
-        i = 0
-        while i < len(candidates):
-            node = candidates[i]
-            i += 1
-            if errors:
-                self._retried += 1
-            proto = node.proto
-            if not node.ready or proto is None:
-                try:
-                    with anyio.fail_after(max(call.deadline - monotonic(), 0)):
-                        proto = await self._ensure(node)
-                except IdentifyRejected:
-                    self._failed += 1
-                    raise  # the configuration's fault: no other node will take it either
-                except (NSQError, TimeoutError) as exc:
-                    errors.append(exc)
-                    if len(candidates) == 1 and len(nodes) > 1:
-                        candidates = [node, *(n for n in self._candidates() if n is not node)]
-                    continue
-            try:
-                if kind == _PUB:
-                    request_id = proto.publish(topic, payload)
-                elif kind == _MPUB:
-                    request_id = proto.multi_publish(topic, payload)
-                else:
-                    request_id = proto.deferred_publish(topic, payload[0], payload[1])
-            except LocalProtocolError:
-                if proto.state is not ConnectionState.CLOSED:
-                    self._failed += 1
-                    raise  # the arguments are wrong, not the connection
-                # The connection died and its task has not yet been told: treat as lost.
-                self._disconnect(node, ConnectionLost("connection closed"), node.generation)
-                errors.append(ConnectionLost(f"{node.address}: connection closed"))
-                if i >= len(candidates) and sent <= len(nodes):
-                    candidates.append(node)
-                continue
-            sent += 1
-            call.done = False
-            call.result = None
-            node.pending[request_id] = call
-            self._send_soon(node, proto)
-            # Park until the reader, the timer or a disconnect resolves the call.
-            if call.done:
-                error = call.result
-            elif self._trio:
-                error = await self._park_trio(call)
-            else:
-                future = self._loop.create_future()
-                call.waker = future
-                try:
-                    error = await future
-                except BaseException:
-                    call.waker = None
-                    if future.cancelled() or not future.done():
-                        call.orphan = True  # its answer still comes, matched to it
-                    raise
-            if error is None:
-                node.published += 1
-                self._published += 1
-                return
-            if isinstance(error, ServerError | TimeoutError):
-                self._failed += 1
-                raise error
-            if isinstance(error, _NotRead):
-                sent -= 1
-                self._retried += 1
-                candidates.append(node)  # nsqd never read it: the same node again
-                continue
-            errors.append(error)
-            if len(candidates) == 1 and len(nodes) > 1:
-                candidates = [node, *(n for n in self._candidates() if n is not node)]
-            if i >= len(candidates) and sent <= len(nodes):
-                # The connection died with this publish unanswered, maybe not the node
-                # (nsqd closes it after a fatal error for another publish pipelined
-                # before ours, which it then never read): send it again after a
-                # reconnect, like the blocking producer (at most one more send).
-                candidates.append(node)
-        self._failed += 1
-        raise NoNSQDAvailable(errors)
-
-    async def _park_trio(self, call: _Call) -> BaseException | None:
-        import trio
-
-        call.waker = trio.lowlevel.current_task()
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            call.waker = None
-            call.orphan = True  # its answer still comes, matched to it
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        result: BaseException | None = await trio.lowlevel.wait_task_rescheduled(abort)
-        return result
 
     def _resolve(self, call: _Call, error: BaseException | None) -> None:
         """Hand ``call`` its outcome (None: nsqd said OK) and wake its caller."""
