@@ -242,6 +242,8 @@ class Producer:
         self._loop: Any = None  # the asyncio loop (None on trio)
         self._current_task: Any = None  # trio.lowlevel's, on trio
         self._wait_rescheduled: Any = None
+        self._reschedule: Any = None
+        self._value: Any = None
         self._closed = False
         self._published = 0
         self._failed = 0
@@ -255,12 +257,15 @@ class Producer:
     async def __aenter__(self) -> Producer:
         self._trio = sniffio.current_async_library() == "trio"
         if self._trio:
+            import outcome
             import trio
 
             global _TRIO_ABORT_SUCCEEDED
             _TRIO_ABORT_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
             self._current_task = trio.lowlevel.current_task
             self._wait_rescheduled = trio.lowlevel.wait_task_rescheduled
+            self._reschedule = trio.lowlevel.reschedule
+            self._value = outcome.Value
         else:
             import asyncio
 
@@ -472,15 +477,9 @@ class Producer:
             return  # not parked yet: it finds the result itself
         call.waker = None
         if self._trio:
-            self._reschedule(waker, error)
+            self._reschedule(waker, self._value(error))
         elif not waker.done():
             waker.set_result(error)
-
-    def _reschedule(self, task: Any, error: BaseException | None) -> None:
-        import outcome
-        import trio
-
-        trio.lowlevel.reschedule(task, outcome.Value(error))
 
     # --- writing -------------------------------------------------------------------------------
 
