@@ -303,3 +303,26 @@ async def test_publish_observer_sees_every_request_once(make_nsqd: NSQDFactory) 
     assert all(0 <= s < 10 for _, _, s, _ in seen)
     # Settable later as an attribute; None switches it off.
     p.publish_observer = None
+
+
+@needs_real
+async def test_waiting_for_a_slot_counts_against_the_deadline_real() -> None:
+    with RealNSQD() as nsqd:
+        seen, observe = recorder()
+        async with Producer(
+            nsqd.tcp_address, max_pending=1, timeout=0.5, publish_observer=observe
+        ) as p:
+            await p.publish("t", b"warm")
+            with paused(nsqd):
+                started = time.monotonic()
+                with anyio.fail_after(5):
+                    async with anyio.create_task_group() as tg:
+
+                        async def publish() -> None:
+                            with pytest.raises(TimeoutError):
+                                await p.publish("t", b"x")
+
+                        tg.start_soon(publish)  # takes the only slot, never answered
+                        tg.start_soon(publish)  # waits for the slot: same deadline
+                assert time.monotonic() - started < 2.0
+    assert [type(e) for _, _, _, e in seen] == [type(None), TimeoutError, TimeoutError]

@@ -244,3 +244,25 @@ def test_publish_observer_sees_every_request_once() -> None:
     assert isinstance(seen[3][3], BadMessage)
     assert len(seen) == 54 and all(e is None for _, _, _, e in seen[4:])
     assert all(0 <= s < 10 for _, _, s, _ in seen)
+
+
+@needs_real
+def test_waiting_for_a_slot_counts_against_the_deadline_real() -> None:
+    seen, observe = recorder()
+    with (
+        RealNSQD() as nsqd,
+        Producer(nsqd.tcp_address, max_pending=1, publish_observer=observe) as p,
+    ):
+        p.publish("t", b"warm")
+        with paused(nsqd):
+            first = p.publish_async("t", b"x", timeout=0.5)
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                p.publish("t", b"y", timeout=0.5)  # no slot within its own deadline
+            assert time.monotonic() - started < 2.0
+            assert isinstance(first.exception(5), TimeoutError)
+    assert sorted(type(e).__name__ for _, _, _, e in seen) == [
+        "NoneType",
+        "TimeoutError",
+        "TimeoutError",
+    ]

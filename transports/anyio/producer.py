@@ -345,12 +345,19 @@ class Producer:
             raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
         if self._closed:
             raise LocalProtocolError("the producer is closed")
+        start = monotonic()
         # Back-pressure without a checkpoint per publish while slots are free.
         if self._free > 0:
             self._free -= 1
         else:
-            await self._wait_for_slot()
-        start = monotonic()
+            try:
+                with anyio.fail_after(self._timeout):  # the call's deadline covers the wait
+                    await self._wait_for_slot()
+            except BaseException as exc:
+                observer = self.publish_observer
+                if observer is not None:
+                    self._observe(observer, topic, count, start, exc)
+                raise
         call = _Call(topic, count, start, start + self._timeout)
         try:
             nodes = self._nodes

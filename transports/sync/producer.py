@@ -430,7 +430,19 @@ class Producer:
         if failure is not None:
             raise RuntimeError(f"the producer's IO thread crashed: {failure!r}") from failure
         limit = self._timeout if timeout is None else timeout
-        self._reserve(limit)
+        if self.publish_observer is None:
+            self._reserve(limit)
+        else:
+            started = time.monotonic()
+            try:
+                self._reserve(limit)
+            except TimeoutError as exc:
+                count = len(payload) if kind == "MPUB" else 1
+                try:
+                    self.publish_observer(topic, count, time.monotonic() - started, exc)
+                except Exception:
+                    _log.exception("publish_observer failed")
+                raise
         now = time.monotonic()
         request = _Request(kind, topic, payload, now, now + limit)
         if not self._dispatch_now(request):
