@@ -174,7 +174,7 @@ class _Request:
         self.start = start
         self.deadline = deadline
         self.future = PublishFuture()
-        self.tried: set[str] = set()
+        self.tried: set[str] | None = None  # nsqd addresses it was sent to
         self.attempts = 0
 
 
@@ -203,6 +203,8 @@ class _Node:
         self.inflight: dict[int, _Request] = {}
         #: Bytes a caller's direct send did not get out; the IO thread writes them first.
         self.out_pending = bytearray()
+        #: A caller is sending on the socket right now (outside the lock): hands off.
+        self.sending = False
         self.log = ConnectionLogger(_log, self.address)
 
 
@@ -475,21 +477,31 @@ class Producer:
                 return True  # failed (the future says why)
             conn, link = node.conn, node.link
             assert conn is not None and link is not None
-            if len(node.inflight) > 1 or node.out_pending:
+            if len(node.inflight) > 1 or node.out_pending or node.sending:
                 self._loop.wake()  # the IO thread writes everything queued, in one go
                 return True
             data = conn.data_to_send()
             sock = link.direct_socket
-            sent = 0
-            if sock is not None:
-                try:
-                    sent = sock.send(data)
-                except OSError:  # would block, or broken: the IO thread takes it from here
-                    sent = 0
-                link.bytes_out += sent
-            if sent < len(data):
-                node.out_pending += memoryview(data)[sent:]
+            if sock is None:
+                node.out_pending += data
                 self._loop.wake()
+                return True
+            node.sending = True  # the IO thread leaves this node's output alone meanwhile
+        # The send happens outside the lock, so the IO thread can already take the answer.
+        try:
+            sent = sock.send(data)
+        except OSError:  # would block, or broken: the IO thread takes it from here
+            sent = 0
+        with self._io_lock:
+            node.sending = False
+            if node.conn is not conn:  # the connection died meanwhile: its bytes go with it
+                return True
+            link.bytes_out += sent
+            if sent < len(data):
+                node.out_pending[:0] = memoryview(data)[sent:]
+                self._loop.wake()
+            elif len(node.inflight) > 1:
+                self._loop.wake()  # others queued while we were sending
             return True
 
     def _reserve(self, limit: float) -> None:
@@ -574,8 +586,9 @@ class Producer:
             return
         ready = self._ready_nodes()
         if ready:
-            if request.tried:
-                ready = [n for n in ready if n.address not in request.tried] or ready
+            tried = request.tried
+            if tried:
+                ready = [n for n in ready if n.address not in tried] or ready
         else:
             self._waiting.append(request)
             now = time.monotonic()
@@ -591,7 +604,10 @@ class Producer:
         """Queue ``request`` on ``node``'s connection; False when the core refused it."""
         conn = node.conn
         assert conn is not None and node.link is not None
-        request.tried.add(node.address)
+        if request.tried is None:
+            request.tried = {node.address}
+        else:
+            request.tried.add(node.address)
         request.attempts += 1
         try:
             if request.kind == "PUB":
@@ -632,7 +648,7 @@ class Producer:
         if node.link is not link or node.conn is None:
             return
         for event in node.conn.receive_data(data, now):
-            if isinstance(event, PublishAcknowledged):
+            if type(event) is PublishAcknowledged:
                 request = node.inflight.pop(event.request_id, None)
                 if request is not None and not request.future._done:
                     node.published += 1
@@ -738,7 +754,8 @@ class Producer:
                 # nsqd closed the connection after refusing a publish ahead of this one and
                 # never read this one: resending it is not a retry it should pay for.
                 request.attempts -= 1
-                request.tried.discard(node.address)
+                if request.tried is not None:
+                    request.tried.discard(node.address)
             self._dispatch(request)
 
     def _drain_waiting(self) -> None:
@@ -750,7 +767,7 @@ class Producer:
     def write_pending(self) -> None:
         with self._io_lock:
             for node in self._nodes:
-                if node.conn is not None and node.link is not None:
+                if node.conn is not None and node.link is not None and not node.sending:
                     if node.out_pending:
                         self._loop.write(node.link, bytes(node.out_pending))
                         node.out_pending.clear()
