@@ -56,6 +56,7 @@ from nsq_sansio.events import (
     TLSUpgradeRequired,
 )
 from nsq_sansio.frames import encode_dpub, encode_mpub, encode_pub
+from nsq_sansio.names import validate_topic
 from transports._common import (
     DEFAULT_TCP_PORT,
     ConnectionLogger,
@@ -79,6 +80,8 @@ class NoNSQDAvailable(NSQError):
 
 
 _FUTURE_LOCK = threading.Lock()
+#: The largest body a command's 4-byte size field can announce (frames refuses more).
+_MAX_FRAMED = 0x7FFFFFFF
 
 
 class PublishFuture:
@@ -352,8 +355,22 @@ class Producer:
     def multi_publish_async(
         self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
     ) -> PublishFuture:
+        if isinstance(bodies, (bytes, bytearray, str)):
+            encode_mpub(topic, bodies)  # raises: one body, not a list of them
         bodies = list(bodies)
-        encode_mpub(topic, bodies)
+        # Validate here, in the caller's thread, without encoding twice: only a body that is
+        # not plain non-empty bytes (or a batch too big to frame) takes the full encoder,
+        # which says what is wrong.
+        if topic not in self._valid_topics:
+            validate_topic(topic)
+            self._valid_topics.add(topic)
+        plain = bool(bodies)
+        for body in bodies:
+            if type(body) is not bytes or not body:
+                plain = False
+                break
+        if not plain or sum(map(len, bodies)) + 4 * (len(bodies) + 1) > _MAX_FRAMED:
+            encode_mpub(topic, bodies)
         return self._submit("MPUB", topic, bodies, timeout)
 
     def deferred_publish_async(
