@@ -211,13 +211,19 @@ class GiveUp:
 @dataclass(frozen=True, slots=True)
 class TakenBack:
     """A FIN/REQ/TOUCH came too late: the message was already taken back (by nsqd after its
-    timeout, or because the connection closed). Not fatal; another consumer may have it."""
+    timeout, or because the connection closed). Not fatal; another consumer may have it.
+
+    ``delivery`` is the handle the report is about, where it is known (nsqd may deliver the
+    same id again, and the newer copy is still ours): always for ``TIMEOUT`` and for answers
+    refused here, for a ``TOUCH`` nsqd refused; None for a FIN/REQ nsqd refused (the handle
+    was already answered) or a close that lost the connection's messages."""
 
     conn_id: int
     address: NSQDAddress
     message_id: bytes | None
     command: str
     error: NSQError
+    delivery: Deliver | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1350,6 +1356,7 @@ class ConsumerCoordinator:
                     "it is no longer in flight on this consumer (connection closed, requeued "
                     "by drain, or delivered again after timing out)"
                 ),
+                delivery,
             )
         )
 
@@ -1404,8 +1411,22 @@ class ConsumerCoordinator:
             # FIN/REQ: already forgotten here. TOUCH: the user still holds it; their FIN/REQ
             # goes out and nsqd answers E_*_FAILED again, harmlessly.
             self.taken_back += 1
+            # A refused TOUCH is about the copy held now (nsqd had none in flight when it came,
+            # so a newer copy comes after it); a refused FIN/REQ's handle is already forgotten.
+            held = (
+                link.tracked.get(event.message_id)
+                if event.command == "TOUCH" and event.message_id is not None
+                else None
+            )
             self._actions.append(
-                TakenBack(link.conn_id, link.address, event.message_id, event.command, event.error)
+                TakenBack(
+                    link.conn_id,
+                    link.address,
+                    event.message_id,
+                    event.command,
+                    event.error,
+                    held,
+                )
             )
             if self._state is ConsumerState.DRAINING:
                 self._maybe_close_drained(link, now)

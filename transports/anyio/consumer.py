@@ -352,6 +352,9 @@ class Consumer:
         self._http: dict[int, anyio.CancelScope] = {}
         self._inbox: deque[Deliver] = deque()
         self._waiters: deque[anyio.Event] = deque()
+        #: The waiter woken for new messages that has not run yet: one at a time, and each
+        #: reader that takes a message while more wait wakes the next (see _wake_one).
+        self._woken: anyio.Event | None = None
         self._kick_event = anyio.Event()
         self._kicked = False
         self._pump_target = math.inf
@@ -501,7 +504,8 @@ class Consumer:
         if inbox:  # fast path: no await when messages are buffered
             delivery = inbox.popleft()
             if delivery.conn_id in self._conns:
-                self._coord.mark_delivered(delivery)
+                if inbox and self._waiters:
+                    self._wake_one()
                 return Message(self, delivery)
         message = await self._next_message()
         if message is None:
@@ -516,7 +520,8 @@ class Consumer:
             while inbox:
                 delivery = inbox.popleft()
                 if delivery.conn_id in conns:
-                    coord.mark_delivered(delivery)
+                    if inbox and self._waiters:
+                        self._wake_one()
                     return Message(self, delivery)
             if self._closed or coord.state is not ConsumerState.RUNNING:
                 return None
@@ -524,15 +529,22 @@ class Consumer:
                 raise LocalProtocolError(
                     "pull consumers use fetch(); `async for` is for push consumers"
                 )
-            # One event per waiter: a batch of k messages wakes k waiters, not all of them.
+            # One event per waiter, woken one at a time (_wake_one): never all of them.
             event = anyio.Event()
             waiters = self._waiters
             waiters.append(event)
             try:
                 await event.wait()
-            finally:
+            except BaseException:
                 if not event.is_set():
                     waiters.remove(event)
+                elif self._woken is event:  # cancelled after its wake-up: pass it on
+                    self._woken = None
+                    if inbox:
+                        self._wake_one()
+                raise
+            if self._woken is event:
+                self._woken = None
 
     async def run(
         self,
@@ -553,7 +565,7 @@ class Consumer:
 
         inbox = self._inbox
         conns = self._conns
-        coord = self._coord
+        waiters = self._waiters
 
         async def worker() -> None:
             while True:
@@ -561,7 +573,8 @@ class Consumer:
                     delivery = inbox.popleft()
                     if delivery.conn_id not in conns:
                         continue
-                    coord.mark_delivered(delivery)
+                    if inbox and waiters:
+                        self._wake_one()
                     msg: Message | None = Message(self, delivery)
                 else:
                     msg = await self._next_message()
@@ -713,6 +726,16 @@ class Consumer:
         while waiters:
             waiters.popleft().set()
 
+    def _wake_one(self) -> None:
+        """Wake one reader for the messages in the inbox, unless one woken earlier has not
+        run yet. A reader that takes a message while more are buffered wakes the next, so a
+        handler that awaits has company at once, and a batch taken by one reader whose
+        handlers never suspend costs one wake-up, not one per message."""
+        if self._woken is None and self._waiters:
+            event = self._waiters.popleft()
+            self._woken = event
+            event.set()
+
     def _emit(self, event: object) -> None:
         if self._on_event is not None:
             try:
@@ -773,11 +796,8 @@ class Consumer:
                 else:
                     other = True
                     self._act(action)
-            waiters = self._waiters
-            wake = delivered
-            while wake and waiters:
-                waiters.popleft().set()
-                wake -= 1
+            if delivered and self._waiters:
+                self._wake_one()
             if other:
                 deadline = coord.next_deadline()
                 if deadline is not None and deadline < self._pump_target:

@@ -686,6 +686,11 @@ class Consumer:
     def on_data(self, link: Link, data: bytes, now: float) -> None:
         key = link.key
         if isinstance(key, int):
+            if self._posted:
+                # FINs user code gave since the last write go out before this read is
+                # decoded: nsqd holds at most max_in_flight un-FIN'd messages, so every FIN
+                # sent sooner is a message it can send sooner.
+                self.write_pending()
             self._coordinator.receive_data(key, data, now)
         elif isinstance(key, _HTTPKey):
             self._coordinator.http_data(key.request_id, data, now)
@@ -753,7 +758,8 @@ class Consumer:
                     op, message, arg = popleft()
                     if op == _FIN:  # the hot path
                         discard(message)
-                        finish(message._delivery, now)
+                        if not finish(message._delivery, now):
+                            message.taken_back = True
                         if keepalives:
                             self._stop_keepalive(message)
                         continue
@@ -761,7 +767,8 @@ class Consumer:
                     if op == _REQ:
                         unanswered.discard(message)
                         delay, backoff = arg
-                        coordinator.requeue(delivery, now, delay, backoff=backoff)
+                        if not coordinator.requeue(delivery, now, delay, backoff=backoff):
+                            message.taken_back = True
                         if keepalives:
                             self._stop_keepalive(message)
                     elif op == _TOUCH:
@@ -968,9 +975,15 @@ class Consumer:
                 (action.message_id or b"?").decode(errors="replace"),
                 action.error,
             )
-            for message in self._unanswered:
-                if message._delivery.conn_id == action.conn_id and message.id == action.message_id:
-                    message.taken_back = True
+            # Only the copy the report is about: nsqd may have sent the same id again, and
+            # the newer copy is still ours (issue 12.3). A late answer's own handle was marked
+            # when the answer was refused; a FIN/REQ nsqd refused names no handle still held.
+            delivery = action.delivery
+            if delivery is not None:
+                for message in self._unanswered:
+                    if message._delivery is delivery:
+                        message.taken_back = True
+                        break
         elif isinstance(action, ConnectionUp):
             self._logger(action.conn_id, str(action.address)).info(
                 "subscribed to %s/%s (nsqd %s, msg_timeout %ss, max_rdy %d)",
