@@ -613,6 +613,16 @@ class Producer:
                 node.out.clear()
                 node.flush_scheduled = False
                 node.sock, node.sock_owned = _plain_socket(stream)
+                if self._loop is not None and node.sock is not None:
+                    # asyncio, plain TCP: the loop calls _on_readable; _disconnect stops it.
+                    try:
+                        fd = node.sock.fileno()
+                        self._loop.add_reader(fd, self._on_readable, node, proto, generation)
+                        node.reader_fd = fd
+                    except NotImplementedError:  # a loop without readiness callbacks
+                        if node.sock_owned:
+                            node.sock.close()
+                        node.sock = None  # the stream, a reader and a writer task do it all
                 node.ready = True
                 node.connects += 1
                 if node.connects > 1:
@@ -628,13 +638,7 @@ class Producer:
                     self._tg.start_soon(self._timer)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._writer, node, stream, proto)
-                    sock = node.sock
-                    if self._loop is not None and sock is not None:
-                        # asyncio, plain TCP: the loop calls _on_readable; _disconnect stops it.
-                        node.reader_fd = sock.fileno()
-                        self._loop.add_reader(
-                            node.reader_fd, self._on_readable, node, proto, generation
-                        )
+                    if node.reader_fd is not None:
                         await anyio.sleep_forever()
                     await self._reader(node, stream, proto, generation)
                     tg.cancel_scope.cancel()
