@@ -326,3 +326,20 @@ async def test_waiting_for_a_slot_counts_against_the_deadline_real() -> None:
                         tg.start_soon(publish)  # waits for the slot: same deadline
                 assert time.monotonic() - started < 2.0
     assert [type(e) for _, _, _, e in seen] == [type(None), TimeoutError, TimeoutError]
+
+
+@needs_real
+async def test_large_pipelined_publishes_survive_partial_writes_real() -> None:
+    # 20 MPUBs of 1 MB at once: far more than the socket takes in one write, so the rest is
+    # written by the writer task as the socket drains, in order.
+    with RealNSQD(["--max-body-size=2000000", "--mem-queue-size=1000"]) as nsqd:
+        topic = fresh()
+        async with Producer(nsqd.tcp_address) as p:
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    for i in range(20):
+                        tg.start_soon(p.multi_publish, topic, [bytes([65 + i]) * 100_000] * 10)
+                    for _ in range(50):
+                        tg.start_soon(p.publish, topic, b"small")
+            assert p.stats().published == 70
+        assert topic_count(nsqd, topic) == 250
