@@ -106,7 +106,13 @@ def _plain_socket(stream: anyio.abc.ByteStream) -> tuple[socket.socket | None, b
     if isinstance(raw, socket.socket):
         return raw, False
     # asyncio hands out a TransportSocket (no send()): duplicate the descriptor instead. The
-    # transport never writes (the producer never calls stream.send on plain TCP).
+    # transport never writes (the producer never calls stream.send on plain TCP), and must not
+    # read either: anyio pauses it between receive() calls; where that cannot be seen, the
+    # producer stays on the stream.
+    transport = getattr(stream, "_transport", None)
+    is_reading = getattr(transport, "is_reading", None)
+    if is_reading is None or is_reading():
+        return None, False
     try:
         dup = socket.socket(raw.family, raw.type, raw.proto, fileno=os.dup(raw.fileno()))
     except (OSError, AttributeError):
