@@ -41,9 +41,24 @@ def paused(nsqd: RealNSQD) -> Iterator[None]:
     assert nsqd.pid is not None
     os.kill(nsqd.pid, signal.SIGSTOP)
     try:
+        _wait_stopped(nsqd.pid)
         yield
     finally:
         os.kill(nsqd.pid, signal.SIGCONT)
+
+
+def _wait_stopped(pid: int) -> None:
+    """Until every thread of ``pid`` is stopped (SIGSTOP takes effect asynchronously)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        states = set()
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.add(f.read().rsplit(")", 1)[1].split()[0])
+        if states <= {"T", "t"}:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"nsqd {pid} did not stop")
 
 
 def topic_count(nsqd: RealNSQD, topic: str) -> int:
