@@ -32,6 +32,7 @@ class FetchEnd(enum.Enum):
     NO_MESSAGES = "no_messages"  # no_wait fetch and nothing was buffered
     TOO_MANY_WAITING = "too_many_waiting"  # max_waiting_fetches requests already wait
     DRAINING = "draining"  # the consumer is draining or closed: what arrived so far
+    FAILED = "failed"  # the consumer failed (ConsumerFailed): nothing more will come
 
 
 @dataclass(frozen=True, slots=True)

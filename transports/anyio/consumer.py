@@ -39,10 +39,12 @@ from nsq_sansio.consumer import (
     Connect,
     ConnectionUp,
     ConsumerCoordinator,
+    ConsumerFailed,
     ConsumerState,
     Deliver,
     Disconnected,
     DrainComplete,
+    FetchEnd,
     FetchResult,
     GiveUp,
     LookupdFailed,
@@ -78,6 +80,16 @@ _SOCKET_ERRORS = (
     anyio.EndOfStream,
     ConnectionLost,
 )
+
+
+def _only(raised: BaseException, error: BaseException) -> bool:
+    """``raised`` is ``error``, or (nested) exception groups holding only it."""
+    while raised is not error:
+        inner = getattr(raised, "exceptions", None)  # (Base)ExceptionGroup, also on 3.10
+        if not inner or len(inner) != 1:
+            return False
+        raised = inner[0]
+    return True
 
 
 def _check_seconds(what: str, value: object) -> None:
@@ -368,6 +380,10 @@ class Consumer:
         self._closed = False
         self._in_context = False
         self._exited = False
+        #: The error the consumer failed with (ConsumerFailed: nsqd refused the
+        #: configuration); raised by iteration, run(), fetch(), and at exit if never seen.
+        self._failure: NSQError | None = None
+        self._failure_raised = False
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -412,7 +428,21 @@ class Consumer:
             self._stop_tasks()
             tg.cancel_scope.cancel()
             self._exited = True
-        return await tg.__aexit__(exc_type, exc, tb)
+        try:
+            suppress = await tg.__aexit__(exc_type, exc, tb)
+        except BaseException as raised:
+            if self._failure is not None and _only(raised, self._failure):
+                # The task group wrapped the failure the block raised: give it back plain.
+                raise self._failure from None
+            raise
+        if exc_type is None and self._failure is not None and not self._failure_raised:
+            self._raise_failure()  # the block never waited for a message: say it now
+        return suppress
+
+    def _raise_failure(self) -> None:
+        assert self._failure is not None
+        self._failure_raised = True
+        raise self._failure
 
     def _stop_tasks(self) -> None:
         self._closed = True
@@ -509,6 +539,8 @@ class Consumer:
                 return Message(self, delivery)
         message = await self._next_message()
         if message is None:
+            if self._failure is not None:
+                self._raise_failure()
             raise StopAsyncIteration
         return message
 
@@ -595,6 +627,8 @@ class Consumer:
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
                 tg.start_soon(worker)
+        if self._failure is not None:
+            self._raise_failure()
 
     async def fetch(
         self, batch: int, timeout: float | None = None, *, no_wait: bool = False
@@ -628,6 +662,8 @@ class Consumer:
                 self._requeue_all(slot[1].messages)
             raise
         result: FetchResult = slot[1]
+        if result.reason is FetchEnd.FAILED and self._failure is not None:
+            self._raise_failure()
         return [Message(self, d) for d in result.messages]
 
     # --- signals -------------------------------------------------------------------------------
@@ -837,6 +873,15 @@ class Consumer:
         elif isinstance(action, FetchResult):
             self._on_fetch_result(action)
         elif isinstance(action, DrainComplete):
+            self._drained.set()
+            self._wake_readers()
+        elif isinstance(action, ConsumerFailed):
+            # Terminal: every connection is closed; whoever waits for messages raises it.
+            self._failure = action.error
+            self._logger.error(
+                "consumer %s/%s failed, not retrying: %s", self.topic, self.channel, action.error
+            )
+            self._emit(action)
             self._drained.set()
             self._wake_readers()
         elif isinstance(action, ConnectionUp):
