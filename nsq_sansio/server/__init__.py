@@ -1,5 +1,11 @@
 """The server roles of the protocol, pure like the client side: nsqd (``nsqd.py``) and
-nsqlookupd (``lookupd.py``). Transports in ``transports/embedded`` put sockets around them."""
+nsqlookupd (``lookupd.py``). Transports in ``transports/embedded`` put sockets around them.
+
+nsqd's role is split the way nsqd's Go source is: ``protocol_v2.py`` (the commands),
+``identify.py``, ``client.py``, ``topic.py``, ``channel.py`` (queue, in-flight and deferred
+heaps), ``topics.py`` (creation and deletion), ``message.py``, with ``nsqd.py``'s :class:`NSQD`
+composing them and answering the HTTP API; ``context.py`` is what they share and ``wire.py``
+the frame vocabulary."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ import random
 
 from nsq_sansio import frames
 from nsq_sansio.server import NSQD, MemoryBackend, NSQDOptions
-from nsq_sansio.server.nsqd import _BACKLOG_STEP_MESSAGES, _TIMER_STEP
+from nsq_sansio.server.channel import TIMER_STEP as _TIMER_STEP
+from nsq_sansio.server.topic import BACKLOG_STEP_MESSAGES as _BACKLOG_STEP_MESSAGES
 
 from ._wire import Client, make_node
 

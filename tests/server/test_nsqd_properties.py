@@ -163,7 +163,7 @@ class ChannelMachine(RuleBasedStateMachine):
                     self.node.receive_data(conn, frames.encode_nop(), self.now)
 
     def _in_flight_of(self, conn: int) -> int:
-        chan = self.node._topics["t"].channels["c"]
+        chan = self.node._topics.by_name["t"].channels["c"]
         return chan.clients[conn].in_flight if conn in chan.clients else 0
 
     @rule(count=st.integers(1, 5))
@@ -254,7 +254,7 @@ class ChannelMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_message_is_lost(self) -> None:
-        if not hasattr(self, "node") or "t" not in self.node._topics:
+        if not hasattr(self, "node") or "t" not in self.node._topics.by_name:
             return
         (topic,) = self.node.stats(self.now)["topics"]
         (channel,) = topic["channels"]

@@ -12,7 +12,8 @@ from nsq_sansio.backoff import Backoff
 from nsq_sansio.config import Config
 from nsq_sansio.consumer import ConsumerCoordinator
 from nsq_sansio.discovery import LookupdPoller
-from nsq_sansio.server.nsqd import NSQD
+from nsq_sansio.server.channel import Channel
+from nsq_sansio.server.protocol_v2 import ProtocolV2
 from nsq_sansio.testing import (
     ClusterSpec,
     ConsumerSpec,
@@ -92,18 +93,20 @@ def test_rdy_above_one_while_backing_off_is_caught(monkeypatch: pytest.MonkeyPat
 def test_nsqd_pushing_past_rdy_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     scn = scenario(config=CONFIG.replace(max_in_flight=3), handler=Handler(duration=0.2))
     run_scenario(scn)
-    original = NSQD._cmd_rdy
+    original = ProtocolV2._cmd_rdy
 
-    def generous(self: NSQD, conn: Any, params: list[bytes], now: float, events: Any) -> None:
+    def generous(
+        self: ProtocolV2, conn: Any, params: list[bytes], now: float, events: Any
+    ) -> None:
         original(self, conn, params, now, events)
         if conn.ready_count:
             conn.ready_count += 2  # nsqd believes the client asked for more
             channel = conn.channel
             if channel is not None:
-                self._enqueue_ready(channel, conn)
-                self._pump(channel, now)
+                channel.enqueue_ready(conn)
+                channel.pump(now)
 
-    monkeypatch.setattr(NSQD, "_cmd_rdy", generous)
+    monkeypatch.setattr(ProtocolV2, "_cmd_rdy", generous)
     assert Invariant.RDY_IN_FLIGHT in caught(scn)
 
 
@@ -111,10 +114,12 @@ def test_a_broker_losing_requeued_messages_is_caught(monkeypatch: pytest.MonkeyP
     scn = scenario(handler=Handler(duration=0.01, failure_rate=0.2, backoff=False))
     run_scenario(scn)
 
-    def req_is_fin(self: NSQD, conn: Any, params: list[bytes], now: float, events: Any) -> None:
+    def req_is_fin(
+        self: ProtocolV2, conn: Any, params: list[bytes], now: float, events: Any
+    ) -> None:
         self._cmd_fin(conn, params[:2], now, events)
 
-    monkeypatch.setattr(NSQD, "_cmd_req", req_is_fin)
+    monkeypatch.setattr(ProtocolV2, "_cmd_req", req_is_fin)
     assert Invariant.AT_LEAST_ONCE in caught(scn)
 
 
@@ -156,13 +161,13 @@ def test_spec_is_what_the_control_runs_use() -> None:
 def test_nsqd_forgetting_attempts_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     scn = scenario(handler=Handler(duration=0.01, failure_rate=0.3, backoff=False))
     run_scenario(scn)
-    original = NSQD._deliver
+    original = Channel._deliver
 
-    def amnesiac(self: NSQD, channel: Any, conn: Any, msg: Any, now: float) -> None:
+    def amnesiac(self: Channel[Any], conn: Any, msg: Any, now: float) -> None:
         msg.attempts = 0  # every delivery looks like the first: max_attempts never triggers
-        original(self, channel, conn, msg, now)
+        original(self, conn, msg, now)
 
-    monkeypatch.setattr(NSQD, "_deliver", amnesiac)
+    monkeypatch.setattr(Channel, "_deliver", amnesiac)
     assert Invariant.ATTEMPTS in caught(scn)
 
 
