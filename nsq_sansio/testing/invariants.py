@@ -34,13 +34,13 @@ returns False and reports ``TakenBack``, as the coordinator promises.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..backoff import BackoffPhase
 from .network import CLIENT_TO_SERVER, SimConn
+from .nodes import ConsumerNode, NsqdNode, World
+from .violations import Invariant, InvariantViolation, Violation
 from .wire import (
     ClientCommand,
     CommandParser,
@@ -51,46 +51,8 @@ from .wire import (
 
 if TYPE_CHECKING:
     from ..consumer import Deliver
-    from .nodes import ConsumerNode
-    from .simulator import Simulator
 
 __all__ = ["Invariant", "InvariantViolation", "Monitor", "Violation"]
-
-
-class Invariant(enum.Enum):
-    RDY_SUM = "rdy_sum"
-    RDY_IN_FLIGHT = "rdy_in_flight"
-    HELD = "held"
-    BACKOFF_RDY = "backoff_rdy"
-    AT_LEAST_ONCE = "at_least_once"
-    DRAIN = "drain"
-    DISCOVERY = "discovery"
-    BROKER_EMPTY = "broker_empty"
-    CLIENT_API = "client_api"
-    ATTEMPTS = "attempts"
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    invariant: Invariant
-    time: float
-    detail: str
-
-    def __str__(self) -> str:
-        return f"[{self.invariant.value} @ {self.time:.3f}s] {self.detail}"
-
-
-class InvariantViolation(AssertionError):
-    """Raised when an invariant fails; the message ends with the line that replays the run."""
-
-    def __init__(self, violations: list[Violation], replay: str) -> None:
-        shown = "\n  ".join(str(v) for v in violations[:10])
-        more = f"\n  ... and {len(violations) - 10} more" if len(violations) > 10 else ""
-        super().__init__(
-            f"{len(violations)} invariant violation(s):\n  {shown}{more}\nreplay: {replay}"
-        )
-        self.violations = violations
-        self.replay = replay
 
 
 class _Pipe:
@@ -227,7 +189,7 @@ class _Pipe:
 class Monitor:
     """Collects what happened in a run and checks the invariants."""
 
-    def __init__(self, sim: Simulator, *, rdy_per_write: bool = True) -> None:
+    def __init__(self, sim: World, *, rdy_per_write: bool = True) -> None:
         self.sim = sim
         #: Check the RDY sum after every RDY written, not only after every step: a consumer
         #: must write the decreases that fund an increase first (False: per step only).
@@ -259,7 +221,6 @@ class Monitor:
 
     def observe(self, conn: SimConn) -> _Pipe | None:
         """Observer factory for the network: V2 connections from clients to nsqd."""
-        from .nodes import NsqdNode
 
         server = conn.server
         if isinstance(server, NsqdNode) and conn.port == server.options.tcp_port:
@@ -275,7 +236,6 @@ class Monitor:
     # -- wire events ------------------------------------------------------------------------
 
     def rdy_sent(self, pipe: _Pipe, count: int, now: float) -> None:
-        from .nodes import ConsumerNode
 
         if self.rdy_per_write:
             node = self.sim.nodes.get(pipe.client)
@@ -329,7 +289,6 @@ class Monitor:
 
     def _check_held(self, consumer: str, now: float) -> None:
         """``HELD``: what ``consumer`` holds (nsqd sent, not answered, not timed out)."""
-        from .nodes import ConsumerNode
 
         node = self.sim.nodes.get(consumer)
         pipes = self._consumer_pipes.get(consumer)
@@ -441,21 +400,21 @@ class Monitor:
     def on_lookup_request(self, lookupd: str, client: str, now: float) -> None:
         self.lookup_requests.append((now, lookupd, client))
 
-    def on_consumer_step(self, node: ConsumerNode, now: float) -> None:
+    def on_consumer_step(self, consumer: str, max_in_flight: int, now: float) -> None:
         """After each consumer step: the RDY it has sent, summed over its live connections."""
-        pipes = self._consumer_pipes.get(node.name)
+        pipes = self._consumer_pipes.get(consumer)
         if not pipes:
             return
         total = 0
         for pipe in pipes.values():
             total += pipe.client_rdy
-        limit = node.coord.max_in_flight
+        limit = max_in_flight
         if total > limit:
             detail = ", ".join(f"{p.nsqd}={p.client_rdy}" for p in pipes.values())
             self.violate(
                 Invariant.RDY_SUM,
                 now,
-                f"{node.name} RDY sum {total} > max_in_flight {limit} ({detail})",
+                f"{consumer} RDY sum {total} > max_in_flight {limit} ({detail})",
             )
 
     # -- end checks -------------------------------------------------------------------------
@@ -487,7 +446,6 @@ class Monitor:
             self.check_discovery(now)
 
     def _check_brokers(self, now: float) -> None:
-        from .nodes import NsqdNode
 
         for node in self.sim.nodes.values():
             if not isinstance(node, NsqdNode) or not node.alive:
@@ -510,7 +468,6 @@ class Monitor:
                         )
 
     def check_discovery(self, now: float) -> None:
-        from .nodes import ConsumerNode, NsqdNode
 
         live = {n.address for n in self.sim.nodes.values() if isinstance(n, NsqdNode) and n.alive}
         for node in self.sim.nodes.values():

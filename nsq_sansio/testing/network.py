@@ -18,14 +18,11 @@ import enum
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from .clock import Scheduler
 
-if TYPE_CHECKING:
-    from .nodes import SimNode
-
-__all__ = ["ConnState", "LinkSpec", "Network", "PipeObserver", "SimConn"]
+__all__ = ["ConnState", "Endpoint", "LinkSpec", "Network", "PipeObserver", "SimConn"]
 
 #: Direction of a pipe: from the side that connected (client) or from the side that accepted.
 CLIENT_TO_SERVER = 0
@@ -51,6 +48,24 @@ class ConnState(enum.Enum):
     CONNECTING = "connecting"
     OPEN = "open"
     CLOSED = "closed"
+
+
+class Endpoint(Protocol):
+    """A node as the network sees it (:class:`~nsq_sansio.testing.nodes.SimNode` is one)."""
+
+    name: str
+    ports: set[int]
+    alive: bool
+
+    def on_accept(self, conn: SimConn, now: float) -> None: ...
+
+    def on_connected(self, conn: SimConn, now: float) -> None: ...
+
+    def on_connect_failed(self, conn: SimConn, now: float) -> None: ...
+
+    def on_data(self, conn: SimConn, data: bytes, now: float) -> None: ...
+
+    def on_eof(self, conn: SimConn, now: float) -> None: ...
 
 
 class PipeObserver(Protocol):
@@ -84,8 +99,8 @@ class SimConn:
     def __init__(
         self,
         conn_id: int,
-        client: SimNode,
-        server: SimNode | None,
+        client: Endpoint,
+        server: Endpoint | None,
         address: str,
         port: int,
         latency: float,
@@ -104,11 +119,11 @@ class SimConn:
         self.held: list[tuple[int, bytes | None]] = []
         self.observers: list[PipeObserver] = []
 
-    def side_of(self, node: SimNode) -> int:
+    def side_of(self, node: Endpoint) -> int:
         """The direction ``node`` writes in."""
         return CLIENT_TO_SERVER if node is self.client else SERVER_TO_CLIENT
 
-    def peer_of(self, node: SimNode) -> SimNode | None:
+    def peer_of(self, node: Endpoint) -> Endpoint | None:
         return self.server if node is self.client else self.client
 
     def __repr__(self) -> str:
@@ -125,7 +140,7 @@ class Network:
         self.scheduler = scheduler
         self.rng = rng
         self.link = link or LinkSpec()
-        self.nodes: dict[str, SimNode] = {}
+        self.nodes: dict[str, Endpoint] = {}
         self.conns: dict[int, SimConn] = {}
         self._next_id = 1
         #: Active partitions: id -> node name -> group index.
@@ -134,14 +149,14 @@ class Network:
         #: Bytes carried (written by nodes), for benchmarks.
         self.bytes_sent = 0
         #: Called after every callback into a node (the simulator re-arms its timer there).
-        self.after: Callable[[SimNode], None] = _nothing
+        self.after: Callable[[Endpoint], None] = _nothing
         self.observer_factories: list[Callable[[SimConn], PipeObserver | None]] = []
         #: Resets a partition keeps from a peer until it heals: (dead node, conn, peer).
-        self._pending_resets: list[tuple[str, SimConn, SimNode]] = []
+        self._pending_resets: list[tuple[str, SimConn, Endpoint]] = []
 
     # -- topology -------------------------------------------------------------------------------
 
-    def add_node(self, node: SimNode) -> None:
+    def add_node(self, node: Endpoint) -> None:
         if node.name in self.nodes:
             raise ValueError(f"duplicate node name {node.name!r}")
         self.nodes[node.name] = node
@@ -200,7 +215,7 @@ class Network:
 
     # -- connections ----------------------------------------------------------------------------
 
-    def connect(self, client: SimNode, address: str) -> SimConn:
+    def connect(self, client: Endpoint, address: str) -> SimConn:
         """Start connecting to ``host:port``; the client hears ``on_connected`` or
         ``on_connect_failed`` later."""
         host, _, port_text = address.rpartition(":")
@@ -252,7 +267,7 @@ class Network:
             conn.client.on_connected(conn, self.scheduler.now)
             self.after(conn.client)
 
-    def send(self, conn: SimConn, node: SimNode, data: bytes) -> None:
+    def send(self, conn: SimConn, node: Endpoint, data: bytes) -> None:
         """``node`` writes ``data`` on ``conn`` (ignored when its side is closed)."""
         if not data:
             return
@@ -265,7 +280,7 @@ class Network:
             observer.sent(direction, data, now)
         self._transmit(conn, direction, data)
 
-    def close(self, conn: SimConn, node: SimNode) -> None:
+    def close(self, conn: SimConn, node: Endpoint) -> None:
         """``node`` closes its side: the peer reads EOF after the bytes already sent."""
         direction = conn.side_of(node)
         if conn.state is ConnState.CONNECTING:
@@ -293,7 +308,7 @@ class Network:
             if ends[direction] and node is not None:
                 self.scheduler.call_at(now + conn.latency, self._reset_notice, (conn, node))
 
-    def crash_node(self, node: SimNode) -> None:
+    def crash_node(self, node: Endpoint) -> None:
         """``node`` died: its connections are reset; peers read EOF when reachable (at once)
         or when the partition between them heals."""
         now = self.scheduler.now
@@ -320,7 +335,7 @@ class Network:
             conn.client.on_connect_failed(conn, self.scheduler.now)
             self.after(conn.client)
 
-    def _reset_notice(self, item: tuple[SimConn, SimNode]) -> None:
+    def _reset_notice(self, item: tuple[SimConn, Endpoint]) -> None:
         conn, node = item
         if node.alive:
             node.on_eof(conn, self.scheduler.now)
@@ -380,5 +395,5 @@ class Network:
         self.after(target)
 
 
-def _nothing(node: SimNode) -> None:
+def _nothing(node: Endpoint) -> None:
     return None

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..config import Config
-from .nodes import Handler
+from .handler import Handler
 from .simulator import (
     ClusterSpec,
     ConsumerSpec,

@@ -20,9 +20,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ..config import Config
+from .handler import Handler
 from .network import LinkSpec
-from .nodes import Handler
-from .simulator import ClusterSpec, ConsumerSpec, Fault, FaultKind, Scenario, Workload
+from .specs import ClusterSpec, ConsumerSpec, Fault, FaultKind, Scenario, Workload
 
 __all__ = [
     "cluster_specs",
