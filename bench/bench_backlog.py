@@ -4,7 +4,7 @@ Publishes ``--messages`` 1-byte messages to a topic without channels, then SUBsc
 creates the first channel) while a thread GETs ``/ping`` every 5 ms, and waits until the
 topic's depth is 0. Prints the SUB latency, the time until the first message, the time the
 move took and the /ping latencies seen meanwhile, for the embedded nsqd (in its own process,
-``python -m transports.embedded.cli nsqd``, so the GIL of this script does not interfere) and
+``python -m transports.cli nsqd``, so the GIL of this script does not interfere) and
 for the real nsqd when its binaries are found (``--nsqd-bin`` or the workplace's copy)::
 
     python bench/bench_backlog.py                     # 1M messages, both brokers
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from transports.real_nsq import RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import RealNSQD, find_binaries, free_port
 
 BATCH = 200_000
 
@@ -133,7 +133,7 @@ def measure(tcp: str, http_address: str, messages: int) -> dict[str, float]:
 @contextmanager
 def embedded() -> Iterator[tuple[str, str]]:
     tcp, http_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    command = [sys.executable, "-m", "transports.embedded.cli", "nsqd"]
+    command = [sys.executable, "-m", "transports.cli", "nsqd"]
     process = subprocess.Popen(
         [*command, f"--tcp-address={tcp}", f"--http-address={http_address}"],
         stderr=subprocess.PIPE,

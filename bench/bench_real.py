@@ -1,6 +1,6 @@
 """Clients against the real nsqd v1.3.0: nsq-sansio, its Python peers and Go's ceiling.
 
-Every measurement starts a fresh real nsqd (``transports.real_nsq.RealNSQD``) and runs one
+Every measurement starts a fresh real nsqd (``transports.testing.real_nsq.RealNSQD``) and runs one
 client in its own process. Before a rate is printed, nsqd's ``/stats`` must show that every
 message arrived (publish rows: the topic's ``message_count``) or was delivered and FIN'd
 (consume rows: channel depth, in-flight, requeue and timeout counts all 0). One command prints
@@ -901,7 +901,7 @@ def _nsqd_args(count: int, extra: list[str]) -> list[str]:
 
 
 def run_row(r: Row, args: argparse.Namespace, bin_dir: str | None) -> Result:
-    from transports.real_nsq import RealNSQD, tool
+    from transports.testing.real_nsq import RealNSQD, tool
 
     count = args.pub1_count if r.group == "pub1" else args.count
     with RealNSQD(_nsqd_args(count, args.nsqd_arg), bin_dir=bin_dir) as nsqd:
@@ -1221,7 +1221,7 @@ def main() -> None:
             print(f"{r.key:34} {r.label}")
         return
 
-    from transports.real_nsq import find_binaries
+    from transports.testing.real_nsq import find_binaries
 
     folder = find_binaries(args.nsqd_bin)
     if folder is None:

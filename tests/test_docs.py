@@ -16,8 +16,8 @@ from types import ModuleType
 import pytest
 
 from transports.embedded import EmbeddedNSQD
-from transports.pytest_plugin import nsqd  # noqa: F401
 from transports.sync import Producer
+from transports.testing.pytest_plugin import nsqd  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.pytest_plugin import nsq_cluster, nsqd, nsqlookupd  # noqa: F401
+from transports.testing.pytest_plugin import nsq_cluster, nsqd, nsqlookupd  # noqa: F401
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -19,7 +19,7 @@ import pytest
 
 from transports.anyio import Consumer, Message
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.real_nsq import RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import RealNSQD, find_binaries, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from nsq_sansio.consumer import ConsumerFailed, Disconnected
 from nsq_sansio.errors import IdentifyRejected
 from transports.anyio import Consumer, Message
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import RealNSQD, find_binaries
 
 pytestmark = pytest.mark.anyio
 

@@ -22,7 +22,7 @@ import pytest
 
 from nsq_sansio.errors import BadMessage, IdentifyRejected
 from transports.anyio import NoNSQDAvailable, Producer
-from transports.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import RealNSQD, find_binaries
 
 from .conftest import NSQDFactory
 

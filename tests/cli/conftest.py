@@ -1,7 +1,7 @@
 """Subprocess tests of the ``nsq-sansio`` command line against the embedded broker.
 
 The broker runs in this test process (the ``nsq_cluster`` / ``nsqd`` fixtures of
-``transports.pytest_plugin``, on a background thread); the command runs in a child process
+``transports.testing.pytest_plugin``, on a background thread); the command runs in a child process
 exactly as a user runs it (``python -m transports.cli``), over real loopback sockets.
 """
 
@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from transports.pytest_plugin import nsq_cluster, nsqd, nsqlookupd  # noqa: F401
+from transports.testing.pytest_plugin import nsq_cluster, nsqd, nsqlookupd  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 

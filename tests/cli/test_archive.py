@@ -218,7 +218,7 @@ def test_plain_files_append_within_the_hour_like_nsq_to_file(
 
 
 def test_whole_gzip_members_prefix() -> None:
-    from transports.cli import whole_gzip_members
+    from transports.cli.archive import whole_gzip_members
 
     one, two = gzip.compress(b"x\n"), zlib.compress(b"not gzip")
     for data, expected in [

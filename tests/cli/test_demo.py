@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from transports.demo import DemoOptions, DemoResult, Tally, Workload, format_report
+from transports.cli.demo import DemoOptions, DemoResult, Tally, Workload, format_report
 
 from .conftest import cli, cli_in_pty, screen_lines
 
@@ -170,7 +170,7 @@ def test_demo_progress_piped_is_one_short_line_per_stage_every_2s() -> None:
 def test_spark_demo_accounting_flags_every_kind_of_loss() -> None:
     from collections import Counter
 
-    from transports.demo_spark import SparkDemoOptions, SparkDemoResult, expected_cells
+    from transports.cli.demo.spark import SparkDemoOptions, SparkDemoResult, expected_cells
 
     cells = expected_cells(300)
     good = SparkDemoResult(

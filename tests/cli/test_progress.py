@@ -1,4 +1,4 @@
-"""``transports.progress`` layouts: every field fits, whatever the counts (no sockets)."""
+"""``transports.cli.progress`` layouts: every field fits, whatever the counts (no sockets)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transports.progress import ProgressDisplay, Stage, compact, duration
+from transports.cli.progress import ProgressDisplay, Stage, compact, duration
 
 counts = st.integers(min_value=0, max_value=2**32 - 1)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from transports.real_nsq import RealLookupd, RealNSQD, find_binaries
+from transports.testing.real_nsq import RealLookupd, RealNSQD, find_binaries
 
 from .wire import split_address
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from transports.real_nsq import RealNSQD
+from transports.testing.real_nsq import RealNSQD
 
 from .conftest import EXTERNAL, Target, embedded_backend
 from .wire import FRAME_MESSAGE, RawConn, unique

@@ -1,5 +1,5 @@
 """Make the plugin's fixtures available even when nsq-sansio is not installed (entry point)."""
 
-from transports.pytest_plugin import nsq_cluster, nsqd, nsqlookupd
+from transports.testing.pytest_plugin import nsq_cluster, nsqd, nsqlookupd
 
 __all__ = ["nsq_cluster", "nsqd", "nsqlookupd"]

@@ -17,8 +17,8 @@ import anyio
 import pytest
 from conformance.wire import RawConn, http_request, unique, wait_for
 
-from transports.demo import self_signed_certificate
 from transports.embedded import Cluster, EmbeddedLookupd, EmbeddedNSQD, ServerThread
+from transports.testing.tls import self_signed_certificate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,7 +173,7 @@ def test_malformed_http_gets_400_and_server_keeps_serving(nsqd: EmbeddedNSQD) ->
 @pytest.mark.parametrize("which", ["nsqd", "lookupd"])
 def test_cli_starts_serves_and_stops_on_sigterm(which: str) -> None:
     code = (
-        "import sys; from transports.embedded.cli import nsqd_main, lookupd_main; "
+        "import sys; from transports.cli.servers import nsqd_main, lookupd_main; "
         f"sys.exit({which}_main(sys.argv[1:]))"
     )
     proc = subprocess.Popen(
@@ -205,7 +205,8 @@ def test_cli_starts_serves_and_stops_on_sigterm(which: str) -> None:
 
 
 def test_cli_rejects_bad_flags() -> None:
-    from transports.embedded.cli import nsqd_main, parse_duration
+    from transports.cli.common import parse_duration
+    from transports.cli.servers import nsqd_main
 
     assert parse_duration("1m30s") == 90.0 and parse_duration("250ms") == 0.25
     with pytest.raises(SystemExit):

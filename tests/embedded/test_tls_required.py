@@ -11,10 +11,10 @@ from contextlib import contextmanager
 import pytest
 from conformance.wire import RawConn, http_request
 
-from transports.demo import self_signed_certificate
+from transports.cli.servers import _nsqd_parser
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.embedded.cli import _nsqd_parser
-from transports.real_nsq import RealNSQD, find_binaries, nsqd_flags
+from transports.testing.real_nsq import RealNSQD, find_binaries, nsqd_flags
+from transports.testing.tls import self_signed_certificate
 
 
 @pytest.fixture(scope="module")

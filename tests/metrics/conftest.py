@@ -1,1 +1,1 @@
-from transports.pytest_plugin import nsq_cluster, nsqd, nsqlookupd  # noqa: F401
+from transports.testing.pytest_plugin import nsq_cluster, nsqd, nsqlookupd  # noqa: F401

@@ -264,8 +264,8 @@ def test_instrumented_producer_measures_publish_latency(
 
 def test_nsqd_collector_reads_the_real_nsqd() -> None:
     """The real nsqd is the referee: the same series from its /stats (skips without it)."""
-    from transports.real_nsq import RealNSQD, find_binaries
     from transports.sync import Consumer, Producer
+    from transports.testing.real_nsq import RealNSQD, find_binaries
 
     if find_binaries() is None:
         pytest.skip("the real NSQ binaries are not on this machine")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from transports.real_nsq import RealLookupd, RealNSQD, find_binaries, nsqd_flags
+from transports.testing.real_nsq import RealLookupd, RealNSQD, find_binaries, nsqd_flags
 
 
 def require_real_binaries() -> None:

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from conformance.wire import http_request, unique
 
-from transports.demo import self_signed_certificate
 from transports.embedded import Cluster, EmbeddedNSQD, ServerThread
-from transports.real_nsq import tool
+from transports.testing.real_nsq import tool
+from transports.testing.tls import self_signed_certificate
 
 from .conftest import require_real_binaries
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from transports.real_nsq import RealLookupd, RealNSQD, find_binaries
+from transports.testing.real_nsq import RealLookupd, RealNSQD, find_binaries
 
 pytestmark = pytest.mark.skipif(find_binaries() is None, reason="real NSQ binaries not found")
 

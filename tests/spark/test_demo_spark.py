@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from transports.demo import demo_main
-from transports.demo_spark import MALFORMED_EVERY, expected_cells
+from transports.cli.demo import demo_main
+from transports.cli.demo.spark import MALFORMED_EVERY, expected_cells
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.real_nsq import RealNSQD, find_binaries, free_port
 from transports.sync import Consumer
+from transports.testing.real_nsq import RealNSQD, find_binaries, free_port
 
 from ._helpers import unique, wait_for
 

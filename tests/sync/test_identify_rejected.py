@@ -13,8 +13,8 @@ import pytest
 from nsq_sansio.consumer import ConsumerFailed, Disconnected
 from nsq_sansio.errors import IdentifyRejected
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.real_nsq import RealNSQD, find_binaries
 from transports.sync import Consumer
+from transports.testing.real_nsq import RealNSQD, find_binaries
 
 from ._helpers import unique, wait_for
 

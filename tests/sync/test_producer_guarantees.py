@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from nsq_sansio.errors import BadMessage, IdentifyRejected
-from transports.real_nsq import RealNSQD, find_binaries
 from transports.sync import Producer
+from transports.testing.real_nsq import RealNSQD, find_binaries
 
 from ._helpers import running_nsqd, unique
 

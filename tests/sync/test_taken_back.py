@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from transports.real_nsq import RealNSQD, find_binaries
 from transports.sync import Consumer, Producer
+from transports.testing.real_nsq import RealNSQD, find_binaries
 
 from ._helpers import channel_stats, running_nsqd, unique, wait_for
 

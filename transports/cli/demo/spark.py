@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from transports.progress import ProgressDisplay, Stage
+from ..progress import ProgressDisplay, Stage
 
 __all__ = ["SparkDemoOptions", "SparkDemoResult", "format_spark_report", "run_spark_demo"]
 

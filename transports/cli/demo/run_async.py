@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 
-from transports._common import TLSOptions
 from transports.anyio import Consumer, Message, Producer
 from transports.embedded import Cluster
 
-from .demo import (
-    CHANNELS,
-    TOPIC,
-    ChannelTally,
-    DemoOptions,
-    DemoResult,
-    Progress,
-    Tally,
-    Workload,
-)
+from .accounting import ChannelTally, Tally, answer, tls_settings, topology_paths
+from .report import DemoResult, Progress
+from .workload import TOPIC, DemoOptions, Workload
 
 __all__ = ["http_post", "run_async"]
 
@@ -52,15 +43,8 @@ async def http_post(address: str, path: str, timeout: float = 5.0) -> int:
         return 0
 
 
-def answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
-    """Run the demo handler on ``msg`` and answer it (FIN, or REQ with/without backoff)."""
-    body, attempts = msg.body, msg.attempts
-    if ch.handle(workload, body, attempts):
-        if msg.finish_nowait():
-            ch.record_finish(body, attempts)
-    else:
-        if msg.requeue_nowait(backoff=workload.wants_backoff(body, attempts)):
-            ch.record_requeue()
+def _answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
+    answer(ch, workload, msg, Message.finish_nowait, Message.requeue_nowait)
 
 
 async def run_async(
@@ -71,18 +55,10 @@ async def run_async(
     result: DemoResult,
     tls: tuple[str, str] | None,
 ) -> None:
-    nsqd_options: dict[str, Any] = {}
-    client_tls: dict[str, Any] = {}
-    if tls is not None:
-        nsqd_options.update(tls_cert=tls[0], tls_key=tls[1])
-        client_tls = {"tls_v1": True, "tls": TLSOptions(ca_file=tls[0])}
+    nsqd_options, client_tls = tls_settings(tls)
     async with Cluster(nsqd_count=2, nsqd_options=nsqd_options) as cluster:
-        # Topic and both channels exist on every nsqd before the first publish, so neither
-        # channel misses the messages published before its consumers connect.
         for nsqd in cluster.nsqds:
-            paths = [f"/topic/create?topic={TOPIC}"]
-            paths += [f"/channel/create?topic={TOPIC}&channel={ch}" for ch in CHANNELS]
-            for path in paths:
+            for path in topology_paths():
                 status = await http_post(nsqd.http_address, path)
                 if status != 200:
                     raise RuntimeError(f"nsqd {nsqd.http_address}: POST {path} -> {status}")
@@ -106,7 +82,7 @@ async def run_async(
             ) as consumer:
                 push_consumers.append(consumer)
                 async for msg in consumer:
-                    answer(ch, workload, msg)
+                    _answer(ch, workload, msg)
 
         async def pull() -> None:
             ch = tally.channels["pull"]
@@ -124,7 +100,7 @@ async def run_async(
                 async def fetcher() -> None:
                     while not stop.is_set():
                         for msg in await consumer.fetch(options.batch, timeout=0.25):
-                            answer(ch, workload, msg)
+                            _answer(ch, workload, msg)
 
                 async with anyio.create_task_group() as tg:
                     for _ in range(FETCHERS):
@@ -158,7 +134,7 @@ async def run_async(
                     tg.start_soon(push, i)
                 tg.start_soon(pull)
                 tg.start_soon(publish)
-                while not tally.complete() or tally.published < workload.count:
+                while not tally.all_accounted():
                     progress.update()
                     await anyio.sleep(0.2)
                 # Everything is accounted for: drain (RDY 0, in-flight answered, CLS).

@@ -10,20 +10,12 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from transports._common import TLSOptions
 from transports.embedded import Cluster, ServerThread
 from transports.sync import Consumer, Message, Producer, PublishFuture
 
-from .demo import (
-    CHANNELS,
-    TOPIC,
-    ChannelTally,
-    DemoOptions,
-    DemoResult,
-    Progress,
-    Tally,
-    Workload,
-)
+from .accounting import ChannelTally, Tally, answer, tls_settings, topology_paths
+from .report import DemoResult, Progress
+from .workload import TOPIC, DemoOptions, Workload
 
 __all__ = ["run_blocking"]
 
@@ -44,14 +36,8 @@ def http_post(address: str, path: str, timeout: float = 5.0) -> int:
         return 0
 
 
-def answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
-    body, attempts = msg.body, msg.attempts
-    if ch.handle(workload, body, attempts):
-        if msg.finish():
-            ch.record_finish(body, attempts)
-    else:
-        if msg.requeue(backoff=workload.wants_backoff(body, attempts)):
-            ch.record_requeue()
+def _answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
+    answer(ch, workload, msg, Message.finish, Message.requeue)
 
 
 def run_blocking(
@@ -62,16 +48,10 @@ def run_blocking(
     result: DemoResult,
     tls: tuple[str, str] | None,
 ) -> None:
-    nsqd_options: dict[str, Any] = {}
-    client_tls: dict[str, Any] = {}
-    if tls is not None:
-        nsqd_options.update(tls_cert=tls[0], tls_key=tls[1])
-        client_tls = {"tls_v1": True, "tls": TLSOptions(ca_file=tls[0])}
+    nsqd_options, client_tls = tls_settings(tls)
     with ServerThread(Cluster(nsqd_count=2, nsqd_options=nsqd_options)) as cluster:
         for nsqd in cluster.nsqds:
-            paths = [f"/topic/create?topic={TOPIC}"]
-            paths += [f"/channel/create?topic={TOPIC}&channel={ch}" for ch in CHANNELS]
-            for path in paths:
+            for path in topology_paths():
                 status = http_post(nsqd.http_address, path)
                 if status != 200:
                     raise RuntimeError(f"nsqd {nsqd.http_address}: POST {path} -> {status}")
@@ -110,7 +90,7 @@ def run_blocking(
                 return
             with consumer:
                 for msg in consumer:  # ends once the consumer is drained
-                    answer(ch, workload, msg)
+                    _answer(ch, workload, msg)
 
         def pull() -> None:
             ch = tally.channels["pull"]
@@ -128,7 +108,7 @@ def run_blocking(
             def fetcher() -> None:
                 while not stop.is_set():
                     for msg in consumer.fetch(options.batch, timeout=0.25):
-                        answer(ch, workload, msg)
+                        _answer(ch, workload, msg)
 
             with consumer:
                 threads = [guarded(fetcher) for _ in range(FETCHERS)]
@@ -166,7 +146,7 @@ def run_blocking(
         threads.append(guarded(pull))
         threads.append(guarded(publish))
         deadline = time.monotonic() + options.timeout
-        while not stop.is_set() and (not tally.complete() or tally.published < workload.count):
+        while not stop.is_set() and not tally.all_accounted():
             if time.monotonic() > deadline:
                 result.timed_out = True
                 break

@@ -1,4 +1,5 @@
-"""Command-line entry points for the embedded servers, with nsqd's and nsqlookupd's flag names.
+"""``nsq-sansio nsqd`` and ``nsq-sansio lookupd``: the embedded servers from the command line,
+with nsqd's and nsqlookupd's flag names.
 
 ``nsqd_main(argv)`` and ``lookupd_main(argv)`` parse flags (both ``--flag`` and Go's
 ``-flag`` spelling), start the server, print where it listens and serve until SIGINT or
@@ -8,7 +9,6 @@ SIGTERM. Durations take Go's syntax (``60s``, ``1m30s``, ``250ms``) or plain sec
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -18,35 +18,9 @@ import anyio
 
 from nsq_sansio.server.lookupd import LOOKUPD_VERSION
 
-__all__ = ["lookupd_main", "main", "nsqd_main", "parse_duration"]
+from .common import flag, parse_duration
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Go's ``time.ParseDuration`` subset -> seconds; a bare number is seconds."""
-    text = text.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    pos, total = 0, 0.0
-    while pos < len(text):
-        match = _DURATION_PART.match(text, pos)
-        if match is None:
-            raise argparse.ArgumentTypeError(f"invalid duration {text!r} (e.g. 60s, 1m30s, 250ms)")
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    if not text:
-        raise argparse.ArgumentTypeError("empty duration")
-    return total
-
-
-def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
-    """Add ``--name`` and Go's ``-name`` spelling."""
-    parser.add_argument(f"--{name}", f"-{name}", **kwargs)
-
+__all__ = ["lookupd_main", "nsqd_main", "nsqd_options_from_args"]
 
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
@@ -66,43 +40,43 @@ def _tls_required(text: str) -> bool | str:
 
 def _nsqd_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsq-sansio nsqd", description="embedded nsqd")
-    _flag(p, "tcp-address", default="0.0.0.0:4150", help="<addr>:<port> for TCP clients")
-    _flag(p, "http-address", default="0.0.0.0:4151", help="<addr>:<port> for HTTP clients")
-    _flag(p, "https-address", default=None, help="<addr>:<port> for HTTPS (needs --tls-cert)")
-    _flag(p, "broadcast-address", default=None, help="address registered with lookupd")
-    _flag(
+    flag(p, "tcp-address", default="0.0.0.0:4150", help="<addr>:<port> for TCP clients")
+    flag(p, "http-address", default="0.0.0.0:4151", help="<addr>:<port> for HTTP clients")
+    flag(p, "https-address", default=None, help="<addr>:<port> for HTTPS (needs --tls-cert)")
+    flag(p, "broadcast-address", default=None, help="address registered with lookupd")
+    flag(
         p,
         "lookupd-tcp-address",
         action="append",
         default=[],
         help="lookupd TCP address (may be given multiple times)",
     )
-    _flag(
+    flag(
         p,
         "auth-http-address",
         action="append",
         default=[],
         help="<addr>:<port> or a full url to query auth server (may be given multiple times)",
     )
-    _flag(p, "http-client-request-timeout", type=parse_duration, default=5.0)
-    _flag(p, "data-path", default=None, help="directory for durable message storage")
-    _flag(p, "mem-queue-size", type=int, default=10000, help="messages kept in memory per queue")
-    _flag(p, "max-msg-size", type=int, default=1048576)
-    _flag(p, "max-body-size", type=int, default=5242880)
-    _flag(p, "max-rdy-count", type=int, default=2500)
-    _flag(p, "max-channel-consumers", type=int, default=0)
-    _flag(p, "msg-timeout", type=parse_duration, default=60.0)
-    _flag(p, "max-msg-timeout", type=parse_duration, default=900.0)
-    _flag(p, "max-req-timeout", type=parse_duration, default=3600.0)
-    _flag(p, "client-timeout", type=parse_duration, default=60.0)
-    _flag(p, "max-heartbeat-interval", type=parse_duration, default=60.0)
-    _flag(p, "snappy", type=_bool, default=True, nargs="?", const=True)
-    _flag(p, "deflate", type=_bool, default=True, nargs="?", const=True)
-    _flag(p, "max-deflate-level", type=int, default=6)
-    _flag(p, "node-id", type=int, default=0)
-    _flag(p, "tls-cert", default=None, help="path to a PEM certificate file")
-    _flag(p, "tls-key", default=None, help="path to a PEM private key file")
-    _flag(
+    flag(p, "http-client-request-timeout", type=parse_duration, default=5.0)
+    flag(p, "data-path", default=None, help="directory for durable message storage")
+    flag(p, "mem-queue-size", type=int, default=10000, help="messages kept in memory per queue")
+    flag(p, "max-msg-size", type=int, default=1048576)
+    flag(p, "max-body-size", type=int, default=5242880)
+    flag(p, "max-rdy-count", type=int, default=2500)
+    flag(p, "max-channel-consumers", type=int, default=0)
+    flag(p, "msg-timeout", type=parse_duration, default=60.0)
+    flag(p, "max-msg-timeout", type=parse_duration, default=900.0)
+    flag(p, "max-req-timeout", type=parse_duration, default=3600.0)
+    flag(p, "client-timeout", type=parse_duration, default=60.0)
+    flag(p, "max-heartbeat-interval", type=parse_duration, default=60.0)
+    flag(p, "snappy", type=_bool, default=True, nargs="?", const=True)
+    flag(p, "deflate", type=_bool, default=True, nargs="?", const=True)
+    flag(p, "max-deflate-level", type=int, default=6)
+    flag(p, "node-id", type=int, default=0)
+    flag(p, "tls-cert", default=None, help="path to a PEM certificate file")
+    flag(p, "tls-key", default=None, help="path to a PEM private key file")
+    flag(
         p,
         "tls-required",
         type=_tls_required,
@@ -111,27 +85,27 @@ def _nsqd_parser() -> argparse.ArgumentParser:
         const=True,
         help="require TLS for client connections (true, false, tcp-https)",
     )
-    _flag(p, "tls-root-ca-file", default=None, help="CA that client certificates must chain to")
-    _flag(p, "tls-client-auth-policy", default=None, help="'require-verify' (client certificates)")
-    _flag(
+    flag(p, "tls-root-ca-file", default=None, help="CA that client certificates must chain to")
+    flag(p, "tls-client-auth-policy", default=None, help="'require-verify' (client certificates)")
+    flag(
         p,
         "metrics-address",
         default=None,
         help="<addr>:<port> to serve Prometheus metrics of topics and channels at /metrics "
         "(needs the metrics extra; not an nsqd flag)",
     )
-    _flag(p, "version", action="store_true", help="print version and exit")
+    flag(p, "version", action="store_true", help="print version and exit")
     return p
 
 
 def _lookupd_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsq-sansio lookupd", description="embedded nsqlookupd")
-    _flag(p, "tcp-address", default="0.0.0.0:4160", help="<addr>:<port> for TCP (nsqd) clients")
-    _flag(p, "http-address", default="0.0.0.0:4161", help="<addr>:<port> for HTTP clients")
-    _flag(p, "broadcast-address", default=None, help="address of this lookupd node")
-    _flag(p, "inactive-producer-timeout", type=parse_duration, default=300.0)
-    _flag(p, "tombstone-lifetime", type=parse_duration, default=45.0)
-    _flag(p, "version", action="store_true", help="print version and exit")
+    flag(p, "tcp-address", default="0.0.0.0:4160", help="<addr>:<port> for TCP (nsqd) clients")
+    flag(p, "http-address", default="0.0.0.0:4161", help="<addr>:<port> for HTTP clients")
+    flag(p, "broadcast-address", default=None, help="address of this lookupd node")
+    flag(p, "inactive-producer-timeout", type=parse_duration, default=300.0)
+    flag(p, "tombstone-lifetime", type=parse_duration, default=45.0)
+    flag(p, "version", action="store_true", help="print version and exit")
     return p
 
 
@@ -179,8 +153,7 @@ async def _serve_until_signal(server: Any, announce: Callable[[Any], None]) -> N
 def nsqd_main(argv: Sequence[str] | None = None) -> int:
     """``nsq-sansio nsqd [flags]``: run an embedded nsqd until interrupted."""
     from nsq_sansio.server.options import DEFAULT_VERSION
-
-    from .nsqd import EmbeddedNSQD
+    from transports.embedded.nsqd import EmbeddedNSQD
 
     args = _nsqd_parser().parse_args(argv)
     if args.version:
@@ -231,7 +204,7 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
 
 def lookupd_main(argv: Sequence[str] | None = None) -> int:
     """``nsq-sansio lookupd [flags]``: run an embedded nsqlookupd until interrupted."""
-    from .lookupd import EmbeddedLookupd
+    from transports.embedded.lookupd import EmbeddedLookupd
 
     args = _lookupd_parser().parse_args(argv)
     if args.version:
@@ -260,18 +233,3 @@ def lookupd_main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m transports.embedded.cli {nsqd|lookupd} [flags]``."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "nsqd":
-        return nsqd_main(args[1:])
-    if args and args[0] in ("lookupd", "nsqlookupd"):
-        return lookupd_main(args[1:])
-    print("usage: python -m transports.embedded.cli {nsqd|lookupd} [flags]", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -51,7 +51,7 @@ __all__ = [
 #: The release the workplace's reference copy was built from.
 REFERENCE_VERSION = "1.3.0"
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # transports/testing/real_nsq.py
 _REFERENCE_SCRIPT = _REPO_ROOT.parent / "shared" / "reference" / f"nsq-{REFERENCE_VERSION}" / "bin"
 _found: dict[str | None, Path | None] = {}
 # Every process started and not stopped yet: killed when the interpreter exits, so a test run

@@ -1,0 +1,111 @@
+"""``nsq-sansio tail``: print a topic's messages as they arrive (``nsq_tail``), one JSON object or
+one raw body per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import random
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .common import (
+    add_client,
+    add_metrics_flag,
+    add_progress_flag,
+    add_sources,
+    check_sources,
+    client_options,
+    flag,
+    serving_metrics,
+    stop_on_signals,
+    valid_channel,
+    valid_topic,
+)
+
+__all__ = ["tail_main"]
+
+
+def _tail_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nsq-sansio tail", description="print a topic's messages")
+    flag(p, "topic", required=True, help="NSQ topic")
+    flag(p, "channel", default=None, help="NSQ channel (default: an ephemeral one)")
+    add_sources(p)
+    flag(p, "max-in-flight", type=int, default=200, help="max messages in flight")
+    p.add_argument("-n", "--n", type=int, default=0, help="stop after N messages (0: never)")
+    flag(p, "format", choices=("raw", "json"), default="raw", help="output format")
+    add_progress_flag(p)
+    add_metrics_flag(p)
+    add_client(p)
+    return p
+
+
+def _message_json(msg: Any, topic: str, channel: str) -> str:
+    body: bytes = msg.body
+    record: dict[str, Any] = {
+        "id": msg.id.decode("ascii", "replace"),
+        "topic": topic,
+        "channel": channel,
+        "timestamp": msg.timestamp,
+        "attempts": msg.attempts,
+        "nsqd": msg.address,
+    }
+    try:
+        record["body"] = body.decode("utf-8")
+    except UnicodeDecodeError:
+        record["body_base64"] = base64.b64encode(body).decode("ascii")
+    return json.dumps(record, ensure_ascii=False)
+
+
+def tail_main(argv: Sequence[str]) -> int:
+    from transports.sync import Consumer
+
+    from .progress import ProgressDisplay, Stage
+
+    args = _tail_parser().parse_args(argv)
+    topic = valid_topic(args.topic)
+    channel = args.channel or f"tail{random.randrange(10**6):06d}#ephemeral"
+    valid_channel(channel)
+    nsqd, lookupd = check_sources(args, args.connect_timeout)
+    out = sys.stdout.buffer
+    shown = 0
+    limit = args.n
+    # messages go to stdout: on the same terminal, progress lines must not redraw over them
+    progress = ProgressDisplay(enabled=args.progress, plain=sys.stdout.isatty())
+
+    def show(final: bool = False) -> None:
+        progress.update([Stage("tail", shown, limit or None)], final=final)
+
+    with (
+        stop_on_signals() as stop,
+        Consumer(
+            topic,
+            channel,
+            nsqd=nsqd,
+            lookupd=lookupd,
+            max_in_flight=max(1, min(args.max_in_flight, limit) if limit else args.max_in_flight),
+            **client_options(args),
+        ) as consumer,
+        serving_metrics(args.metrics_address, consumer),
+    ):
+        while not stop.is_set() and (not limit or shown < limit):
+            msg = consumer.get(timeout=0.25)
+            if msg is None:
+                if consumer.draining:
+                    break
+                show()
+                continue
+            if args.format == "json":
+                out.write(_message_json(msg, topic, channel).encode() + b"\n")
+            else:
+                out.write(msg.body + b"\n")
+            out.flush()
+            msg.finish()
+            shown += 1
+            show()
+        consumer.drain(timeout=2.0)
+    show(final=True)
+    return 0
