@@ -1,14 +1,24 @@
-"""Address parsing and listener helpers shared by the embedded servers."""
+"""Address parsing, listener helpers and stream cleanup shared by the embedded servers."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import ssl
 
 import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
-__all__ = ["bind", "format_address", "local_port", "parse_address", "remote_address"]
+__all__ = [
+    "IO_ERRORS",
+    "aclose_quietly",
+    "bind",
+    "format_address",
+    "local_port",
+    "parse_address",
+    "remote_address",
+]
 
 
 def parse_address(address: str, default_port: int = 0) -> tuple[str, int]:
@@ -109,3 +119,20 @@ class ListenerAddresses:
         if self._host == "::":
             return "::1"
         return self._host
+
+
+#: What a read or write on a client's stream raises when the peer is gone.
+IO_ERRORS = (
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    OSError,
+    ssl.SSLError,
+)
+
+
+async def aclose_quietly(stream: anyio.abc.AsyncResource) -> None:
+    """Close a stream, ignoring errors and outside cancellation (for cleanup paths)."""
+    with anyio.CancelScope(shield=True):
+        with contextlib.suppress(Exception):
+            await stream.aclose()

@@ -7,24 +7,23 @@ fed (``NSQD.connections_with_output``); one timer task serves ``next_deadline``:
 
     async with EmbeddedNSQD(lookupd_tcp_addresses=[lookupd.tcp_address]) as nsqd:
         print(nsqd.tcp_address, nsqd.http_address)
+
+This module serves the sockets: TCP clients (reader, writer, TLS upgrade), the timer task and
+the HTTP(S) listeners. What an HTTP request means is :mod:`.nsqd_http`; the registration with
+each nsqlookupd is :mod:`.registration`; ``/stats``' memory figures are :mod:`.memory`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import json
 import logging
 import math
 import os
 import random
 import socket
-import ssl
-import struct
-import sys
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -35,8 +34,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.tls import TLSStream
 
-from nsq_sansio.errors import InvalidName, LocalProtocolError
-from nsq_sansio.names import validate_topic
+from nsq_sansio.errors import LocalProtocolError
 from nsq_sansio.server.backend import BackendFactory
 from nsq_sansio.server.events import (
     AdminError,
@@ -51,16 +49,16 @@ from nsq_sansio.server.events import (
 )
 from nsq_sansio.server.lookupd_client import (
     LookupPeer,
-    LookupPeerState,
     NodeIdentity,
-    sync_registrations,
 )
 from nsq_sansio.server.nsqd import NSQD, ClientState
 from nsq_sansio.server.options import NSQDOptions
 
 from ._clock import LoopClock
 from ._net import (
+    IO_ERRORS,
     ListenerAddresses,
+    aclose_quietly,
     bind,
     format_address,
     local_port,
@@ -73,28 +71,30 @@ from .file_backend import FileBackendFactory, load_metadata, save_metadata
 from .http import (
     HTTPRequest,
     HTTPResponse,
-    empty_response,
     error_response,
     json_response,
     method_not_routed,
-    plain_text_response,
     serve_http_connection,
     text_response,
 )
+from .memory import install_gc_pause_recorder, memory_stats
+from .nsqd_http import (
+    CONFIG_DURATIONS,
+    CONFIG_METHODS,
+    CONFIG_OPTION_NAMES,
+    LOG_LEVELS,
+    NSQD_ROUTES,
+    PYTHON_LOG_LEVELS,
+    route_nsqd,
+)
+from .registration import serve_lookupd_peer
 
+# NSQD_ROUTES, route_nsqd and memory_stats live in .nsqd_http and .memory (re-exported here).
 __all__ = ["NSQD_ROUTES", "EmbeddedNSQD", "memory_stats", "route_nsqd"]
 
 _log = logging.getLogger("nsq_sansio.embedded")
 
-_IO_ERRORS = (
-    anyio.EndOfStream,
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    OSError,
-    ssl.SSLError,
-)
 _OPTION_NAMES = {f.name for f in dataclasses.fields(NSQDOptions)}
-_I32 = struct.Struct(">i")
 
 
 class _Client:
@@ -292,7 +292,7 @@ class EmbeddedNSQD(ListenerAddresses):
             **self._options,
         )
         self._serve_group = task_group
-        _install_gc_pause_recorder()
+        install_gc_pause_recorder()
         self._timer_wake = anyio.Event()
         self._clock.bind()
         now = anyio.current_time()
@@ -327,7 +327,12 @@ class EmbeddedNSQD(ListenerAddresses):
         peer = LookupPeer(address, self._identity, ping_interval=self._lookupd_ping_interval)
         wake: list[anyio.Event] = [anyio.Event()]
         self._peers.append((peer, wake))
-        self._serve_group.start_soon(self._lookupd_loop, peer, wake)
+        self._serve_group.start_soon(serve_lookupd_peer, peer, wake, self._registrations)
+
+    def _registrations(self) -> list[tuple[str, list[str]]]:
+        """Every topic with its channels, announced to an nsqlookupd on (re)connection."""
+        core = self.core
+        return [(t, core.channel_names(t)) for t in core.topic_names()]
 
     def set_lookupd_addresses(self, addresses: Sequence[str]) -> None:
         """nsqd's ``PUT /config/nsqlookupd_tcp_addresses``: register with the nsqlookupds
@@ -364,9 +369,9 @@ class EmbeddedNSQD(ListenerAddresses):
         }
         if name in addresses:
             return True, addresses[name]
-        if name in _CONFIG_OPTION_NAMES:
+        if name in CONFIG_OPTION_NAMES:
             value = getattr(options, name)
-            if isinstance(value, float) and name in _CONFIG_DURATIONS:
+            if isinstance(value, float) and name in CONFIG_DURATIONS:
                 return True, round(value * 1_000_000_000)
             return True, value
         return False, None
@@ -390,11 +395,11 @@ class EmbeddedNSQD(ListenerAddresses):
                     return error_response(400, "INVALID_VALUE")
                 self.set_lookupd_addresses(addresses)
             elif name == "log_level":
-                level = _LOG_LEVELS.get(body.decode("utf-8", "replace").strip().lower())
+                level = LOG_LEVELS.get(body.decode("utf-8", "replace").strip().lower())
                 if level is None:
                     return error_response(400, "INVALID_VALUE")
                 self._log_level = level
-                _log.setLevel(_PYTHON_LOG_LEVELS[level])
+                _log.setLevel(PYTHON_LOG_LEVELS[level])
             else:
                 return error_response(400, "INVALID_OPTION")
         found, value = self._config_value(name)
@@ -547,7 +552,7 @@ class EmbeddedNSQD(ListenerAddresses):
         try:
             conn_id = core.connect(anyio.current_time(), remote_address(stream))
         except Exception:  # shutting down
-            await _aclose_quietly(stream)
+            await aclose_quietly(stream)
             return
         client = _Client(conn_id, stream)
         self._clients[conn_id] = client
@@ -572,7 +577,7 @@ class EmbeddedNSQD(ListenerAddresses):
                     self._after(core.connection_lost(conn_id, anyio.current_time()))
                 except Exception:
                     _log.exception("nsqd: cleaning up connection %d failed", conn_id)
-            await _aclose_quietly(client.stream)
+            await aclose_quietly(client.stream)
 
     async def _reader(self, client: _Client) -> None:
         core = self.core
@@ -587,7 +592,7 @@ class EmbeddedNSQD(ListenerAddresses):
                 continue
             try:
                 data = await client.stream.receive(65536)
-            except _IO_ERRORS:
+            except IO_ERRORS:
                 data = b""
             events = core.receive_data(conn_id, data, anyio.current_time())
             self._after(events)
@@ -611,7 +616,7 @@ class EmbeddedNSQD(ListenerAddresses):
                     client.stream = await start_server_tls(
                         client.stream, trailing, self._ssl_context
                     )
-            except (TimeoutError, *_IO_ERRORS):
+            except (TimeoutError, *IO_ERRORS):
                 client.closing = True
                 self._after(core.connection_lost(client.conn_id, anyio.current_time()))
                 return
@@ -638,7 +643,7 @@ class EmbeddedNSQD(ListenerAddresses):
                     if client.scope is not None:
                         client.scope.cancel()  # the reader may be blocked in receive
                     return
-        except (TimeoutError, *_IO_ERRORS):
+        except (TimeoutError, *IO_ERRORS):
             client.closing = True
             if client.scope is not None:
                 client.scope.cancel()
@@ -646,72 +651,6 @@ class EmbeddedNSQD(ListenerAddresses):
             client.writer_done.set()
             client.drained.set()
 
-    # -- lookupd registration -------------------------------------------------------------------
-
-    async def _lookupd_loop(self, peer: LookupPeer, wake: list[anyio.Event]) -> None:
-        core = self.core
-        host, port = parse_address(peer.address, 4160)
-        while peer.state is not LookupPeerState.CLOSED:
-            now = anyio.current_time()
-            if not peer.wants_connect(now):
-                deadline = peer.next_deadline()
-                with anyio.move_on_after(max(0.0, (deadline or now + 1.0) - now)):
-                    await wake[0].wait()
-                wake[0] = anyio.Event()
-                continue
-            try:
-                with anyio.fail_after(2.0):
-                    stream = await anyio.connect_tcp(host, port)
-            except (TimeoutError, OSError):
-                peer.connection_failed(anyio.current_time())
-                continue
-            topics = [(t, core.channel_names(t)) for t in core.topic_names()]
-            peer.connection_made(anyio.current_time(), sync_registrations(topics))
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._lookupd_reader, peer, stream, tg.cancel_scope, wake)
-                    await self._lookupd_writer(peer, stream, wake)
-                    tg.cancel_scope.cancel()
-            finally:
-                if peer.state is LookupPeerState.CONNECTED:
-                    peer.connection_lost(anyio.current_time())
-                await _aclose_quietly(stream)
-
-    async def _lookupd_reader(
-        self,
-        peer: LookupPeer,
-        stream: anyio.abc.SocketStream,
-        scope: anyio.CancelScope,
-        wake: list[anyio.Event],
-    ) -> None:
-        while peer.state is LookupPeerState.CONNECTED:
-            try:
-                data = await stream.receive(65536)
-            except _IO_ERRORS:
-                data = b""
-            peer.receive_data(data, anyio.current_time())
-            wake[0].set()
-        scope.cancel()
-
-    async def _lookupd_writer(
-        self, peer: LookupPeer, stream: anyio.abc.SocketStream, wake: list[anyio.Event]
-    ) -> None:
-        while peer.state is LookupPeerState.CONNECTED:
-            data = peer.data_to_send()
-            if data:
-                try:
-                    await stream.send(data)
-                except _IO_ERRORS:
-                    peer.connection_lost(anyio.current_time())
-                    return
-            now = anyio.current_time()
-            deadline = peer.next_deadline()
-            if deadline is not None and deadline <= now:
-                peer.handle_timer(now)
-                continue
-            with anyio.move_on_after((deadline or now + 1.0) - now):
-                await wake[0].wait()
-            wake[0] = anyio.Event()
 
     # -- HTTP -----------------------------------------------------------------------------------
 
@@ -726,7 +665,7 @@ class EmbeddedNSQD(ListenerAddresses):
 
     async def _handle_https(self, stream: anyio.abc.SocketStream) -> None:
         if self._ssl_context is None:
-            await _aclose_quietly(stream)
+            await aclose_quietly(stream)
             return
         try:
             with anyio.fail_after(10.0):
@@ -736,8 +675,8 @@ class EmbeddedNSQD(ListenerAddresses):
                     ssl_context=self._ssl_context,
                     standard_compatible=False,
                 )
-        except (TimeoutError, *_IO_ERRORS):
-            await _aclose_quietly(stream)
+        except (TimeoutError, *IO_ERRORS):
+            await aclose_quietly(stream)
             return
         await serve_http_connection(tls, self._route, max_body=self.core.options.max_body_size)
 
@@ -747,7 +686,7 @@ class EmbeddedNSQD(ListenerAddresses):
         if request.path.startswith("/config/") and len(request.path) > len("/config/"):
             if request.method in ("GET", "PUT"):
                 return self._route_config(request)
-            refused = method_not_routed({request.path: _CONFIG_METHODS}, request)
+            refused = method_not_routed({request.path: CONFIG_METHODS}, request)
             assert refused is not None
             return refused
         try:
@@ -758,27 +697,6 @@ class EmbeddedNSQD(ListenerAddresses):
         self._after(events)
         return response
 
-
-_GET = frozenset({"GET"})
-_POST = frozenset({"POST"})
-#: nsqd's HTTP routes and the methods each takes (what the real one's router answers 405 to).
-NSQD_ROUTES: dict[str, frozenset[str]] = {
-    "/ping": _GET,
-    "/info": _GET,
-    "/stats": _GET,
-    "/pub": _POST,
-    "/mpub": _POST,
-    "/topic/create": _POST,
-    "/topic/delete": _POST,
-    "/topic/empty": _POST,
-    "/topic/pause": _POST,
-    "/topic/unpause": _POST,
-    "/channel/create": _POST,
-    "/channel/delete": _POST,
-    "/channel/empty": _POST,
-    "/channel/pause": _POST,
-    "/channel/unpause": _POST,
-}
 
 
 def _tls_required_mode(value: bool | str) -> tuple[bool, bool]:
@@ -793,327 +711,3 @@ def _tls_required_mode(value: bool | str) -> tuple[bool, bool]:
             return False, False
         raise ValueError(f"tls_required must be true, false or tcp-https, got {value!r}")
     return bool(value), bool(value)
-
-
-_CONFIG_METHODS = frozenset({"GET", "PUT"})
-# NSQDOptions fields that are nsqd options of the same config name; the durations among them.
-_CONFIG_OPTION_NAMES = _OPTION_NAMES - {
-    "version",
-    "hostname",
-    "tcp_port",
-    "http_port",
-    "broadcast_address",
-    "tls_available",
-    "tls_required",
-    "auth_check",
-    "auth_by_transport",
-    "max_command_line",
-    "requeue_in_flight_on_close",
-}
-_CONFIG_DURATIONS = {
-    "msg_timeout",
-    "max_msg_timeout",
-    "max_req_timeout",
-    "max_defer_timeout",
-    "client_timeout",
-    "max_heartbeat_interval",
-    "max_output_buffer_timeout",
-    "min_output_buffer_timeout",
-    "output_buffer_timeout",
-}
-# nsqd's log levels (lg.LogLevel) and the Python logging level each sets on this module's
-# logger, which every embedded nsqd of the process shares.
-_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
-_PYTHON_LOG_LEVELS = {
-    1: logging.DEBUG,
-    2: logging.INFO,
-    3: logging.WARNING,
-    4: logging.ERROR,
-    5: logging.CRITICAL,
-}
-# nsqd's boolParams: other values leave the default (include_*) or mean binary (/mpub).
-_BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
-
-
-def route_nsqd(
-    core: NSQD, request: HTTPRequest, now: float
-) -> tuple[HTTPResponse, list[ServerEvent]]:
-    """Answer one nsqd HTTP API request from the pure core; raises ``AdminError``."""
-    path = request.path
-    refused = method_not_routed(NSQD_ROUTES, request)
-    if refused is not None:
-        return refused, []
-    opts = core.options
-    if path == "/ping":
-        health = core.health
-        return plain_text_response(health, 200 if health == "OK" else 500), []
-    if path == "/info":
-        return json_response(core.info()), []
-    if path == "/stats":
-        topic_filter = request.arg("topic") or None
-        include_clients = _BOOL_PARAMS.get(request.arg("include_clients") or "", True)
-        stats = core.stats(
-            now,
-            topic=topic_filter,
-            channel=request.arg("channel") or None,
-            include_clients=include_clients,
-        )
-        _as_go_nil_slices(
-            stats,
-            missing_topic=topic_filter is not None and topic_filter not in core.topic_names(),
-            include_clients=include_clients,
-        )
-        if _BOOL_PARAMS.get(request.arg("include_mem") or "", True):
-            stats["memory"] = memory_stats()
-        if request.arg("format") == "json":
-            return json_response(stats), []
-        return text_response(_stats_text(stats, core.uptime(now))), []
-    if path == "/pub":
-        if request.body_too_large or len(request.body) > opts.max_msg_size:
-            raise AdminError(413, "MSG_TOO_BIG")
-        if not request.body:
-            raise AdminError(400, "MSG_EMPTY")
-        core.publish(_required_topic(request), request.body, now, defer_ms=_defer_ms(request))
-        return text_response("OK"), []
-    if path == "/mpub":
-        if request.body_too_large:
-            raise AdminError(413, "BODY_TOO_BIG")
-        topic = _required_topic(request)
-        binary = request.arg("binary")
-        if binary is not None and _BOOL_PARAMS.get(binary, True):
-            bodies = _split_binary_mpub(request.body, opts.max_msg_size)
-        else:
-            bodies = [line for line in request.body.split(b"\n") if line]
-            if any(len(b) > opts.max_msg_size for b in bodies):
-                raise AdminError(413, "MSG_TOO_BIG")
-        if bodies:
-            core.multi_publish(topic, bodies, now)
-        else:
-            core.create_topic(topic, now)
-        return text_response("OK"), []
-    topic = _required_topic(request)
-    channel = request.arg("channel")
-    if path.startswith("/channel/") and channel is None:
-        try:
-            validate_topic(topic)
-        except InvalidName:
-            raise AdminError(400, "INVALID_ARG_TOPIC") from None
-        raise AdminError(400, "MISSING_ARG_CHANNEL")
-    events: list[ServerEvent] = []
-    if path == "/topic/create":
-        core.create_topic(topic, now)
-    elif path == "/topic/delete":
-        events = core.delete_topic(topic, now)
-    elif path == "/topic/empty":
-        core.empty_topic(topic, now)
-    elif path == "/topic/pause":
-        core.pause_topic(topic, now)
-    elif path == "/topic/unpause":
-        core.unpause_topic(topic, now)
-    elif path == "/channel/create":
-        core.create_channel(topic, channel or "", now)
-    elif path == "/channel/delete":
-        events = core.delete_channel(topic, channel or "", now)
-    elif path == "/channel/empty":
-        core.empty_channel(topic, channel or "", now)
-    elif path == "/channel/pause":
-        core.pause_channel(topic, channel or "", now)
-    elif path == "/channel/unpause":
-        core.unpause_channel(topic, channel or "", now)
-    return empty_response(), events
-
-
-def _as_go_nil_slices(stats: dict[str, Any], *, missing_topic: bool, include_clients: bool) -> None:
-    """Where nsqd's /stats JSON has null (Go's nil slices) rather than the core's empty
-    lists: "topics" (and "producers") for a topic asked for that does not exist, "producers"
-    when there are none, each channel's "clients" when clients were not asked for."""
-    if missing_topic:
-        stats["topics"] = None
-    if not include_clients:
-        for topic in stats["topics"] or ():
-            for channel in topic["channels"]:
-                channel["clients"] = None
-    if missing_topic or not stats["producers"]:
-        stats["producers"] = None
-
-
-def _required_topic(request: HTTPRequest) -> str:
-    topic = request.arg("topic")
-    if topic is None:
-        raise AdminError(400, "MISSING_ARG_TOPIC")
-    return topic
-
-
-def _defer_ms(request: HTTPRequest) -> int:
-    raw = request.arg("defer")
-    if raw is None:
-        return 0
-    try:
-        return int(raw, 10)
-    except ValueError:
-        raise AdminError(400, "INVALID_DEFER") from None
-
-
-def _split_binary_mpub(body: bytes, max_msg_size: int) -> list[bytes]:
-    """``[4-byte count]([4-byte size][body])*``, with nsqd's HTTP error codes."""
-    if len(body) < 4:
-        raise AdminError(413, "BAD_BODY", "MPUB failed to read message count")
-    (count,) = _I32.unpack_from(body, 0)
-    if count <= 0 or count > len(body):
-        raise AdminError(413, "BAD_BODY", f"MPUB invalid message count {count}")
-    pos = 4
-    bodies: list[bytes] = []
-    for i in range(count):
-        if pos + 4 > len(body):
-            raise AdminError(413, "BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
-        (size,) = _I32.unpack_from(body, pos)
-        pos += 4
-        if size <= 0 or size > max_msg_size:
-            raise AdminError(413, "BAD_MESSAGE", f"MPUB invalid message({i}) body size {size}")
-        if pos + size > len(body):
-            raise AdminError(413, "BAD_MESSAGE", f"MPUB failed to read message({i}) body")
-        bodies.append(body[pos : pos + size])
-        pos += size
-    return bodies
-
-
-def _stats_text(stats: dict[str, Any], uptime: float) -> str:
-    """``/stats`` as nsqd prints it without ``format=json`` (same layout, same columns)."""
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stats["start_time"]))
-    out = [
-        f"nsqd v{stats['version']} (nsq-sansio embedded)\n",
-        f"start_time {started}\n",
-        f"uptime {_go_duration(uptime)}\n",
-        f"\nHealth: {stats['health']}\n",
-    ]
-    memory = stats.get("memory")
-    if memory is not None:
-        out.append("\nMemory:\n")
-        out.extend(f"   {key:<25}\t{value}\n" for key, value in memory.items())
-    topics = stats["topics"] or []
-    out.append("\nTopics:" if topics else "\nTopics: None\n")
-    for topic in topics:
-        paused = "*P " if topic["paused"] else "   "
-        out.append(
-            f"\n{paused}[{topic['topic_name']:<15}] depth: {topic['depth']:<5} "
-            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8} e2e%: \n"
-        )
-        for ch in topic["channels"]:
-            paused = "   *P " if ch["paused"] else "      "
-            out.append(
-                f"{paused}[{ch['channel_name']:<25}] depth: {ch['depth']:<5} "
-                f"be-depth: {ch['backend_depth']:<5} inflt: {ch['in_flight_count']:<4} "
-                f"def: {ch['deferred_count']:<4} re-q: {ch['requeue_count']:<5} "
-                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8} e2e%: \n"
-            )
-            out.extend(f"        {_client_text(c)}\n" for c in ch["clients"] or ())
-    producers = stats["producers"] or []
-    out.append("\nProducers:\n" if producers else "\nProducers: None\n")
-    out.extend(f"   {_client_text(client)}\n" for client in producers)
-    return "".join(out)
-
-
-def _client_text(client: dict[str, Any]) -> str:
-    """One client line of the text /stats (nsqd's ``ClientV2Stats.String``)."""
-    connected = max(0, int(time.time()) - int(client["connect_ts"]))
-    port = str(client["remote_address"]).rsplit(":", 1)[-1]
-    ident = f"{client['hostname']}:{port} {client['user_agent']}"
-    head = f"[{client['version']} {ident:<21}]"
-    counts = client.get("pub_counts")
-    if counts:
-        total = sum(entry["count"] for entry in counts)
-        topics = ",".join(f"{entry['topic']}={entry['count']}" for entry in counts)
-        return f"{head} msgs: {total:<8} topics: {topics} connected: {_go_duration(connected)}"
-    return (
-        f"{head} state: {client['state']} inflt: {client['in_flight_count']:<4} "
-        f"rdy: {client['ready_count']:<4} fin: {client['finish_count']:<8} "
-        f"re-q: {client['requeue_count']:<8} msgs: {client['message_count']:<8} "
-        f"connected: {_go_duration(connected)}"
-    )
-
-
-def _go_duration(seconds: float) -> str:
-    """Go's ``time.Duration.String`` for the values /stats prints (``1h2m3s``, ``2.5s``,
-    ``350ms``, ``0s``)."""
-    if seconds <= 0:
-        return "0s"
-    if seconds < 1:
-        millis = seconds * 1000
-        return f"{millis:.6f}".rstrip("0").rstrip(".") + "ms"
-    whole = int(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    fraction = f"{seconds - whole:.9f}"[1:].rstrip("0").rstrip(".")
-    out = f"{secs}{fraction}s"
-    if hours or minutes:
-        out = f"{minutes}m" + out
-    if hours:
-        out = f"{hours}h" + out
-    return out
-
-
-# GC pauses of this process (microseconds), for /stats' memory block; the callback is
-# installed once, by the first embedded nsqd that starts.
-_GC_PAUSES: deque[int] = deque(maxlen=256)
-_gc_started = 0.0
-
-
-def _record_gc_pause(phase: str, info: dict[str, Any]) -> None:
-    global _gc_started
-    if phase == "start":
-        _gc_started = time.perf_counter()
-    elif _gc_started:
-        _GC_PAUSES.append(int((time.perf_counter() - _gc_started) * 1_000_000))
-
-
-def _install_gc_pause_recorder() -> None:
-    if _record_gc_pause not in gc.callbacks:
-        gc.callbacks.append(_record_gc_pause)
-
-
-def _percentile(sorted_values: list[int], fraction: float) -> int:
-    if not sorted_values:
-        return 0
-    index = min(len(sorted_values) - 1, max(0, math.ceil(fraction * len(sorted_values)) - 1))
-    return sorted_values[index]
-
-
-def memory_stats() -> dict[str, int]:
-    """``/stats``' ``memory`` block: nsqd's keys (Go runtime figures) filled with this
-    Python process's nearest equivalents: allocated blocks for ``heap_objects``, the
-    resident set for ``heap_in_use_bytes``, the recent GC pauses and the number of
-    collections; ``heap_idle_bytes``, ``heap_released_bytes`` and ``next_gc_bytes`` have no
-    CPython counterpart and are 0."""
-    pauses = sorted(_GC_PAUSES)
-    return {
-        "heap_objects": sys.getallocatedblocks(),
-        "heap_idle_bytes": 0,
-        "heap_in_use_bytes": _resident_bytes(),
-        "heap_released_bytes": 0,
-        "gc_pause_usec_100": _percentile(pauses, 1.0),
-        "gc_pause_usec_99": _percentile(pauses, 0.99),
-        "gc_pause_usec_95": _percentile(pauses, 0.95),
-        "next_gc_bytes": 0,
-        "gc_total_runs": sum(generation["collections"] for generation in gc.get_stats()),
-    }
-
-
-def _resident_bytes() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            pages = int(statm.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        try:
-            import resource
-
-            # ru_maxrss is the peak, in KiB on Linux (bytes on macOS): a fallback only
-            return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-        except (ImportError, OSError):
-            return 0
-
-
-async def _aclose_quietly(stream: anyio.abc.AsyncResource) -> None:
-    with anyio.CancelScope(shield=True):
-        with contextlib.suppress(Exception):
-            await stream.aclose()
