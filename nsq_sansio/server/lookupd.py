@@ -12,7 +12,8 @@ Every answer is ``<int32 size><data>`` (no frame type): ``OK``, the lookupd's ow
 for IDENTIFY, or ``E_CODE text`` for an error. All errors of V1 are fatal: the answer is queued
 and the connection is then closed, exactly like nsqlookupd. The HTTP API's answers are
 computed here too (:meth:`Lookupd.lookup`, :meth:`Lookupd.nodes`...), so the transport only
-routes requests and serialises dicts to JSON.
+routes requests and serialises dicts to JSON. The registrations themselves are kept in
+:mod:`.registration_db` (nsqlookupd's ``registration_db.go``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 from ..errors import InvalidName, LocalProtocolError, NSQError
 from ..names import is_ephemeral, validate_channel, validate_topic
+from .registration_db import Peer, PeerInfo, Producer, Registration, RegistrationDB
 
 __all__ = [
     "DEFAULT_INACTIVE_PRODUCER_TIMEOUT",
@@ -112,132 +114,6 @@ class LookupdOptions:
             raise ValueError("max_line_length and max_identify_body must be at least 64 bytes")
 
 
-@dataclass(frozen=True, slots=True)
-class PeerInfo:
-    """An nsqd as it identified itself; ``id`` is its connection's remote address."""
-
-    id: str
-    remote_address: str
-    hostname: str
-    broadcast_address: str
-    tcp_port: int
-    http_port: int
-    version: str
-
-    def to_json(self) -> dict[str, Any]:
-        """The producer object of ``/lookup``: nsqlookupd's field names and order."""
-        return {
-            "remote_address": self.remote_address,
-            "hostname": self.hostname,
-            "broadcast_address": self.broadcast_address,
-            "tcp_port": self.tcp_port,
-            "http_port": self.http_port,
-            "version": self.version,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """A registry key: category ``client``, ``topic`` (subkey "") or ``channel``."""
-
-    category: str
-    key: str = ""
-    subkey: str = ""
-
-    def matches(self, category: str, key: str, subkey: str) -> bool:
-        """Whether this key matches a pattern where ``*`` stands for any key or subkey."""
-        return (
-            self.category == category
-            and (key == "*" or self.key == key)
-            and (subkey == "*" or self.subkey == subkey)
-        )
-
-
-@dataclass(slots=True)
-class _Peer:
-    """Mutable per-peer liveness (shared by all of a peer's registrations, as in nsqlookupd)."""
-
-    info: PeerInfo
-    last_update: float
-
-
-@dataclass(slots=True)
-class _Producer:
-    """A peer under one registration; tombstones are per registration."""
-
-    peer: _Peer
-    tombstoned: bool = False
-    tombstoned_at: float = 0.0
-
-    def is_tombstoned(self, now: float, lifetime: float) -> bool:
-        return self.tombstoned and now - self.tombstoned_at < lifetime
-
-
-class RegistrationDB:
-    """Registrations to producers, kept in insertion order so answers are deterministic."""
-
-    def __init__(self) -> None:
-        self._map: dict[Registration, dict[str, _Producer]] = {}
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-    def add_registration(self, key: Registration) -> None:
-        """Create a key with no producers (``/topic/create``) if it is not there yet."""
-        self._map.setdefault(key, {})
-
-    def add_producer(self, key: Registration, peer: _Peer) -> bool:
-        """Add ``peer`` under ``key``; False if it was already there (tombstone kept)."""
-        producers = self._map.setdefault(key, {})
-        if peer.info.id in producers:
-            return False
-        producers[peer.info.id] = _Producer(peer)
-        return True
-
-    def remove_producer(self, key: Registration, peer_id: str) -> tuple[bool, int]:
-        """Remove a peer from a key; returns (was it there, producers left). Keeps the key."""
-        producers = self._map.get(key)
-        if producers is None:
-            return False, 0
-        removed = producers.pop(peer_id, None) is not None
-        return removed, len(producers)
-
-    def remove_registration(self, key: Registration) -> None:
-        """Drop a key and all of its producers."""
-        self._map.pop(key, None)
-
-    def find_registrations(self, category: str, key: str, subkey: str) -> list[Registration]:
-        """Keys matching a pattern (``*`` wildcards for key and subkey)."""
-        if key != "*" and subkey != "*":
-            exact = Registration(category, key, subkey)
-            return [exact] if exact in self._map else []
-        return [k for k in self._map if k.matches(category, key, subkey)]
-
-    def find_producers(self, category: str, key: str, subkey: str) -> list[_Producer]:
-        """Producers under matching keys, each peer once."""
-        seen: set[str] = set()
-        result: list[_Producer] = []
-        for k in self.find_registrations(category, key, subkey):
-            for peer_id, producer in self._map[k].items():
-                if peer_id not in seen:
-                    seen.add(peer_id)
-                    result.append(producer)
-        return result
-
-    def items(self) -> list[tuple[Registration, list[_Producer]]]:
-        """Every registration with its producers, in insertion order."""
-        return [(key, list(producers.values())) for key, producers in self._map.items()]
-
-    def lookup_registrations(self, peer_id: str) -> list[Registration]:
-        """Every key a peer is registered under."""
-        return [k for k, producers in self._map.items() if peer_id in producers]
-
-    def producer(self, key: Registration, peer_id: str) -> _Producer | None:
-        """The producer record of one peer under one key, if any."""
-        producers = self._map.get(key)
-        return None if producers is None else producers.get(peer_id)
-
-
 # ---------------------------------------------------------------------------------------------
 # events
 
@@ -318,7 +194,7 @@ class _Conn:
     state: LookupConnState = LookupConnState.AWAIT_MAGIC
     buffer: bytearray = field(default_factory=bytearray)
     outgoing: bytearray = field(default_factory=bytearray)
-    peer: _Peer | None = None
+    peer: Peer | None = None
 
 
 class _Fatal(Exception):
@@ -525,7 +401,7 @@ class Lookupd:
         required = (info.broadcast_address, info.tcp_port, info.http_port, info.version)
         if not all(required):
             raise _Fatal("E_BAD_BODY", "IDENTIFY missing fields")
-        peer = _Peer(info, now)
+        peer = Peer(info, now)
         conn.peer = peer
         conn.state = LookupConnState.IDENTIFIED
         self.db.add_producer(Registration("client"), peer)
@@ -591,8 +467,8 @@ class Lookupd:
     # -- HTTP API answers (JSON-ready dicts; modern nsqlookupd shape, no status envelope) -------
 
     def _active(
-        self, producers: Iterable[_Producer], now: float, *, tombstones: bool
-    ) -> list[_Producer]:
+        self, producers: Iterable[Producer], now: float, *, tombstones: bool
+    ) -> list[Producer]:
         timeout = self.options.inactive_producer_timeout
         lifetime = self.options.tombstone_lifetime if tombstones else 0.0
         return [
