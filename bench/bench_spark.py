@@ -91,7 +91,7 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from transports.spark import register
-    from transports.spark._consumer import SourceConsumer
+    from transports.sync import Consumer
 
     spark = (
         SparkSession.builder.master(args.master)
@@ -107,9 +107,9 @@ def main() -> None:
     # The read channel must exist before the write so that it receives the messages.
     read_topic = "bench_read"
     first = nsqd.split(",")[0]
-    consumer = SourceConsumer(read_topic, "spark", nsqd=[first], max_in_flight=1)
-    consumer.start()
-    consumer.close()
+    with Consumer(read_topic, "spark", nsqd=[first], max_in_flight=1) as consumer:
+        while not any(c.connected for c in consumer.stats().connections):
+            time.sleep(0.05)
 
     def frame(rows: int) -> Any:
         return spark.range(rows, numPartitions=args.partitions).select(
@@ -172,6 +172,9 @@ def main() -> None:
         f"  {len(progress)} micro-batches of up to {args.max_in_flight:,}; inside them "
         f"{read / busy:,.0f} rows/s ({busy:.2f}s of trigger execution)"
     )
+    keys = sorted({k for p in progress for k in p["durationMs"]})
+    for k in keys:
+        print(f"  {k:>20}: {sum(p['durationMs'].get(k, 0) for p in progress) / 1000:6.2f}s")
     spark.stop()
     for process in processes:
         process.terminate()
