@@ -9,6 +9,9 @@ half of its msg_timeout.
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from nsq_sansio.config import Config
 from nsq_sansio.pull import FetchEnd
 
@@ -86,4 +89,52 @@ def test_aged_answers_deliver_each_message_once_over_two_nsqd() -> None:
                 assert c.finish(d, w.now)
         w.results.clear()
     assert sorted(seen) == sorted(b"%d" % i for i in range(total))
+    assert _timeouts(w) == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gaps=st.lists(st.integers(0, 40), min_size=1, max_size=30),
+    batch=st.integers(1, 12),
+    expires=st.sampled_from([0.5, 1.5, 3.0, 8.0, None]),
+    seed=st.integers(0, 5),
+)
+def test_prompt_users_never_see_a_message_twice(
+    gaps: list[int], batch: int, expires: float | None, seed: int
+) -> None:
+    """Any trickle of messages over two nsqd (gaps in 0.05 s steps), any fetch size and
+    expiry (longer than msg_timeout or none): a user who finishes what each fetch returns at
+    once gets every message exactly once, and nsqd never times one out."""
+    w = World(
+        2,
+        Config(max_in_flight=10, msg_timeout=2.0),
+        seed=seed,
+        pull=True,
+        node_options={"msg_timeout": 2.0},
+    )
+    w.start()
+    c = w.coordinator
+    at = [sum(gaps[: i + 1]) for i in range(len(gaps))]  # publish times, in 0.05 s steps
+    seen: list[bytes] = []
+    waiting = False
+    step = 0
+    while step <= at[-1] + 1200:  # 60 s after the last message (batch < nsqd count: slow)
+        if not waiting:
+            c.fetch(batch, w.now, expires=expires)
+            waiting = True
+        for index, when in enumerate(at):
+            if when == step:
+                w.publish(index % 2, 1, body=b"%d" % index)
+        w.advance(0.05)
+        step += 1
+        for result in w.results:
+            waiting = False
+            for d in result.messages:
+                seen.append(d.message.body)
+                assert c.finish(d, w.now)
+        w.results.clear()
+        w.pump()
+        if not waiting and len(seen) == len(at):
+            break
+    assert sorted(seen) == sorted(b"%d" % i for i in range(len(at)))
     assert _timeouts(w) == 0
