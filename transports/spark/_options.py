@@ -321,6 +321,10 @@ class ReadOptions(_Common):
         }
         if self.msg_timeout is not None:
             settings["msg_timeout"] = self.msg_timeout
+            # Messages nsqd sent after a fetch was filled wait for the next trigger (a batch
+            # away), untouched: keep them half a msg_timeout rather than the default 1 s
+            # (after which they would be requeued, and come back with attempts + 1).
+            settings["pull_hold_timeout"] = min(self.msg_timeout / 2, 60.0)
         return settings
 
     def consumer_kwargs(self, max_in_flight: int) -> dict[str, Any]:
