@@ -14,6 +14,8 @@ are set aside and their hash matches, they are batch N: the caller FINs and drop
 set cannot match (more candidates than the batch had, a different hash, or no new candidate
 for ``patience`` seconds, e.g. because part of the batch went to another consumer of the
 channel), every candidate of that nsqd is released to be read: a duplicate, never a loss.
+Redeliveries come within a msg_timeout of the stop, so the filter gives up after that
+(``give_up_at``) and costs nothing more.
 """
 
 from __future__ import annotations
@@ -107,10 +109,14 @@ class RedeliveryFilter(Generic[T]):
         key: Callable[[T], tuple[str, bytes, int]],
         *,
         patience: float,
+        give_up_at: float | None = None,
     ) -> None:
         self._digests = dict(digests)
         self._key = key
         self._patience = patience
+        #: With nothing set aside, the digests are forgotten from then on (the redeliveries
+        #: come within a msg_timeout of the stop; later, the filter would only cost time).
+        self._give_up_at = give_up_at
         self._pending: dict[str, _Pending[T]] = {}
 
     @property
@@ -128,6 +134,9 @@ class RedeliveryFilter(Generic[T]):
         fresh: list[T] = []
         committed: list[T] = []
         released: list[T] = []
+        if self._give_up_at is not None and now >= self._give_up_at:
+            for address in [a for a in self._digests if a not in self._pending]:
+                del self._digests[address]
         digests = self._digests
         if not digests:
             fresh.extend(items)

@@ -158,8 +158,12 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             digests = digests_from_offset(start, MESSAGE_ID_SIZE)
             if digests and seq not in self._replayed:
                 # Batch `seq` was committed by an earlier run: its redeliveries are dropped.
+                window = (self.options.msg_timeout or 60.0) + REDELIVERY_PATIENCE
                 self._filter = RedeliveryFilter(
-                    digests, _redelivery_key, patience=REDELIVERY_PATIENCE
+                    digests,
+                    _redelivery_key,
+                    patience=REDELIVERY_PATIENCE,
+                    give_up_at=time.monotonic() + window,
                 )
         self._finish_through(seq)
         max_rows = self.options.max_messages_per_trigger
