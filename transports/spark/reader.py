@@ -174,7 +174,11 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         taken: list[Message] = []
         wait = self.options.wait_timeout
         while True:
-            got = consumer.take(max_rows - len(taken), wait, self.options.linger)
+            room = self.options.max_in_flight - max_rows
+            if self._filter is not None:
+                room -= len(self._filter.pending())
+            prefetch = min(max_rows, room)  # fetched while Spark runs this batch
+            got = consumer.take(max_rows - len(taken), wait, self.options.linger, prefetch=prefetch)
             arrived = bool(got)
             if self._filter is not None:
                 got = self._sift(consumer, got)
