@@ -26,8 +26,10 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from operator import attrgetter, methodcaller
 
 from nsq_sansio.consumer import ConnectionUp, Disconnected, LookupdFailed
 from nsq_sansio.errors import NSQError
@@ -46,6 +48,10 @@ MAX_CONSUMERS = 64
 #: A fetch waits at least this long (the core refuses a zero wait; ``linger=0`` means "what
 #: nsqd sends at once").
 _MIN_WAIT = 0.01
+
+
+_taken_back = attrgetter("taken_back")
+_finish = methodcaller("finish")
 
 
 def consumers_needed(max_in_flight: int, max_rdy_count: int) -> int:
@@ -219,12 +225,9 @@ class SourceConsumer:
         nsqd timed them out: nsqd delivers those again)."""
         with self._lock:
             self._held.difference_update(messages)
-        ours = 0
-        for message in messages:
-            if not message.taken_back:
-                ours += 1
-            message.finish()
-        return ours
+        gone: int = sum(map(_taken_back, messages))
+        deque(map(_finish, messages), maxlen=0)  # one FIN each, no Python loop around it
+        return len(messages) - gone
 
     def release(self, messages: Iterable[Message]) -> None:
         """Forget messages without answering them (their connection is gone)."""
