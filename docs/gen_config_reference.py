@@ -175,6 +175,19 @@ def render() -> str:
         "`Config.identify_body()` is the IDENTIFY JSON sent to nsqd (unset fields are left "
         "to nsqd's defaults)."
     )
+    lines.append("")
+    lines.append(
+        "nsqd checks some IDENTIFY fields against limits of its own when a connection "
+        "identifies (its defaults in brackets): `heartbeat_interval` up to "
+        "`--max-heartbeat-interval` (60 s), `msg_timeout` up to `--max-msg-timeout` (15 min), "
+        "`output_buffer_timeout` from `--min-output-buffer-timeout` to "
+        "`--max-output-buffer-timeout` (25 ms to 30 s), `output_buffer_size` from 64 bytes to "
+        "`--max-output-buffer-size` (64 KiB). A value outside them is refused "
+        "(`E_BAD_BODY IDENTIFY output buffer timeout (10) is invalid`); reconnecting cannot "
+        "help, so it is reported as `nsq_sansio.errors.IdentifyRejected`, a `ConfigError` "
+        "carrying nsqd's `code` and `text`. A consumer fails with it at once, without retrying "
+        "(see [the consumer coordinator](consumer.md#a-configuration-nsqd-refuses))."
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,8 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
     loop:
         for action in coordinator.take_actions(): # Connect, CloseConnection, StartTLS,
             ...                                   # SendHTTPRequest, CloseHTTPRequest, Deliver,
-                                                  # GiveUp, TakenBack, FetchResult, DrainComplete
+                                                  # GiveUp, TakenBack, FetchResult, DrainComplete,
+                                                  # ConsumerFailed
         for conn_id, data in coordinator.pending_data():
             write(conn_id, data)
         sleep until coordinator.next_deadline() or IO, then feed one of:
@@ -22,11 +23,14 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
 What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
 
 * RDY: a new connection starts at RDY 1; ``max_in_flight`` is then spread evenly
-  (``max_in_flight // n``, remainder given out, capped by each nsqd's ``max_rdy_count``); the sum
-  of RDY never exceeds ``max_in_flight``. RDY is re-sent when a connection's count left is 0 or
-  under 25% of the last value. With fewer RDY than connections, RDY 1 goes to a random set and
-  moves away from connections idle for ``low_rdy_idle_timeout``. ``set_max_in_flight`` (0
-  pauses) redistributes at once. :meth:`ConsumerCoordinator.is_starved` is the guide's.
+  (``max_in_flight // n``, remainder given out, capped by each nsqd's ``max_rdy_count``). The
+  messages held, over all connections, never exceed ``max_in_flight`` (not only the sum of
+  RDY): a raise only uses budget not in flight elsewhere, counting what a lowered RDY may
+  still bring (see the "max_in_flight bound" internals). RDY is re-sent when a connection's
+  count left is 0 or under 25% of the last value. With fewer RDY than connections, RDY 1 goes
+  to a random set and moves away from connections idle for ``low_rdy_idle_timeout``.
+  ``set_max_in_flight`` (0 pauses) redistributes at once. :meth:`ConsumerCoordinator.is_starved`
+  is the guide's.
 * Messages: attempts over ``max_attempts`` are FIN'd and reported (:class:`GiveUp`); REQ without
   a delay waits ``default_requeue_delay * attempts`` capped; late FIN/REQ/TOUCH is reported as
   :class:`TakenBack`, never raised. Each :class:`Deliver` has a deadline; TOUCH extends it up to
@@ -40,6 +44,8 @@ What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
   (up to a deadline, then requeue it), CLS, wait for CLOSE_WAIT, close.
 * Pull mode (:mod:`nsq_sansio.pull`): RDY follows the outstanding fetches; connections that
   delivered recently get them, idle ones keep a probe of 1, a used-up share is topped up at once.
+* Failure: nsqd refusing IDENTIFY (:class:`~nsq_sansio.errors.IdentifyRejected`, a bad
+  configuration) stops the consumer for good: :class:`ConsumerFailed`, state ``FAILED``.
 
 ``CloseConnection.final_data`` must be written before the socket is closed (final REQ/FIN/CLS).
 A :class:`Deliver` is the handle the user answers with; after its connection is gone, answering
@@ -71,6 +77,7 @@ from .discovery import (
 from .errors import (
     ConfigError,
     ConnectionLost,
+    IdentifyRejected,
     LocalProtocolError,
     LookupdError,
     MessageGone,
@@ -98,6 +105,7 @@ __all__ = [
     "Connect",
     "ConnectionUp",
     "ConsumerCoordinator",
+    "ConsumerFailed",
     "ConsumerState",
     "Deliver",
     "Disconnected",
@@ -115,6 +123,12 @@ __all__ = [
 
 #: How long after the drain deadline a CLS may wait for CLOSE_WAIT before the socket is cut.
 CLOSE_WAIT_GRACE = 5.0
+
+#: After an RDY is lowered, nsqd may still have sent messages under the old one (on the wire,
+#: or read but not yet handed over by the transport). That capacity is only given to another
+#: connection once those messages have been answered, or this long after the lowered RDY was
+#: decided (at least; 4x the connection's handshake time when that is longer).
+RDY_SETTLE_MIN = 0.25
 
 
 _new_tuple = tuple.__new__
@@ -211,13 +225,19 @@ class GiveUp:
 @dataclass(frozen=True, slots=True)
 class TakenBack:
     """A FIN/REQ/TOUCH came too late: the message was already taken back (by nsqd after its
-    timeout, or because the connection closed). Not fatal; another consumer may have it."""
+    timeout, or because the connection closed). Not fatal; another consumer may have it.
+
+    ``delivery`` is the handle the report is about, where it is known (nsqd may deliver the
+    same id again, and the newer copy is still ours): always for ``TIMEOUT`` and for answers
+    refused here, for a ``TOUCH`` nsqd refused; None for a FIN/REQ nsqd refused (the handle
+    was already answered) or a close that lost the connection's messages."""
 
     conn_id: int
     address: NSQDAddress
     message_id: bytes | None
     command: str
     error: NSQError
+    delivery: Deliver | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +274,17 @@ class DrainComplete:
     """Drain finished: every connection is closed and nothing is left in flight."""
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerFailed:
+    """The consumer stopped for good (state ``FAILED``): ``error`` cannot be cured by
+    reconnecting. Today that is :class:`~nsq_sansio.errors.IdentifyRejected`: nsqd refused the
+    configuration (a value outside its limits). Every connection was closed (what was in
+    flight requeued), lookupd polling stopped, waiting fetches answered ``FAILED``; nothing
+    will follow. The transport raises ``error`` to the user."""
+
+    error: NSQError
+
+
 Action = (
     Connect
     | StartTLS
@@ -268,6 +299,7 @@ Action = (
     | LookupdFailed
     | FetchResult
     | DrainComplete
+    | ConsumerFailed
 )
 
 
@@ -278,6 +310,8 @@ class ConsumerState(enum.Enum):
     RUNNING = "running"
     DRAINING = "draining"
     CLOSED = "closed"
+    #: Stopped by an error reconnecting cannot cure (see :class:`ConsumerFailed`).
+    FAILED = "failed"
 
 
 class LinkPhase(enum.Enum):
@@ -296,9 +330,12 @@ class _Link:
         "accepting",
         "address",
         "alloc",
+        "ceiling",
+        "claim",
         "close_deadline",
         "close_wait",
         "conn_id",
+        "connected_at",
         "dirty",
         "handshake_deadline",
         "head",
@@ -319,6 +356,8 @@ class _Link:
         "remaining",
         "seen",
         "send_fin",
+        "settle_at",
+        "settle_delay",
         "target",
         "touched",
         "warm",
@@ -339,6 +378,17 @@ class _Link:
         self.wire_rdy = 0
         #: The same RDY was asked again (the 25% refresh): write it even if unchanged.
         self.rdy_refresh = False
+        #: The most messages this connection can still come to hold without a further raise:
+        #: at least ``wire_rdy``; after a lowered RDY, what nsqd may have sent under the old
+        #: one (see :meth:`ConsumerCoordinator._budget_left`). ``claim`` is
+        #: ``max(ceiling, rdy)``, this connection's part of ``max_in_flight``.
+        self.ceiling = 0
+        self.claim = 0
+        #: When the part of ``ceiling`` above ``max(wire_rdy, messages held)`` is released:
+        #: by then nsqd has read the lowered RDY and what it sent before has arrived.
+        self.settle_at: float | None = None
+        self.settle_delay = RDY_SETTLE_MIN
+        self.connected_at = deadline
         self.remaining = 0
         self.target = 0
         self.alloc = 0
@@ -460,6 +510,12 @@ class ConsumerCoordinator:
         #: max_in_flight, not even between two writes.
         self._rdy_due: set[int] = set()
         self._total_rdy = 0
+        #: Sum of every connection's ``claim`` (max of its RDY and its ceiling): what may end
+        #: up held; a raise never takes it over max_in_flight.
+        self._claimed = 0
+        #: Connections whose ceiling is above their written RDY (a lowered RDY whose old
+        #: capacity may still be in use): answers there return budget, so none is calm.
+        self._settling: set[int] = set()
         self._alloc_total = 0
         self._fetches = FetchQueue()
         self._next_redistribute: float | None = None
@@ -475,6 +531,7 @@ class ConsumerCoordinator:
         #: handed to user code, and drain requeues the others at once.
         self._explicit_delivery = False
         self._max_attempts = self._config.max_attempts
+        self._failure: NSQError | None = None
         self.received = 0
         self.finished = 0
         self.requeued = 0
@@ -501,6 +558,11 @@ class ConsumerCoordinator:
     @property
     def config(self) -> Config:
         return self._config
+
+    @property
+    def failure(self) -> NSQError | None:
+        """Why the consumer failed (state ``FAILED``), else None."""
+        return self._failure
 
     @property
     def max_in_flight(self) -> int:
@@ -635,6 +697,10 @@ class ConsumerCoordinator:
                 candidates.append(self._backoff.deadline)
             if self._next_redistribute is not None and self._links:
                 candidates.append(self._next_redistribute)
+            for conn_id in self._settling:
+                settle_at = self._links[conn_id].settle_at
+                if settle_at is not None:
+                    candidates.append(settle_at)
             if self._poller is not None:
                 poll = self._poller.next_deadline()
                 if poll is not None:
@@ -688,8 +754,8 @@ class ConsumerCoordinator:
         ``unseen``: deliveries the transport received but never handed to user code (still in
         its queue); they are requeued at once (REQ 0) so other consumers take them. Pull mode's
         own buffer is requeued the same way."""
-        if self._state in (ConsumerState.DRAINING, ConsumerState.CLOSED):
-            return
+        if self._state in (ConsumerState.DRAINING, ConsumerState.CLOSED, ConsumerState.FAILED):
+            return  # FAILED: already closed, ConsumerFailed said so (no DrainComplete)
         if timeout is not None and not (timeout >= 0 and math.isfinite(timeout)):
             raise LocalProtocolError(f"drain timeout must be >= 0 seconds, got {timeout!r}")
         if self._state is ConsumerState.CREATED:
@@ -738,6 +804,7 @@ class ConsumerCoordinator:
         if link is None or link.phase is not LinkPhase.CONNECTING:
             return
         link.phase = LinkPhase.HANDSHAKING
+        link.connected_at = now
         link.proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
         link.send_fin = link.proto.finish
         self._dirty.add(conn_id)
@@ -919,6 +986,8 @@ class ConsumerCoordinator:
         if self._backoff.handle_timer(now):
             self._recalm()
             self._rebalance(now)
+        if self._settling:
+            self._settle_due(now)
         if self._next_redistribute is not None and now >= self._next_redistribute:
             self._next_redistribute = now + self._config.rdy_redistribute_interval
             self._redistribute(now)
@@ -991,7 +1060,7 @@ class ConsumerCoordinator:
             link.touched.pop(message_id, None)
             link.seen.discard(message_id)
         if not self._calm:
-            self._after_answer(link, Outcome.SUCCESS, now)
+            self._after_answer(link, Outcome.SUCCESS, now, delivery)
         return True
 
     def finish_many(self, deliveries: Iterable[Deliver], now: float) -> int:
@@ -1136,10 +1205,12 @@ class ConsumerCoordinator:
             self._emit_rdy(link)
             link.proto.requeue(message_id, delay)
             self.requeued += 1
+            if link.conn_id in self._settling:
+                self._answered_while_settling(link, delivery, now)
             return True
         link.proto.requeue(message_id, delay)
         self.requeued += 1
-        self._after_answer(link, outcome, now, recorded=True)
+        self._after_answer(link, outcome, now, delivery, recorded=True)
         return True
 
     def touch(self, delivery: Deliver, now: float) -> float | None:
@@ -1187,7 +1258,8 @@ class ConsumerCoordinator:
         self._next_fetch_id += 1
         request = FetchRequest(request_id, batch, None if expires is None else now + expires)
         if self._state is not ConsumerState.RUNNING:
-            self._answer_fetch(request, FetchEnd.DRAINING)
+            failed = self._state is ConsumerState.FAILED
+            self._answer_fetch(request, FetchEnd.FAILED if failed else FetchEnd.DRAINING)
             return request_id
         if not no_wait and len(self._fetches.waiting) >= self._config.max_waiting_fetches:
             self._answer_fetch(request, FetchEnd.TOO_MANY_WAITING)
@@ -1290,9 +1362,7 @@ class ConsumerCoordinator:
             link.warm = True
             self._rebalance(now)
         if link.target and needs_refresh(link.remaining, link.rdy):
-            self._send_rdy(
-                link, min(link.target, self._config.max_in_flight - self._total_rdy + link.rdy), now
-            )
+            self._send_rdy(link, min(link.target, self._budget_left(link)), now)
 
     def _on_pull_message(self, link: _Link, delivery: Deliver, now: float) -> None:
         self._pull_seq += 1
@@ -1351,19 +1421,30 @@ class ConsumerCoordinator:
                     "it is no longer in flight on this consumer (connection closed, requeued "
                     "by drain, or delivered again after timing out)"
                 ),
+                delivery,
             )
         )
 
     def _after_answer(
-        self, link: _Link, outcome: Outcome, now: float, *, recorded: bool = False
+        self,
+        link: _Link,
+        outcome: Outcome,
+        now: float,
+        delivery: Deliver,
+        *,
+        recorded: bool = False,
     ) -> None:
-        """``recorded``: the outcome was already given to backoff (and changed nothing)."""
+        """``delivery`` was answered on ``link``. ``recorded``: the outcome was already given
+        to backoff (and changed nothing)."""
+        if link.conn_id in self._settling:
+            self._answered_while_settling(link, delivery, now)
         if self._state is ConsumerState.RUNNING:
             if not recorded and self._backoff.record(outcome, now):
                 self._recalm()
                 self._rebalance(now)
             elif self._pull and link.alloc > 0:
-                self._send_rdy(link, self._live_in_flight(link, now) + link.alloc, now)
+                count = self._live_in_flight(link, now) + link.alloc
+                self._send_rdy(link, min(count, self._budget_left(link)), now)
         elif self._state is ConsumerState.DRAINING:
             self._maybe_close_drained(link, now)
             self._check_drained()
@@ -1405,8 +1486,22 @@ class ConsumerCoordinator:
             # FIN/REQ: already forgotten here. TOUCH: the user still holds it; their FIN/REQ
             # goes out and nsqd answers E_*_FAILED again, harmlessly.
             self.taken_back += 1
+            # A refused TOUCH is about the copy held now (nsqd had none in flight when it came,
+            # so a newer copy comes after it); a refused FIN/REQ's handle is already forgotten.
+            held = (
+                link.tracked.get(event.message_id)
+                if event.command == "TOUCH" and event.message_id is not None
+                else None
+            )
             self._actions.append(
-                TakenBack(link.conn_id, link.address, event.message_id, event.command, event.error)
+                TakenBack(
+                    link.conn_id,
+                    link.address,
+                    event.message_id,
+                    event.command,
+                    event.error,
+                    held,
+                )
             )
             if self._state is ConsumerState.DRAINING:
                 self._maybe_close_drained(link, now)
@@ -1450,6 +1545,7 @@ class ConsumerCoordinator:
         link.phase = LinkPhase.SUBSCRIBED
         link.accepting = self._state is ConsumerState.RUNNING
         link.handshake_deadline = None
+        link.settle_delay = max(RDY_SETTLE_MIN, 4 * (now - link.connected_at))
         link.max_rdy = max(1, settings.max_rdy_count)
         link.msg_timeout = settings.msg_timeout / 1000
         link.max_msg_timeout = max(settings.max_msg_timeout / 1000, link.msg_timeout)
@@ -1499,7 +1595,12 @@ class ConsumerCoordinator:
         self._rdy_due.discard(conn_id)
         self._total_rdy -= link.rdy
         self._alloc_total -= link.alloc
-        link.rdy = link.alloc = link.target = 0
+        self._claimed -= link.claim
+        link.rdy = link.alloc = link.target = link.claim = link.ceiling = 0
+        if self._settling:
+            self._settling.discard(conn_id)
+            if not self._settling:
+                self._recalm()
         final = b""
         if link.proto is not None:
             final = link.proto.data_to_send()
@@ -1513,9 +1614,11 @@ class ConsumerCoordinator:
         link.accepting = False
         if self._pull and unanswered:
             self._forget_pull_messages(conn_id)
+        # nsqd refused the configuration: reconnecting cannot help, the consumer fails.
+        refused = isinstance(error, IdentifyRejected) and self._state is ConsumerState.RUNNING
         reconnect_at: float | None = None
         retry = self._direct.get(link.address)
-        if retry is not None and self._state is ConsumerState.RUNNING:
+        if retry is not None and self._state is ConsumerState.RUNNING and not refused:
             retry.failures += 1
             config = self._config
             reconnect_at = now + reconnect_delay(
@@ -1530,10 +1633,42 @@ class ConsumerCoordinator:
             self._actions.append(
                 Disconnected(conn_id, link.address, error, unanswered, reconnect_at)
             )
-        if self._state is ConsumerState.RUNNING:
+        if refused:
+            assert error is not None
+            self._fail(error, now)
+        elif self._state is ConsumerState.RUNNING:
             self._rebalance(now)
         else:
             self._check_drained()
+
+    def _fail(self, error: NSQError, now: float) -> None:
+        """Stop for good (:class:`ConsumerFailed`): no reconnect, no lookupd poll; what is in
+        flight is requeued at once (nobody can answer it any more) and every connection
+        closed. One rule for every node: the configuration is the same for all of them, so
+        one refusal fails the consumer rather than leaving that nsqd's messages unread."""
+        self._state = ConsumerState.FAILED
+        self._failure = error
+        self._calm = False
+        self._backoff.reset()
+        if self._poller is not None:
+            for request_id in self._poller.stop():
+                self._actions.append(CloseHTTPRequest(request_id))
+        for retry in self._direct.values():
+            retry.retry_at = None
+        for link in self._links.values():
+            link.accepting = False
+            if link.phase is LinkPhase.SUBSCRIBED:
+                if link.rdy:
+                    self._send_rdy(link, 0, now)  # before the REQs, as a drain does
+                for delivery in list(link.tracked.values()):
+                    self._requeue_now(link, delivery)
+        if self._pull:  # what they gathered was just requeued: the answers are empty
+            for fetch in self._fetches.take_all():
+                self._answer_fetch(fetch, FetchEnd.FAILED)
+            self._fetches.buffer.clear()
+        for link in list(self._links.values()):
+            self._drop(link, None, now, close=True)
+        self._actions.append(ConsumerFailed(error))
 
     def _forget_pull_messages(self, conn_id: int) -> None:
         fetches = self._fetches
@@ -1575,6 +1710,7 @@ class ConsumerCoordinator:
             self._state is ConsumerState.RUNNING
             and not self._pull
             and self._backoff.phase is BackoffPhase.NORMAL
+            and not self._settling
         )
 
     # --- internals: RDY ------------------------------------------------------------------------
@@ -1591,9 +1727,12 @@ class ConsumerCoordinator:
         self._dirty.add(link.conn_id)
         if count and not link.rdy:
             link.rdy_at = now
+        elif count < link.rdy:
+            link.settle_at = now + link.settle_delay
         self._total_rdy += count - link.rdy
         link.rdy = count
         link.remaining = count
+        self._reclaim(link)
 
     def _emit_rdy(self, link: _Link) -> None:
         """Hand the RDY decided for ``link`` to its connection, unless nsqd has it already."""
@@ -1604,7 +1743,104 @@ class ConsumerCoordinator:
             assert link.proto is not None
             link.proto.send_ready(link.rdy)
             link.wire_rdy = link.rdy
+            if link.rdy > link.ceiling:
+                link.ceiling = link.rdy
+            elif link.ceiling > link.rdy and link.conn_id not in self._settling:
+                # Lowered: nsqd may still send under the old RDY until it reads this one.
+                self._settling.add(link.conn_id)
+                self._calm = False
+            self._reclaim(link)
         link.rdy_refresh = False
+
+    # --- internals: the max_in_flight bound ----------------------------------------------------
+    #
+    # nsqd sends on a connection while its in-flight count is below the RDY it last read, so
+    # the sum of RDY alone does not bound what the user holds: a lowered RDY leaves what is
+    # already in flight there (and what nsqd sent before reading it) in the user's hands. Each
+    # connection's *ceiling* bounds what it can still come to hold: raised with each RDY
+    # written; after a lowered RDY, one less for every answer written after it (nsqd reads it
+    # before those answers, so it can send again only under the new RDY), down to that RDY; and
+    # at ``settle_at`` (the old RDY's messages have arrived by then) down to what is held. A
+    # raise never takes the sum of ``max(ceiling, RDY)`` over max_in_flight, so the messages
+    # held, everywhere, stay within it (not counting those whose deadline passed: nsqd took them
+    # back and counts them no more).
+
+    def _reclaim(self, link: _Link) -> None:
+        """Recount ``link``'s claim after its RDY or ceiling changed."""
+        claim = link.ceiling if link.ceiling > link.rdy else link.rdy
+        self._claimed += claim - link.claim
+        link.claim = claim
+
+    def _budget_left(self, link: _Link) -> int:
+        """The most RDY ``link`` may have: max_in_flight minus what the others may hold."""
+        return self._config.max_in_flight - self._claimed + link.claim
+
+    def _settled(self, link: _Link) -> None:
+        """``link`` can hold no more than its written RDY again."""
+        link.settle_at = None
+        self._settling.discard(link.conn_id)
+        if not self._settling:
+            self._recalm()
+
+    def _answered_while_settling(self, link: _Link, delivery: Deliver, now: float) -> None:
+        """A FIN/REQ for ``delivery`` went out after ``link``'s lowered RDY: nsqd reads it after
+        that RDY, so one slot of the old RDY is free for good and goes to whoever waits for it.
+        Not so for a message nsqd may have timed out already (its slot was freed then, and
+        maybe filled again): those are counted when the ceiling settles."""
+        if delivery.deadline - now <= link.settle_delay:
+            return
+        if link.ceiling > link.wire_rdy:
+            link.ceiling -= 1
+        if link.ceiling <= link.wire_rdy:
+            self._settled(link)
+        self._reclaim(link)
+        if self._state is ConsumerState.RUNNING:
+            self._grant(now)
+
+    def _settle_due(self, now: float) -> None:
+        """Release the ceilings whose settle time came: what nsqd sent under an old RDY has
+        arrived, so the ceiling falls to the RDY, or to the messages still held (unexpired)."""
+        released = False
+        for conn_id in list(self._settling):
+            link = self._links[conn_id]
+            if link.settle_at is None or now < link.settle_at:
+                continue
+            live, expiry = self._live_count(link, now)
+            ceiling = max(link.wire_rdy, live)
+            released = released or ceiling < link.ceiling
+            link.ceiling = ceiling
+            if ceiling > link.wire_rdy:
+                link.settle_at = expiry  # the user holds more than the RDY: wait for answers
+            else:
+                self._settled(link)
+            self._reclaim(link)
+        if released and self._state is ConsumerState.RUNNING:
+            self._grant(now)
+
+    def _grant(self, now: float) -> None:
+        """Budget came back: raise the connections still below their share."""
+        if self._pull:
+            self._rebalance(now)
+        else:
+            self._raise_to_targets(self._subscribed(), now)
+
+    def _raise_to_targets(self, links: list[_Link], now: float) -> None:
+        """Raise every link below its target as far as the bound allows. In push mode a link
+        that has RDY is raised by at least a quarter of its target (or to it), so budget that
+        comes back one answer at a time is not written as one RDY per answer."""
+        for link in links:
+            if link.rdy < link.target:
+                count = min(link.target, self._budget_left(link))
+                if count <= link.rdy:
+                    continue
+                if (
+                    count < link.target
+                    and link.rdy
+                    and not self._pull
+                    and (count - link.rdy) * 4 < link.target
+                ):
+                    continue
+                self._send_rdy(link, count, now)
 
     def _budget(self) -> int:
         if self._state is not ConsumerState.RUNNING:
@@ -1643,25 +1879,37 @@ class ConsumerCoordinator:
         for link in links:
             if link.rdy > link.target:
                 self._send_rdy(link, link.target, now)
-        limit = self._config.max_in_flight
-        for link in links:
-            if link.rdy < link.target:
-                self._send_rdy(link, min(link.target, limit - self._total_rdy + link.rdy), now)
+        if self._claimed > self._config.max_in_flight:
+            # max_in_flight was lowered under what may be held: no connection takes a new
+            # message (RDY 0) until enough is answered; then the shares come back.
+            for link in links:
+                if link.rdy:
+                    self._send_rdy(link, 0, now)
+            return
+        self._raise_to_targets(links, now)
 
     def _live_in_flight(self, link: _Link, now: float) -> int:
         """Messages held here that nsqd still counts in flight (deadline not passed); notes the
         next deadline so the budget is recomputed when it passes (pull mode)."""
+        live, expiry = self._live_count(link, now)
+        if expiry is not None and (self._next_expiry is None or expiry < self._next_expiry):
+            self._next_expiry = expiry
+        return live
+
+    @staticmethod
+    def _live_count(link: _Link, now: float) -> tuple[int, float | None]:
+        """How many messages held on ``link`` nsqd still counts in flight (deadline not
+        passed), and the earliest of their deadlines."""
         live = 0
         touched = link.touched
-        expiry = self._next_expiry
+        expiry: float | None = None
         for message_id, delivery in link.tracked.items():
             deadline = touched.get(message_id, delivery.deadline) if touched else delivery.deadline
             if deadline > now:
                 live += 1
                 if expiry is None or deadline < expiry:
                     expiry = deadline
-        self._next_expiry = expiry
-        return live
+        return live, expiry
 
     def _pull_shares(
         self,

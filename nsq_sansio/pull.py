@@ -36,6 +36,7 @@ class FetchEnd(enum.Enum):
     TOO_MANY_WAITING = "too_many_waiting"  # max_waiting_fetches requests already wait
     DRAINING = "draining"  # the consumer is draining or closed: what arrived so far
     AGED = "aged"  # before ``expires``: its oldest message had used half of its msg_timeout
+    FAILED = "failed"  # the consumer failed (ConsumerFailed): nothing more will come
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import sys
@@ -32,6 +33,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import IO, Any
@@ -179,6 +181,29 @@ def _http_get_json(url: str, timeout: float) -> Any:
         raise CLIError(f"cannot reach {url}: {reason}") from None
 
 
+def lookupd_nsqd_addresses(lookupd: Sequence[str], topic: str, timeout: float) -> list[str]:
+    """nsqd TCP addresses to publish ``topic`` to, found through nsqlookupd: the nsqd that
+    already have the topic (``/lookup``), else every nsqd registered (``/nodes``)."""
+
+    def addresses(path: str) -> list[str]:
+        found: list[str] = []
+        for url in lookupd:
+            try:
+                data = _http_get_json(f"{url}{path}", timeout)
+            except CLIError:
+                if path.startswith("/lookup"):  # 404: no nsqd has the topic (yet)
+                    continue
+                raise
+            data = data.get("data", data)  # nsqlookupd before 1.0 wrapped the answer
+            for producer in data.get("producers") or []:
+                address = format_address(producer["broadcast_address"], int(producer["tcp_port"]))
+                if address not in found:
+                    found.append(address)
+        return found
+
+    return addresses(f"/lookup?topic={topic}") or addresses("/nodes")
+
+
 def _check_sources(args: argparse.Namespace, timeout: float) -> tuple[list[str], list[str]]:
     nsqd = list(args.nsqd_tcp_address)
     lookupd = _lookupd_urls(args.lookupd_http_address)
@@ -221,6 +246,8 @@ def _tail_parser() -> argparse.ArgumentParser:
     _flag(p, "max-in-flight", type=int, default=200, help="max messages in flight")
     p.add_argument("-n", "--n", type=int, default=0, help="stop after N messages (0: never)")
     _flag(p, "format", choices=("raw", "json"), default="raw", help="output format")
+    _add_progress(p)
+    _add_metrics(p)
     _add_client(p)
     return p
 
@@ -243,6 +270,7 @@ def _message_json(msg: Any, topic: str, channel: str) -> str:
 
 
 def tail_main(argv: Sequence[str]) -> int:
+    from transports.progress import ProgressDisplay, Stage
     from transports.sync import Consumer
 
     args = _tail_parser().parse_args(argv)
@@ -253,6 +281,12 @@ def tail_main(argv: Sequence[str]) -> int:
     out = sys.stdout.buffer
     shown = 0
     limit = args.n
+    # messages go to stdout: on the same terminal, progress lines must not redraw over them
+    progress = ProgressDisplay(enabled=args.progress, plain=sys.stdout.isatty())
+
+    def show(final: bool = False) -> None:
+        progress.update([Stage("tail", shown, limit or None)], final=final)
+
     with (
         _stop_on_signals() as stop,
         Consumer(
@@ -263,12 +297,14 @@ def tail_main(argv: Sequence[str]) -> int:
             max_in_flight=max(1, min(args.max_in_flight, limit) if limit else args.max_in_flight),
             **_client_options(args),
         ) as consumer,
+        _metrics(args.metrics_address, consumer),
     ):
         while not stop.is_set() and (not limit or shown < limit):
             msg = consumer.get(timeout=0.25)
             if msg is None:
                 if consumer.draining:
                     break
+                show()
                 continue
             if args.format == "json":
                 out.write(_message_json(msg, topic, channel).encode() + b"\n")
@@ -277,7 +313,9 @@ def tail_main(argv: Sequence[str]) -> int:
             out.flush()
             msg.finish()
             shown += 1
+            show()
         consumer.drain(timeout=2.0)
+    show(final=True)
     return 0
 
 
@@ -298,10 +336,20 @@ def _pub_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="nsqd TCP address (may be given multiple times: round robin with failover)",
     )
+    _flag(
+        p,
+        "lookupd-http-address",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="nsqlookupd HTTP address (may be given multiple times): publish to the nsqd that "
+        "have the topic, else to every nsqd registered",
+    )
     _flag(p, "file", default=None, help="read this file instead of stdin")
     _flag(p, "delimiter", default="\\n", help="message delimiter (default: newline)")
     _flag(p, "batch-size", type=int, default=100, help="messages per MPUB (1: PUB)")
     _flag(p, "rate", type=float, default=0.0, help="at most this many messages/s (0: no limit)")
+    _add_metrics(p)
     _add_client(p)
     return p
 
@@ -328,14 +376,23 @@ def pub_main(argv: Sequence[str]) -> int:
 
     args = _pub_parser().parse_args(argv)
     topic = _topic(args.topic)
-    if not args.nsqd_tcp_address:
-        raise CLIError("give --nsqd-tcp-address")
+    nsqd = list(args.nsqd_tcp_address)
+    lookupd = _lookupd_urls(args.lookupd_http_address)
+    if not nsqd and not lookupd:
+        raise CLIError("give --nsqd-tcp-address or --lookupd-http-address")
     if args.batch_size < 1:
         raise CLIError("--batch-size must be >= 1")
     if args.rate < 0:
         raise CLIError("--rate must be >= 0")
-    for address in args.nsqd_tcp_address:
+    for address in nsqd:
         _probe_tcp(address, "nsqd", args.connect_timeout)
+    if lookupd:
+        found = [
+            a for a in lookupd_nsqd_addresses(lookupd, topic, args.connect_timeout) if a not in nsqd
+        ]
+        if not nsqd and not found:
+            raise CLIError(f"no nsqd registered with {', '.join(lookupd)}")
+        nsqd += found
     delimiter = args.delimiter.encode().decode("unicode_escape").encode("latin-1")
     if not delimiter:
         raise CLIError("--delimiter must not be empty")
@@ -357,7 +414,15 @@ def pub_main(argv: Sequence[str]) -> int:
         stream: IO[bytes] = (
             stack.enter_context(open(args.file, "rb")) if args.file else sys.stdin.buffer
         )
-        producer = stack.enter_context(Producer(args.nsqd_tcp_address, **_client_options(args)))
+        producer = stack.enter_context(Producer(nsqd, **_client_options(args)))
+        stack.enter_context(_metrics(args.metrics_address, producer))
+        # round robin goes over the connected nsqd: let every one connect first (or time
+        # out, then failover covers it), so a short input is spread over all of them
+        ready_by = time.monotonic() + args.connect_timeout
+        while time.monotonic() < ready_by and not all(
+            c.connected for c in producer.stats().connections
+        ):
+            time.sleep(0.005)
         batch: list[bytes] = []
         sent = 0
 
@@ -441,7 +506,7 @@ def _nsqd_http_addresses(nsqd: Sequence[str], lookupd: Sequence[str], timeout: f
         found.append(format_address(host, port))
     for url in lookupd:
         data = _http_get_json(f"{url}/nodes", timeout)
-        for producer in data.get("producers", []):
+        for producer in data.get("producers") or []:
             address = format_address(producer["broadcast_address"], int(producer["http_port"]))
             if address not in found:
                 found.append(address)
@@ -473,7 +538,7 @@ def collect_stats(
             errors.append(str(err))
             continue
         data = data.get("data", data)  # nsqd before 1.0 wrapped the answer
-        for t in data.get("topics", []):
+        for t in data.get("topics") or []:
             name = t["topic_name"]
             if topic and name != topic:
                 continue
@@ -481,7 +546,7 @@ def collect_stats(
             row["nsqd"] += 1
             row["depth"] += int(t.get("depth", 0))
             row["messages"] += int(t.get("message_count", 0))
-            for c in t.get("channels", []):
+            for c in t.get("channels") or []:
                 if channel and c["channel_name"] != channel:
                     continue
                 crow = rows.setdefault((name, c["channel_name"]), dict.fromkeys(_COLUMNS, 0))
@@ -611,7 +676,35 @@ def _to_file_parser() -> argparse.ArgumentParser:
     _flag(p, "topic", required=True, help="NSQ topic")
     _flag(p, "channel", default="nsq_to_file", help="NSQ channel (default nsq_to_file)")
     _add_sources(p)
-    _flag(p, "output-dir", default="/tmp", help="directory for the files")
+    _flag(p, "output-dir", default="/tmp", help="directory for finished files (default /tmp)")
+    _flag(
+        p,
+        "work-dir",
+        default=None,
+        help="directory for files being written, moved to --output-dir when closed "
+        "(default: --output-dir)",
+    )
+    _flag(
+        p,
+        "filename-format",
+        default=DEFAULT_FILENAME_FORMAT,
+        help="<TOPIC>, <HOST>, <REV>, <DATETIME>, <PID> are replaced (default %(default)s)",
+    )
+    _flag(
+        p,
+        "datetime-format",
+        default="%Y-%m-%d_%H",
+        help="strftime format for <DATETIME>; a new value starts a new file (default %(default)s)",
+    )
+    _flag(
+        p,
+        "host-identifier",
+        default=None,
+        help="<HOST> in file names (default: the short host name; <SHORT_HOST> and <HOSTNAME> "
+        "are replaced)",
+    )
+    _flag(p, "gzip", action="store_true", help="gzip the files (one gzip member per fsync)")
+    _flag(p, "gzip-level", type=int, default=6, help="gzip level 1-9 (default 6)")
     _flag(p, "max-in-flight", type=int, default=200, help="max messages in flight (and batch)")
     _flag(
         p,
@@ -620,7 +713,13 @@ def _to_file_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="write + fsync + FIN at least this often (default 2s)",
     )
-    _flag(p, "rotate-size", type=int, default=0, help="start a new file after N bytes (0: off)")
+    _flag(
+        p,
+        "rotate-size",
+        type=int,
+        default=0,
+        help="start a new file once this many bytes (before gzip) were written (0: off)",
+    )
     _flag(
         p,
         "rotate-interval",
@@ -628,63 +727,285 @@ def _to_file_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="start a new file after this long (0: off)",
     )
-    _flag(p, "filename-prefix", default=None, help="file name prefix (default: <topic>.<host>)")
     p.add_argument("-n", "--n", type=int, default=0, help="stop after N messages (0: never)")
+    _add_progress(p)
+    _add_metrics(p)
     _add_client(p)
     return p
 
 
-class RollingFile:
-    """``<prefix>.<YYYY-mm-dd_HH-MM-SS>.<n>.log`` files, rotated by size and age."""
+DEFAULT_FILENAME_FORMAT = "<TOPIC>.<HOST><REV>.<DATETIME>.log"
 
-    def __init__(self, directory: str, prefix: str, max_size: int, max_age: float) -> None:
-        self.directory = directory
-        self.prefix = prefix
-        self.max_size = max_size
-        self.max_age = max_age
-        self.serial = 0
+
+class FileArchive:
+    """nsq_to_file's files: named by ``--filename-format``, rotated when ``<DATETIME>``
+    changes, after ``rotate_size`` bytes or ``rotate_interval`` seconds; written in
+    ``work_dir`` and moved to ``output_dir`` when closed, never over an existing file.
+
+    Each :meth:`write_synced` is one ``write()`` then ``fsync``; with gzip it is one whole
+    gzip member (compressed in memory first), so a crash between two batches leaves a file
+    ``gzip -d`` reads entirely (gzip reads concatenated members). A crash during the write
+    itself can leave a partial member at the end of a file in the work directory; when the
+    work directory is not the output directory, :meth:`recover` (run at start) cuts it off
+    and moves such files to the output directory.
+    """
+
+    def __init__(
+        self,
+        *,
+        output_dir: str,
+        work_dir: str | None = None,
+        filename_format: str = DEFAULT_FILENAME_FORMAT,
+        datetime_format: str = "%Y-%m-%d_%H",
+        topic: str,
+        host: str | None = None,
+        gzip_level: int | None = None,
+        rotate_size: int = 0,
+        rotate_interval: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = datetime.now,
+    ) -> None:
+        self.output_dir = output_dir
+        self.work_dir = work_dir or output_dir
+        self.gzip_level = gzip_level
+        self.rotate_size = rotate_size
+        self.rotate_interval = rotate_interval
+        self.datetime_format = datetime_format
+        self.clock = clock
+        self.now = now
+        needs_rev = (
+            gzip_level is not None
+            or rotate_size > 0
+            or rotate_interval > 0
+            or os.path.abspath(self.work_dir) != os.path.abspath(output_dir)
+        )
+        if needs_rev and "<REV>" not in filename_format:
+            raise CLIError(
+                "--filename-format needs <REV> with --gzip, rotation or a separate --work-dir"
+            )
+        if not needs_rev:
+            filename_format = filename_format.replace("<REV>", "")
+        hostname = socket.gethostname()
+        short = hostname.split(".")[0]
+        identifier = host or short
+        identifier = identifier.replace("<SHORT_HOST>", short).replace("<HOSTNAME>", hostname)
+        fmt = (
+            filename_format.replace("<TOPIC>", topic)
+            .replace("<HOST>", identifier)
+            .replace("<PID>", str(os.getpid()))
+        )
+        if gzip_level is not None and not fmt.endswith(".gz"):
+            fmt += ".gz"
+        self.format = fmt
         self.file: IO[bytes] | None = None
-        self.path = ""
+        self.name = ""  # the current file name with <REV> unresolved
+        self.rev = 0
+        self.path = ""  # the current file in the work directory
         self.opened_at = 0.0
-        self.size = 0
-        self.paths: list[str] = []
+        self.size = 0  # bytes written to the current file, before compression
+        self.bytes_written = 0  # bytes written to disk, all files
+        self.paths: list[str] = []  # every file finished in the output directory, in order
 
-    def _open(self) -> IO[bytes]:
-        stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    # --- names ----------------------------------------------------------------------------------
+
+    def _current_name(self) -> str:
+        return self.format.replace("<DATETIME>", self.now().strftime(self.datetime_format))
+
+    @staticmethod
+    def _with_rev(name: str, rev: int) -> str:
+        return name.replace("<REV>", f"-{rev:06d}")
+
+    def _pattern(self) -> re.Pattern[str]:
+        parts = re.split(r"(<REV>|<DATETIME>)", self.format)
+        regex = "".join(
+            r"-\d{6}" if p == "<REV>" else ".+?" if p == "<DATETIME>" else re.escape(p)
+            for p in parts
+        )
+        return re.compile(regex + "$")
+
+    # --- rotation -------------------------------------------------------------------------------
+
+    def needs_rotation(self) -> bool:
+        if self.file is None:
+            return True
+        if self._current_name() != self.name:
+            return True
+        if self.rotate_interval > 0 and self.clock() - self.opened_at > self.rotate_interval:
+            return True
+        return self.rotate_size > 0 and self.size > self.rotate_size
+
+    def _open(self) -> None:
+        self.close()
+        name = self._current_name()
+        self.rev = 0 if name != self.name else self.rev + 1
+        self.name = name
+        exclusive = self.gzip_level is not None or self.rotate_interval > 0
+        separate = os.path.abspath(self.work_dir) != os.path.abspath(self.output_dir)
         while True:
-            self.serial += 1
-            name = f"{self.prefix}.{stamp}.{self.serial}.log"
-            path = os.path.join(self.directory, name)
-            if not os.path.exists(path):
-                break
-        self.file = open(path, "ab")  # noqa: SIM115 - closed in rotate()/close()
+            filename = self._with_rev(name, self.rev)
+            path = os.path.join(self.work_dir, filename)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            if separate:
+                final = os.path.join(self.output_dir, filename)
+                os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+                if os.path.exists(final):
+                    self.rev += 1
+                    continue
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_APPEND)
+            try:
+                fd = os.open(path, flags, 0o666)
+            except FileExistsError:
+                self.rev += 1
+                continue
+            size = os.fstat(fd).st_size
+            if self.rotate_size > 0 and size > self.rotate_size:
+                os.close(fd)
+                self.rev += 1
+                continue
+            break
+        self.file = os.fdopen(fd, "ab")
         self.path = path
-        self.paths.append(path)
-        self.opened_at = time.monotonic()
-        self.size = 0
-        return self.file
+        self.size = size
+        self.opened_at = self.clock()
+
+    # --- writing --------------------------------------------------------------------------------
 
     def write_synced(self, bodies: Sequence[bytes]) -> None:
         """Append ``bodies`` (one per line) and fsync before returning."""
-        if self.file is not None and (
-            (self.max_size and self.size >= self.max_size)
-            or (self.max_age and time.monotonic() - self.opened_at >= self.max_age)
-        ):
-            self.close()
-        f = self.file or self._open()
+        if self.needs_rotation():
+            self._open()
+        f = self.file
+        assert f is not None
         data = b"".join(body + b"\n" for body in bodies)
-        f.write(data)
+        out = data
+        if self.gzip_level is not None:
+            member = zlib.compressobj(self.gzip_level, zlib.DEFLATED, 31)  # 31: gzip wrapper
+            out = member.compress(data) + member.flush()
+        f.write(out)
         f.flush()
         os.fsync(f.fileno())
         self.size += len(data)
+        self.bytes_written += len(out)
 
     def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
+        """fsync and close the current file, then move it to the output directory."""
+        if self.file is None:
+            return
+        f, self.file = self.file, None
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        self.paths.append(self._finish(self.path, self.name, self.rev))
+
+    def _finish(self, path: str, name: str, rev: int) -> str:
+        """Move ``path`` from the work directory to the output directory without ever
+        replacing a file there (link, then unlink; the revision goes up on a clash)."""
+        if os.path.abspath(self.work_dir) == os.path.abspath(self.output_dir):
+            return path
+        relative = os.path.relpath(path, self.work_dir)
+        target = os.path.join(self.output_dir, relative)
+        while True:
+            try:
+                os.link(path, target)
+            except FileExistsError:
+                rev += 1
+                target = os.path.join(
+                    self.output_dir, os.path.dirname(relative), self._with_rev(name, rev)
+                )
+                if "<REV>" not in name:
+                    raise
+                continue
+            os.unlink(path)
+            return target
+
+    def recover(self) -> list[str]:
+        """Files a killed run left in a separate work directory: a partial gzip member at
+        the end is cut off (the whole members before it are kept), then the file is moved
+        to the output directory. Returns the moved files."""
+        if os.path.abspath(self.work_dir) == os.path.abspath(self.output_dir):
+            return []
+        pattern = self._pattern()
+        moved = []
+        for entry in sorted(os.listdir(self.work_dir)):
+            path = os.path.join(self.work_dir, entry)
+            if not os.path.isfile(path) or not pattern.match(entry):
+                continue
+            if self.gzip_level is not None:
+                good = whole_gzip_members(path)
+                if good < os.path.getsize(path):
+                    os.truncate(path, good)
+            rev_name = re.sub(r"-\d{6}(?=[^/]*$)", "<REV>", entry, count=1)
+            moved.append(self._finish(path, rev_name, 0))
+        return moved
+
+
+def whole_gzip_members(path: str) -> int:
+    """The length of the longest prefix of ``path`` made of complete gzip members."""
+    with open(path, "rb") as f:
+        data = f.read()
+    end = 0
+    while end < len(data):
+        member = zlib.decompressobj(31)
+        try:
+            member.decompress(data[end:])
+        except zlib.error:
+            break
+        if not member.eof:
+            break
+        end = len(data) - len(member.unused_data)
+    return end
+
+
+def _add_metrics(parser: argparse.ArgumentParser) -> None:
+    _flag(
+        parser,
+        "metrics-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics of this command's client at http://HOST:PORT/metrics "
+        "(needs the metrics extra)",
+    )
+
+
+@contextlib.contextmanager
+def _metrics(address: str | None, client: Any) -> Iterator[None]:
+    """Export ``client`` at ``address`` while the command runs (nothing when None)."""
+    if address is None:
+        yield
+        return
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from transports import metrics
+    except ImportError:
+        raise CLIError(
+            "--metrics-address needs prometheus-client: python -m pip install 'nsq-sansio[metrics]'"
+        ) from None
+    registry = CollectorRegistry()
+    metrics.instrument(client, registry=registry)
+    try:
+        server, _ = metrics.start_http_server(address, registry)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    host, port = server.server_address[:2]
+    print(f"metrics: http://{format_address(host, port)}/metrics", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _add_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="show progress on stderr (redrawn on a terminal, a line every 2s otherwise)",
+    )
 
 
 def to_file_main(argv: Sequence[str]) -> int:
+    from transports.progress import ProgressDisplay, Stage
     from transports.sync import Consumer
 
     args = _to_file_parser().parse_args(argv)
@@ -692,11 +1013,35 @@ def to_file_main(argv: Sequence[str]) -> int:
     channel = _channel(args.channel)
     if not os.path.isdir(args.output_dir):
         raise CLIError(f"--output-dir {args.output_dir!r} is not a directory")
+    if args.work_dir is not None and not os.path.isdir(args.work_dir):
+        raise CLIError(f"--work-dir {args.work_dir!r} is not a directory")
+    if not 1 <= args.gzip_level <= 9:
+        raise CLIError(f"--gzip-level must be 1-9, got {args.gzip_level}")
+    files = FileArchive(
+        output_dir=args.output_dir,
+        work_dir=args.work_dir,
+        filename_format=args.filename_format,
+        datetime_format=args.datetime_format,
+        topic=topic,
+        host=args.host_identifier,
+        gzip_level=args.gzip_level if args.gzip else None,
+        rotate_size=args.rotate_size,
+        rotate_interval=args.rotate_interval,
+    )
     nsqd, lookupd = _check_sources(args, args.connect_timeout)
-    prefix = args.filename_prefix or f"{topic}.{socket.gethostname()}"
-    files = RollingFile(args.output_dir, prefix, args.rotate_size, args.rotate_interval)
+    for path in files.recover():
+        print(f"nsq-sansio to-file: recovered {path}", file=sys.stderr)
     archived = 0
     limit = args.n
+    progress = ProgressDisplay(enabled=args.progress)
+
+    def show(final: bool = False) -> None:
+        extras = (
+            ("files", len(files.paths) + (files.file is not None)),
+            ("bytes", files.bytes_written),
+        )
+        progress.update([Stage("archive", archived, limit or None, extras)], final=final)
+
     try:
         with (
             _stop_on_signals() as stop,
@@ -713,23 +1058,27 @@ def to_file_main(argv: Sequence[str]) -> int:
                 ),  # nsqd default max: 15 min
                 **_client_options(args),
             ) as consumer,
+            _metrics(args.metrics_address, consumer),
         ):
             while not stop.is_set() and (not limit or archived < limit):
                 want = (
                     args.max_in_flight if not limit else min(args.max_in_flight, limit - archived)
                 )
                 batch = consumer.fetch(want, timeout=min(args.sync_interval, 0.5))
-                if not batch:
-                    if consumer.draining:
-                        break
-                    continue
-                files.write_synced([m.body for m in batch])
-                for m in batch:  # only now that the bytes are on disk
-                    m.finish()
-                archived += len(batch)
+                if batch:
+                    files.write_synced([m.body for m in batch])
+                    for m in batch:  # only now that the bytes are on disk
+                        m.finish()
+                    archived += len(batch)
+                elif consumer.draining:
+                    break
+                elif files.file is not None and files.needs_rotation():
+                    files.close()  # rotate (or finish the hour's file) while idle too
+                show()
             consumer.drain(timeout=2.0)
     finally:
         files.close()
+        show(final=True)
     print(
         f"archived {archived:,} messages to {len(files.paths)} file(s) in {args.output_dir}",
         file=sys.stderr,

@@ -37,11 +37,14 @@ import shutil
 import struct
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from transports.progress import ProgressDisplay, Stage
 
 __all__ = ["DemoOptions", "DemoResult", "Progress", "Tally", "Workload", "demo_main", "run_demo"]
 
@@ -49,6 +52,8 @@ TOPIC = "demo"
 CHANNELS = ("push", "pull")
 _HEADER = struct.Struct(">IdI")  # seq, publish time (time.monotonic()), defer in ms
 MIN_BODY_SIZE = _HEADER.size
+#: The closing report fits an 80-column terminal.
+REPORT_WIDTH = 79
 #: Failures of an always-failing message up to this attempt ask for backoff.
 BACKOFF_ATTEMPTS = 1
 
@@ -328,58 +333,36 @@ class Tally:
 # --- progress --------------------------------------------------------------------------------
 
 
-def _bar(done: int, total: int, width: int = 28) -> str:
-    frac = 0.0 if total <= 0 else min(1.0, done / total)
-    full = int(frac * width)
-    return "[" + "#" * full + "-" * (width - full) + f"] {frac * 100:5.1f}%"
-
-
 class Progress:
-    """Progress bars on a text stream: redrawn in place on a terminal, a line every few
-    seconds otherwise (CI logs). No dependency beyond the standard library."""
+    """The demo's stages (publish, then each channel) drawn by
+    :class:`~transports.progress.ProgressDisplay`: bars fitted to the terminal, redrawn in
+    place, or one compact line per stage every 2 s when stderr is not a terminal."""
 
-    def __init__(self, tally: Tally, stream: TextIO | None = None, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        tally: Tally,
+        stream: TextIO | None = None,
+        enabled: bool = True,
+        columns: int | None = None,
+    ) -> None:
         self.tally = tally
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.started = time.monotonic()
-        self._drawn = 0
-        self._last_plain = 0.0
-        self._last: dict[str, tuple[float, int]] = {}
+        self.display = ProgressDisplay(stream, enabled=enabled, columns=columns)
 
-    def lines(self) -> list[str]:
+    @property
+    def tty(self) -> bool:
+        return self.display.tty
+
+    def stages(self) -> list[Stage]:
         t = self.tally
-        now = time.monotonic()
         total = t.workload.count
-        out = [f"publish  {_bar(t.published, total)} {t.published:>9,}/{total:,}"]
+        out = [Stage("publish", t.published, total, (("deferred", t.deferred),))]
         for name, ch in t.channels.items():
-            last_at, last_handled = self._last.get(name, (self.started, 0))
-            rate = (ch.handled - last_handled) / max(now - last_at, 1e-9)
-            self._last[name] = (now, ch.handled)
-            out.append(
-                f"{name:<8} {_bar(ch.accounted, total)} {ch.accounted:>9,}/{total:,}"
-                f" {rate:>7,.0f}/s  req {ch.requeued:,}  gave up {ch.given_up:,}"
-            )
+            extras = (("retries", ch.requeued), ("gave up", ch.given_up))
+            out.append(Stage(name, ch.accounted, total, extras))
         return out
 
     def update(self, final: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not self.tty and not final and now - self._last_plain < 2.0:
-            return
-        lines = self.lines()
-        if self.tty:
-            width = max(20, shutil.get_terminal_size().columns - 1)
-            lines = [line[:width] for line in lines]
-            up = f"\x1b[{self._drawn}F" if self._drawn else ""
-            self.stream.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
-            self._drawn = len(lines)
-        elif final or now - self._last_plain >= 2.0:
-            self._last_plain = now
-            self.stream.write(f"[{now - self.started:6.1f}s] " + " | ".join(lines) + "\n")
-        self.stream.flush()
+        self.display.update(self.stages(), final=final)
 
 
 # --- result and report -----------------------------------------------------------------------
@@ -471,10 +454,11 @@ def format_report(result: DemoResult) -> str:
     row("p99 latency", latency(0.99))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [
-        f"nsq-sansio demo: {opts.messages:,} messages x {opts.body_size} B, runtime {opts.runtime},"
-        f" compression {opts.compression}, TLS {'on' if opts.tls else 'off'}",
+        f"nsq-sansio demo: {opts.messages:,} messages x {opts.body_size} B, runtime {opts.runtime}",
+        f"compression {opts.compression}, TLS {'on' if opts.tls else 'off'};"
+        f" total run {result.elapsed:.2f}s",
         f"published to 2 nsqd in {publish_time:.2f}s ({t.published / publish_time:,.0f} msg/s,"
-        f" {t.deferred:,} deferred); total run {result.elapsed:.2f}s",
+        f" {t.deferred:,} deferred)",
         "",
     ]
     for i, r in enumerate(rows):
@@ -490,11 +474,9 @@ def format_report(result: DemoResult) -> str:
     lines.append("latency: publish to first delivery (attempt 1), deferral excluded")
     problems = result.problems()
     if problems:
-        lines.append("FAILED: " + "; ".join(problems))
+        lines += textwrap.wrap("FAILED: " + "; ".join(problems), REPORT_WIDTH)
     else:
-        lines.append(
-            "OK: every message accounted for on both channels (finished or given up, no duplicates)"
-        )
+        lines.append("OK: every message accounted for (each finished or given up, no duplicates)")
     return "\n".join(lines)
 
 
@@ -594,16 +576,18 @@ def _openssl_cert(cert_path: str, key_path: str) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_logs() -> Iterator[None]:
+def _quiet_logs(*names: str) -> Iterator[None]:
     """Give-ups and retries are the point of the demo and counted in its table: while it runs,
-    the library's loggers show errors only."""
-    logger = logging.getLogger("nsq_sansio")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    the library's loggers (``nsq_sansio``, plus ``names``) show errors only."""
+    loggers = [logging.getLogger(name) for name in ("nsq_sansio", *names)]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def run_demo(options: DemoOptions, *, stream: TextIO | None = None) -> DemoResult:
@@ -655,8 +639,8 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
         "-n",
         "--messages",
         type=int,
-        default=defaults.messages,
-        help="messages to publish (default %(default)s)",
+        default=None,
+        help=f"messages to publish (default {defaults.messages}; with --spark, 20000 clicks)",
     )
     p.add_argument(
         "--size",
@@ -676,8 +660,8 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
     p.add_argument(
         "--max-in-flight",
         type=int,
-        default=defaults.max_in_flight,
-        help="per consumer (default %(default)s)",
+        default=None,
+        help=f"per consumer (default {defaults.max_in_flight}; with --spark, 5000)",
     )
     p.add_argument(
         "--batch",
@@ -706,10 +690,18 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         type=float,
-        default=defaults.timeout,
-        help="give up the run after this many seconds (default %(default)s)",
+        default=None,
+        help=f"give up the run after this many seconds (default {defaults.timeout:g};"
+        " with --spark, 600)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--spark",
+        action="store_true",
+        help="run the data pipeline instead: NSQ -> Spark Structured Streaming aggregation -> "
+        "Parquet -> NSQ, with a table accounting for every message (needs the spark extra; "
+        "takes -n, --max-in-flight, --timeout, --no-progress)",
+    )
     return p
 
 
@@ -717,27 +709,41 @@ def _describe(err: BaseException) -> str:
     """The first real error inside (nested) exception groups, as one line."""
     while getattr(err, "exceptions", None):  # (Base)ExceptionGroup, also on 3.10
         err = err.exceptions[0]  # type: ignore[attr-defined]
-    if isinstance(err, (RuntimeError, OSError)) and str(err):
-        return str(err)
-    return f"{type(err).__name__}: {err}"
+    # a Java exception's text is a stack trace: keep its message lines only
+    text = " ".join(
+        line.strip()
+        for line in str(err).splitlines()
+        if line.strip() and not line.lstrip().startswith(("at ", "..."))
+    )
+    text = text.split(" Caused by:")[0][:500]
+    if isinstance(err, (RuntimeError, OSError)) and text:
+        return text
+    return f"{type(err).__name__}: {text}"
 
 
-def demo_main(argv: Sequence[str] | None = None) -> int:
-    """``nsq-sansio demo [options]``; returns the exit code (0: every message accounted for)."""
+def demo_main(argv: Sequence[str] | None = None, *, spark: Any = None) -> int:
+    """``nsq-sansio demo [options]``; returns the exit code (0: every message accounted for).
+
+    ``spark``: a SparkSession for ``--spark`` (default: a local[2] one started for the run)."""
     args = build_parser().parse_args(argv)
+    if args.spark:
+        return _spark_main(args, spark)
+    defaults = DemoOptions()
     try:
         options = DemoOptions(
-            messages=args.messages,
+            messages=defaults.messages if args.messages is None else args.messages,
             body_size=args.size,
             runtime=args.runtime,
             compression=args.compression,
             tls=args.tls,
-            max_in_flight=args.max_in_flight,
+            max_in_flight=defaults.max_in_flight
+            if args.max_in_flight is None
+            else args.max_in_flight,
             batch=args.batch,
             max_attempts=args.max_attempts,
             fail_per_mille=args.fail_per_mille,
             give_ups=args.give_ups,
-            timeout=args.timeout,
+            timeout=defaults.timeout if args.timeout is None else args.timeout,
             progress=not args.no_progress,
         )
     except ValueError as err:
@@ -752,6 +758,35 @@ def demo_main(argv: Sequence[str] | None = None) -> int:
         print(f"nsq-sansio demo: {_describe(err)}", file=sys.stderr)
         return 1
     print(format_report(result))
+    return 0 if result.ok else 1
+
+
+def _spark_main(args: argparse.Namespace, spark: Any) -> int:
+    from .demo_spark import SparkDemoOptions, format_spark_report, run_spark_demo
+
+    defaults = SparkDemoOptions()
+    try:
+        options = SparkDemoOptions(
+            messages=defaults.messages if args.messages is None else args.messages,
+            max_in_flight=defaults.max_in_flight
+            if args.max_in_flight is None
+            else args.max_in_flight,
+            timeout=defaults.timeout if args.timeout is None else args.timeout,
+            progress=not args.no_progress,
+        )
+    except ValueError as err:
+        print(f"nsq-sansio demo: {err}", file=sys.stderr)
+        return 2
+    try:
+        with _quiet_logs("transports"):  # the sink's commit report: the table has it
+            result = run_spark_demo(options, spark=spark)
+    except KeyboardInterrupt:
+        print("nsq-sansio demo: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # one line, never a traceback
+        print(f"nsq-sansio demo: {_describe(err)}", file=sys.stderr)
+        return 1
+    print(format_spark_report(result))
     return 0 if result.ok else 1
 
 

@@ -7,6 +7,12 @@ Per step (from the wire, independently of the state machines' own bookkeeping):
 * ``RDY_IN_FLIGHT``: nsqd never pushes a message on a connection that already holds as many
   un-answered, un-expired messages as the RDY it last received there (so a consumer never has
   more in flight than its RDY allowed).
+* ``HELD``: the messages a consumer holds, summed over its connections, never exceed its
+  ``max_in_flight`` (checked whenever nsqd sends it one: counted from nsqd's send until the
+  consumer's FIN/REQ, so messages still on the wire count; messages nsqd already timed out do
+  not). A lowered RDY does not take back what is already in flight, so this bounds what RDY
+  is given, not only its sum. Read with the current ``max_in_flight``: lowering it at run time
+  is not modelled.
 * ``BACKOFF_RDY``: while a consumer backs off (waiting or testing) it never sends RDY > 1.
 * ``ATTEMPTS``: every delivery of a message on a channel carries a higher attempts count than
   the one before (what ``max_attempts`` relies on).
@@ -54,6 +60,7 @@ __all__ = ["Invariant", "InvariantViolation", "Monitor", "Violation"]
 class Invariant(enum.Enum):
     RDY_SUM = "rdy_sum"
     RDY_IN_FLIGHT = "rdy_in_flight"
+    HELD = "held"
     BACKOFF_RDY = "backoff_rdy"
     AT_LEAST_ONCE = "at_least_once"
     DRAIN = "drain"
@@ -301,6 +308,7 @@ class Monitor:
         self, pipe: _Pipe, message_id: bytes, attempts: int, body: bytes, now: float
     ) -> None:
         self.messages_sent += 1
+        self._check_held(pipe.client, now)
         self._id_body[(pipe.nsqd, message_id)] = body
         if pipe.topic_channel is not None:
             key = (pipe.topic_channel[0], pipe.topic_channel[1], body)
@@ -318,6 +326,32 @@ class Monitor:
                     f"delivery with attempts {before}",
                 )
             self._attempts[counted] = attempts
+
+    def _check_held(self, consumer: str, now: float) -> None:
+        """``HELD``: what ``consumer`` holds (nsqd sent, not answered, not timed out)."""
+        from .nodes import ConsumerNode
+
+        node = self.sim.nodes.get(consumer)
+        pipes = self._consumer_pipes.get(consumer)
+        if not isinstance(node, ConsumerNode) or not pipes:
+            return
+        limit = node.coord.max_in_flight
+        if sum(len(p.held) for p in pipes.values()) <= limit:
+            return  # the common case: no need to look at deadlines
+        counts: dict[str, int] = {}
+        for p in pipes.values():
+            live = sum(
+                1 for i in p.held if (entry := p.outstanding.get(i)) is not None and entry[0] > now
+            )
+            counts[p.nsqd] = counts.get(p.nsqd, 0) + live
+        total = sum(counts.values())
+        if total > limit:
+            detail = ", ".join(f"{name}={n}" for name, n in counts.items())
+            self.violate(
+                Invariant.HELD,
+                now,
+                f"{consumer} holds {total} messages > max_in_flight {limit} ({detail})",
+            )
 
     def fin_sent(self, pipe: _Pipe, message_id: bytes, now: float) -> None:
         body = self._id_body.get((pipe.nsqd, message_id))

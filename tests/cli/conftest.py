@@ -73,3 +73,62 @@ def one_line_error(result: subprocess.CompletedProcess[bytes]) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     return lines[0]
+
+
+def cli_in_pty(
+    *args: str, columns: int = 80, rows: int = 24, timeout: float = 60.0
+) -> tuple[int, str]:
+    """Run ``nsq-sansio *args`` with stdin/stdout/stderr on a pseudo-terminal of ``columns``
+    x ``rows`` (TIOCSWINSZ); returns (exit code, everything it wrote, escapes included)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", "COLUMNS": str(columns)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transports.cli", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=ROOT,
+        env=env,
+        close_fds=True,
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return code, b"".join(chunks).decode("utf-8", "replace")
+
+
+def screen_lines(output: str) -> list[str]:
+    """What a terminal shows line by line: each ``ESC[2K``-cleared line of a redraw, the
+    cursor movements and clears removed (carriage returns from the tty's ONLCR too)."""
+    import re
+
+    text = output.replace("\r\n", "\n")
+    text = re.sub(r"\x1b\[\d*[A-Za-z]", "\n", text)
+    return [line for line in text.split("\n") if line.strip()]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
 
 from transports.demo import DemoOptions, DemoResult, Tally, Workload, format_report
 
-from .conftest import cli
+from .conftest import cli, cli_in_pty, screen_lines
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -53,7 +54,7 @@ def test_demo_accounts_for_every_message(extra: list[str]) -> None:
     for requeued in rows["requeued"]:
         assert int(requeued.replace(",", "")) >= first_failures + 2 * 3
     # progress is drawn on stderr (plain lines when it is not a terminal)
-    assert "publish  [" in result.stderr.decode()
+    assert "] publish 100.0% 2,000/2,000" in result.stderr.decode()
 
 
 def test_demo_bad_option_is_one_line() -> None:
@@ -105,3 +106,95 @@ def test_duplicate_missing_and_wrong_give_up_fail_the_run() -> None:
     assert any("pull: 1 messages neither finished nor given up (first: 4)" in p for p in problems)
     assert not result.ok
     assert "FAILED" in format_report(result)
+
+
+# --- progress: fitted to a terminal, compact when piped --------------------------------------
+
+_STAGE_LINE = re.compile(r"^(publish|push|pull)\s+\[[#-]+\]\s+\d+\.\d%")
+_PLAIN_LINE = re.compile(r"^\[\s*(\d+):(\d\d)\] (publish|push|pull) (\d+\.\d)% ")
+
+
+@pytest.mark.timeout(90)
+def test_demo_progress_on_an_80_column_terminal_shows_every_field() -> None:
+    code, output = cli_in_pty(
+        "demo", "-n", "4000", "--give-ups", "2", "--runtime", "blocking", columns=80
+    )
+    assert code == 0, output
+    lines = screen_lines(output)
+    progress = [line for line in lines if _STAGE_LINE.match(line)]
+    assert progress, output
+    for line in lines:
+        if "|" not in line and "---" not in line[:3]:  # not the closing table
+            assert len(line) <= 80, repr(line)
+    for line in progress:
+        assert len(line) < 80 and "ETA " in line and "/s" in line, line
+    # a channel's retries and give-ups are on its line or the next one, never cut off
+    for i, line in enumerate(lines):
+        if _STAGE_LINE.match(line) and not line.startswith("publish"):
+            both = line + " " + (lines[i + 1] if i + 1 < len(lines) else "")
+            assert re.search(r"retries \d", both) and re.search(r"gave up \d", both), both
+    final_push = [line for line in progress if line.startswith("push")][-1]
+    assert "100.0%" in final_push and "4,000/4,000" in final_push and "ETA 0:00" in final_push
+    assert "OK: every message accounted for" in output
+
+
+@pytest.mark.timeout(90)
+def test_demo_progress_piped_is_one_short_line_per_stage_every_2s() -> None:
+    result = cli("demo", "-n", "60000", "--give-ups", "2", "--timeout", "60", timeout=80)
+    assert result.returncode == 0, result.stderr
+    err = result.stderr.decode().splitlines()
+    assert err and all("\x1b" not in line for line in err)
+    stamps: dict[str, list[int]] = {"publish": [], "push": [], "pull": []}
+    for line in err:
+        match = _PLAIN_LINE.match(line)
+        assert match, line
+        assert len(line) < 100, line
+        assert "ETA " in line and "/s " in line, line
+        if match.group(3) != "publish":
+            assert re.search(r"retries \d", line) and re.search(r"gave up \d", line), line
+        stamps[match.group(3)].append(int(match.group(1)) * 60 + int(match.group(2)))
+    # every period (2 s) one line per stage, in order; then the final three lines
+    assert [_PLAIN_LINE.match(line).group(3) for line in err] == [  # type: ignore[union-attr]
+        "publish",
+        "push",
+        "pull",
+    ] * (len(err) // 3)
+    for stage, seconds in stamps.items():
+        assert len(seconds) >= 2, stage  # the run takes more than one period
+        gaps = [b - a for a, b in itertools.pairwise(seconds[:-1])]
+        assert all(gap >= 2 for gap in gaps), (stage, seconds)
+    last = {stage: [line for line in err if f"] {stage} " in line][-1] for stage in stamps}
+    assert "100.0% 60,000/60,000" in last["push"] and "ETA 0:00" in last["push"]
+
+
+def test_spark_demo_accounting_flags_every_kind_of_loss() -> None:
+    from collections import Counter
+
+    from transports.demo_spark import SparkDemoOptions, SparkDemoResult, expected_cells
+
+    cells = expected_cells(300)
+    good = SparkDemoResult(
+        SparkDemoOptions(messages=300),
+        published=301,
+        clicks=300,
+        malformed=0,
+        streamed=301,
+        cells_expected=cells,
+        cells_written=Counter(cells),
+        parquet_rows=len(cells),
+        republished=len(cells),
+        read_back=len(cells),
+        read_back_matching=len(cells),
+    )
+    assert good.ok, good.problems()
+    lost = Counter(cells)
+    lost[next(iter(cells))] -= 1
+    for change, words in [
+        ({"streamed": 300, "left_on_channel": 1}, "1 left on the channel"),
+        ({"cells_written": lost}, "1 (window, page) cells differ"),
+        ({"republished": len(cells) - 1}, "republished"),
+        ({"read_back_matching": len(cells) - 2}, "2 rows missing"),
+        ({"read_back_duplicates": 1}, "1 duplicates"),
+    ]:
+        bad = SparkDemoResult(**{**{f: getattr(good, f) for f in good.__slots__}, **change})  # type: ignore[arg-type]
+        assert not bad.ok and any(words in p for p in bad.problems()), (change, bad.problems())

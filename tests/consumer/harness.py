@@ -258,6 +258,19 @@ class World:
         return [a for a in self.actions if isinstance(a, kind)]
 
 
+def held_by_connected_clients(world: World) -> int:
+    """Messages nsqd counts in flight on the consumer's open connections (sent, not answered,
+    not timed out): what the user holds. Those of a lost connection are nsqd's again."""
+    total = 0
+    for node in world.nodes.values():
+        stats = node.stats(world.now, topic=TOPIC, channel=CHANNEL)
+        for topic in stats["topics"]:
+            for channel in topic["channels"]:
+                for client in channel["clients"]:
+                    total += client["in_flight_count"]
+    return total
+
+
 def server_ready_counts(world: World) -> dict[int, int]:
     """conn_id -> the RDY count nsqd holds for that client (from its stats)."""
     out: dict[int, int] = {}

@@ -66,19 +66,6 @@ def test_many_cancelled_fetches_do_not_use_up_the_waiting_bound() -> None:
     assert result.reason is FetchEnd.FILLED
 
 
-def test_no_stale_deadline_once_every_connection_is_gone() -> None:
-    w = World(1, Config(max_in_flight=10), pull=True)
-    w.start()
-    c = w.coordinator
-    c.fetch(3, w.now, expires=60.0)
-    w.publish(0, 1)  # one message in flight, deadline now + msg_timeout
-    w.kill(0)
-    w.advance(120.0)  # past the message's deadline; the fetch expired too
-    c.fetch(3, w.now, expires=60.0)
-    deadline = c.next_deadline()
-    assert deadline is None or deadline > w.now
-
-
 def test_an_absurd_explicit_requeue_delay_is_clamped_not_swallowed() -> None:
     w = World(1, Config(max_in_flight=1))
     w.start()
@@ -108,3 +95,23 @@ def test_a_held_message_past_its_deadline_is_not_handed_out() -> None:
     w.pump()
     (result,) = [r for r in w.results if r.request_id == stale]
     assert result.messages == ()
+
+
+def test_no_stale_deadline_once_every_connection_is_gone() -> None:
+    # Pull mode wakes up at the next deadline of a held message (the budget grows when it
+    # passes). When the last connection goes while a message is held, that deadline must go
+    # too: otherwise next_deadline() stays in the past and the transport spins on
+    # handle_timer() until a connection comes back.
+    w = World(1, Config(max_in_flight=10, msg_timeout=30.0), pull=True)
+    w.start()
+    c = w.coordinator
+    c.fetch(3, w.now)  # waits (no expiry) for 3 messages
+    w.publish(0, 1)  # one arrives and is held for it: its deadline is now + 30 s
+    c.fetch(1, w.now)  # a second waiting fetch: the budget is recomputed with that message
+    first = c.next_deadline()
+    assert first is not None and first <= w.now + 30.0
+    w.kill(0)  # the only nsqd goes away (and stays away)
+    later = w.now + 31.0  # past the held message's deadline; both fetches still wait
+    c.handle_timer(later)
+    deadline = c.next_deadline()
+    assert deadline is None or deadline > later, (deadline, later)

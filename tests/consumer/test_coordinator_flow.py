@@ -66,7 +66,9 @@ def test_requeue_that_starts_backoff_writes_rdy_zero_before_the_req() -> None:
     w.start()
     w.publish(0, 3)
     w.publish(1, 3)
+    w.advance(1.0)  # the share node 0 gave up settles: node 1's RDY goes up, all 6 delivered
     c = w.coordinator
+    assert len(w.inbox) == 6
     first = w.inbox.pop(0)
     w.sent.clear()
     w.rdy_sent.clear()

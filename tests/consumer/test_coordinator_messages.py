@@ -175,3 +175,44 @@ def test_consumer_needs_heartbeats() -> None:
     with pytest.raises(ConfigError, match="heartbeat_interval"):
         ConsumerCoordinator("t", "c", Config(heartbeat_interval=None), rng=random.Random(0),
                             nsqd=["a:1"])
+
+
+def test_taken_back_names_the_copy_it_is_about() -> None:
+    # Issue 12.3: nsqd re-sends a timed-out message with the same id; a report must say which
+    # copy it is about, or a transport marks the newer copy (still ours) as taken back too.
+    w = World(1, Config(max_in_flight=3), node_options={"msg_timeout": 60.0})
+    w.start()
+    w.publish(0)
+    (first,) = w.inbox
+    w.advance(61.0)
+    w.advance(61.0)
+    first_, second, latest = w.inbox
+    assert first_ is first and first.id == second.id == latest.id and latest.attempts == 3
+    assert not w.coordinator.finish(first, w.now)
+    assert not w.coordinator.requeue(second, w.now)
+    w.pump()
+    gone = [a for a in w.of_type(TakenBack) if isinstance(a, TakenBack)]
+    assert [(g.command, g.delivery) for g in gone] == [
+        ("TIMEOUT", first),
+        ("TIMEOUT", second),
+        ("FIN", first),
+        ("REQ", second),
+    ]
+    assert w.coordinator.finish(latest, w.now)
+    w.pump()
+    assert w.server_in_flight() == 0 and w.server_depth() == 0
+
+
+def test_refused_touch_names_the_held_copy_refused_fin_names_none() -> None:
+    w = World(1, Config(max_in_flight=1), node_options={"msg_timeout": 60.0})
+    w.start()
+    w.publish(0)
+    (d,) = w.inbox
+    w.coordinator.set_max_in_flight(0, w.now)  # so nsqd cannot hand it back to us at once
+    w.advance(70.0)  # nsqd timed it out; we still hold it
+    assert w.coordinator.touch(d, w.now) is not None
+    w.pump()
+    assert w.coordinator.finish(d, w.now)
+    w.pump()
+    taken = [a for a in w.of_type(TakenBack) if isinstance(a, TakenBack)]
+    assert [(t.command, t.delivery) for t in taken] == [("TOUCH", d), ("FIN", None)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nsq_sansio.config import Config
-from nsq_sansio.consumer import Deliver
+from nsq_sansio.consumer import RDY_SETTLE_MIN, Deliver
 from nsq_sansio.errors import ConfigError
 
 from .harness import World
@@ -17,6 +17,9 @@ def test_new_connections_start_at_one_then_spread_evenly() -> None:
     assert sorted(w.rdy_by_conn().values()) == [1, 1, 1]
     for node in range(3):
         w.publish(node)
+    # The first warm connection got RDY 8 and gives most of it up: the others get it once that
+    # settles (nsqd may have sent under RDY 8 before reading the lowered RDY).
+    w.advance(1.0)
     assert sorted(w.rdy_by_conn().values()) == [3, 3, 4]  # 10 // 3, remainder given out
     assert w.coordinator.total_rdy == 10
 
@@ -97,6 +100,7 @@ def test_set_max_in_flight_zero_pauses_and_back_resumes_at_once() -> None:
     assert w.rdy_by_conn() == {1: 0, 2: 0}
     w.publish(0, 3)
     assert not w.inbox  # paused: nsqd keeps them
+    w.advance(1.0)  # paused for a while (what the RDY 0 stopped has settled)
     w.coordinator.set_max_in_flight(4, w.now)
     w.pump()
     assert sorted(w.rdy_by_conn().values()) == [2, 2]
@@ -142,14 +146,18 @@ def test_busy_holder_gives_rdy_up_after_low_rdy_timeout() -> None:
 
 
 def test_lowered_connections_are_written_before_raised_ones() -> None:
-    # The second rotation moves RDY 1 from connection 2 back to connection 1 in one step: RDY 0
-    # on 2 must reach the wire before RDY 1 on 1, or nsqd briefly sees 2 over max_in_flight 1.
+    # Each rotation moves RDY 1 from one connection to the other: RDY 0 on the holder must reach
+    # the wire before RDY 1 on the other, or nsqd briefly sees 2 over max_in_flight 1.
     config = Config(max_in_flight=1, low_rdy_idle_timeout=10.0, rdy_redistribute_interval=5.0)
     w = World(2, config)
     w.start()
     assert w.rdy_by_conn() == {1: 1, 2: 0}
     w.advance(10.0)
+    # RDY 0 on 1 at once; RDY 1 on 2 once what nsqd may have sent on 1 before reading its
+    # RDY 0 has arrived (RDY_SETTLE_MIN later).
+    assert w.rdy_by_conn() == {1: 0, 2: 0}
+    w.advance(RDY_SETTLE_MIN)
     assert w.rdy_by_conn() == {1: 0, 2: 1}
-    w.advance(10.0)
+    w.advance(15.0)  # 2 got its RDY at 10.25: idle for 10 s at the tick of 25, settled at 25.25
     assert w.rdy_by_conn() == {1: 1, 2: 0}
     assert w.over_budget == []

@@ -23,7 +23,7 @@ from nsq_sansio.consumer import ConsumerState, Deliver, DrainComplete, GiveUp, T
 from nsq_sansio.errors import ServerError
 from nsq_sansio.pull import FetchResult
 
-from .harness import World, server_ready_counts
+from .harness import World, held_by_connected_clients, server_ready_counts
 
 NODES = 3
 MAX_RDY = 4
@@ -62,6 +62,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.finished = 0
         self.answered: list[Deliver] = []
         self.pull = pull
+        #: What may be held: max_in_flight, or more right after it was lowered (what was
+        #: already in flight stays until answered, then the bound closes in).
+        self.allowance = mif
 
     @staticmethod
     def _check_every_rdy(world: World) -> None:
@@ -151,6 +154,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 12))
     def set_max_in_flight(self, n: int) -> None:
+        self.allowance = max(n, held_by_connected_clients(self.world))
         self.world.coordinator.set_max_in_flight(n, self.world.now)
         self.world.pump()
 
@@ -176,6 +180,15 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert c.total_rdy <= 1
         if c.state is not ConsumerState.RUNNING:
             assert c.total_rdy == 0
+
+    @invariant()
+    def held_within_max_in_flight(self) -> None:
+        # What nsqd counts in flight on this consumer's connections (sent, not answered, not
+        # timed out) is what the user holds: connections joining, leaving and being lowered
+        # never take it over max_in_flight (nor over what was held when it was lowered).
+        held = held_by_connected_clients(self.world)
+        assert held <= self.allowance, (held, self.allowance, self.world.coordinator.max_in_flight)
+        self.allowance = max(self.world.coordinator.max_in_flight, min(self.allowance, held))
 
     @invariant()
     def every_write_stays_within_budget(self) -> None:

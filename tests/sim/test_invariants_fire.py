@@ -60,6 +60,23 @@ def test_rdy_over_max_in_flight_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
     assert Invariant.RDY_SUM in caught(scn)
 
 
+def test_holding_more_than_max_in_flight_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slow handlers hold messages while nsqd1 stops and comes back (the consumer reconnects:
+    # a connection joins while the user holds its max_in_flight). The mutant is the rule
+    # before issue 12.2: only the sum of RDY counts, not what is in flight elsewhere.
+    faults = (Fault(2.0, FaultKind.STOP, "nsqd1", 3.0),)
+    scn = scenario(config=CONFIG.replace(max_in_flight=8), handler=Handler(duration=0.4),
+                   faults=faults, messages=300)
+    run_scenario(scn)
+
+    def rdy_only(self: ConsumerCoordinator, link: Any) -> None:
+        self._claimed += link.rdy - link.claim
+        link.claim = link.rdy
+
+    monkeypatch.setattr(ConsumerCoordinator, "_reclaim", rdy_only)
+    assert Invariant.HELD in caught(scn)
+
+
 def test_rdy_above_one_while_backing_off_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     scn = scenario(config=CONFIG.replace(max_in_flight=8),
                    handler=Handler(duration=0.01, failure_rate=0.3))

@@ -16,7 +16,7 @@ def stats(server: Any, topic: str) -> dict[str, Any]:
     url = f"http://{server.http_address}/stats?format=json&topic={topic}"
     with urllib.request.urlopen(url, timeout=5) as response:
         document = json.load(response)
-    for entry in document.get("topics", []):
+    for entry in document.get("topics") or []:  # null when nsqd has no such topic
         if entry["topic_name"] == topic:
             return dict(entry)
     return {}

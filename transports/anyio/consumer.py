@@ -39,10 +39,12 @@ from nsq_sansio.consumer import (
     Connect,
     ConnectionUp,
     ConsumerCoordinator,
+    ConsumerFailed,
     ConsumerState,
     Deliver,
     Disconnected,
     DrainComplete,
+    FetchEnd,
     FetchResult,
     GiveUp,
     LookupdFailed,
@@ -78,6 +80,16 @@ _SOCKET_ERRORS = (
     anyio.EndOfStream,
     ConnectionLost,
 )
+
+
+def _only(raised: BaseException, error: BaseException) -> bool:
+    """``raised`` is ``error``, or (nested) exception groups holding only it."""
+    while raised is not error:
+        inner = getattr(raised, "exceptions", None)  # (Base)ExceptionGroup, also on 3.10
+        if not inner or len(inner) != 1:
+            return False
+        raised = inner[0]
+    return True
 
 
 def _check_seconds(what: str, value: object) -> None:
@@ -352,6 +364,9 @@ class Consumer:
         self._http: dict[int, anyio.CancelScope] = {}
         self._inbox: deque[Deliver] = deque()
         self._waiters: deque[anyio.Event] = deque()
+        #: The waiter woken for new messages that has not run yet: one at a time, and each
+        #: reader that takes a message while more wait wakes the next (see _wake_one).
+        self._woken: anyio.Event | None = None
         self._kick_event = anyio.Event()
         self._kicked = False
         self._pump_target = math.inf
@@ -365,6 +380,10 @@ class Consumer:
         self._closed = False
         self._in_context = False
         self._exited = False
+        #: The error the consumer failed with (ConsumerFailed: nsqd refused the
+        #: configuration); raised by iteration, run(), fetch(), and at exit if never seen.
+        self._failure: NSQError | None = None
+        self._failure_raised = False
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -409,7 +428,21 @@ class Consumer:
             self._stop_tasks()
             tg.cancel_scope.cancel()
             self._exited = True
-        return await tg.__aexit__(exc_type, exc, tb)
+        try:
+            suppress = await tg.__aexit__(exc_type, exc, tb)
+        except BaseException as raised:
+            if self._failure is not None and _only(raised, self._failure):
+                # The task group wrapped the failure the block raised: give it back plain.
+                raise self._failure from None
+            raise
+        if exc_type is None and self._failure is not None and not self._failure_raised:
+            self._raise_failure()  # the block never waited for a message: say it now
+        return suppress
+
+    def _raise_failure(self) -> None:
+        assert self._failure is not None
+        self._failure_raised = True
+        raise self._failure
 
     def _stop_tasks(self) -> None:
         self._closed = True
@@ -501,10 +534,13 @@ class Consumer:
         if inbox:  # fast path: no await when messages are buffered
             delivery = inbox.popleft()
             if delivery.conn_id in self._conns:
-                self._coord.mark_delivered(delivery)
+                if inbox and self._waiters:
+                    self._wake_one()
                 return Message(self, delivery)
         message = await self._next_message()
         if message is None:
+            if self._failure is not None:
+                self._raise_failure()
             raise StopAsyncIteration
         return message
 
@@ -516,7 +552,8 @@ class Consumer:
             while inbox:
                 delivery = inbox.popleft()
                 if delivery.conn_id in conns:
-                    coord.mark_delivered(delivery)
+                    if inbox and self._waiters:
+                        self._wake_one()
                     return Message(self, delivery)
             if self._closed or coord.state is not ConsumerState.RUNNING:
                 return None
@@ -524,15 +561,22 @@ class Consumer:
                 raise LocalProtocolError(
                     "pull consumers use fetch(); `async for` is for push consumers"
                 )
-            # One event per waiter: a batch of k messages wakes k waiters, not all of them.
+            # One event per waiter, woken one at a time (_wake_one): never all of them.
             event = anyio.Event()
             waiters = self._waiters
             waiters.append(event)
             try:
                 await event.wait()
-            finally:
+            except BaseException:
                 if not event.is_set():
                     waiters.remove(event)
+                elif self._woken is event:  # cancelled after its wake-up: pass it on
+                    self._woken = None
+                    if inbox:
+                        self._wake_one()
+                raise
+            if self._woken is event:
+                self._woken = None
 
     async def run(
         self,
@@ -553,7 +597,7 @@ class Consumer:
 
         inbox = self._inbox
         conns = self._conns
-        coord = self._coord
+        waiters = self._waiters
 
         async def worker() -> None:
             while True:
@@ -561,7 +605,8 @@ class Consumer:
                     delivery = inbox.popleft()
                     if delivery.conn_id not in conns:
                         continue
-                    coord.mark_delivered(delivery)
+                    if inbox and waiters:
+                        self._wake_one()
                     msg: Message | None = Message(self, delivery)
                 else:
                     msg = await self._next_message()
@@ -582,6 +627,8 @@ class Consumer:
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
                 tg.start_soon(worker)
+        if self._failure is not None:
+            self._raise_failure()
 
     async def fetch(
         self, batch: int, timeout: float | None = None, *, no_wait: bool = False
@@ -615,6 +662,8 @@ class Consumer:
                 self._requeue_all(slot[1].messages)
             raise
         result: FetchResult = slot[1]
+        if result.reason is FetchEnd.FAILED and self._failure is not None:
+            self._raise_failure()
         return [Message(self, d) for d in result.messages]
 
     # --- signals -------------------------------------------------------------------------------
@@ -713,6 +762,16 @@ class Consumer:
         while waiters:
             waiters.popleft().set()
 
+    def _wake_one(self) -> None:
+        """Wake one reader for the messages in the inbox, unless one woken earlier has not
+        run yet. A reader that takes a message while more are buffered wakes the next, so a
+        handler that awaits has company at once, and a batch taken by one reader whose
+        handlers never suspend costs one wake-up, not one per message."""
+        if self._woken is None and self._waiters:
+            event = self._waiters.popleft()
+            self._woken = event
+            event.set()
+
     def _emit(self, event: object) -> None:
         if self._on_event is not None:
             try:
@@ -773,11 +832,8 @@ class Consumer:
                 else:
                     other = True
                     self._act(action)
-            waiters = self._waiters
-            wake = delivered
-            while wake and waiters:
-                waiters.popleft().set()
-                wake -= 1
+            if delivered and self._waiters:
+                self._wake_one()
             if other:
                 deadline = coord.next_deadline()
                 if deadline is not None and deadline < self._pump_target:
@@ -817,6 +873,15 @@ class Consumer:
         elif isinstance(action, FetchResult):
             self._on_fetch_result(action)
         elif isinstance(action, DrainComplete):
+            self._drained.set()
+            self._wake_readers()
+        elif isinstance(action, ConsumerFailed):
+            # Terminal: every connection is closed; whoever waits for messages raises it.
+            self._failure = action.error
+            self._logger.error(
+                "consumer %s/%s failed, not retrying: %s", self.topic, self.channel, action.error
+            )
+            self._emit(action)
             self._drained.set()
             self._wake_readers()
         elif isinstance(action, ConnectionUp):

@@ -57,6 +57,13 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
 
 
+def _tls_required(text: str) -> bool | str:
+    """nsqd's --tls-required: a boolean, or ``tcp-https`` (TLS for TCP, plain HTTP allowed)."""
+    if text.strip().lower() == "tcp-https":
+        return "tcp-https"
+    return _bool(text)
+
+
 def _nsqd_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsq-sansio nsqd", description="embedded nsqd")
     _flag(p, "tcp-address", default="0.0.0.0:4150", help="<addr>:<port> for TCP clients")
@@ -95,9 +102,24 @@ def _nsqd_parser() -> argparse.ArgumentParser:
     _flag(p, "node-id", type=int, default=0)
     _flag(p, "tls-cert", default=None, help="path to a PEM certificate file")
     _flag(p, "tls-key", default=None, help="path to a PEM private key file")
-    _flag(p, "tls-required", type=_bool, default=False, nargs="?", const=True)
+    _flag(
+        p,
+        "tls-required",
+        type=_tls_required,
+        default=False,
+        nargs="?",
+        const=True,
+        help="require TLS for client connections (true, false, tcp-https)",
+    )
     _flag(p, "tls-root-ca-file", default=None, help="CA that client certificates must chain to")
     _flag(p, "tls-client-auth-policy", default=None, help="'require-verify' (client certificates)")
+    _flag(
+        p,
+        "metrics-address",
+        default=None,
+        help="<addr>:<port> to serve Prometheus metrics of topics and channels at /metrics "
+        "(needs the metrics extra; not an nsqd flag)",
+    )
     _flag(p, "version", action="store_true", help="print version and exit")
     return p
 
@@ -170,16 +192,40 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
         print(f"nsqd: {err}", file=sys.stderr)
         return 2
 
+    metrics_servers: list[Any] = []
+
     def announce(s: EmbeddedNSQD) -> None:
         print(f"nsqd: TCP {s.tcp_address} HTTP {s.http_address}", file=sys.stderr, flush=True)
+        if args.metrics_address is not None:
+            from transports.metrics import serve_nsqd_metrics
 
+            metrics_server = serve_nsqd_metrics(args.metrics_address, [s.http_address])
+            metrics_servers.append(metrics_server)
+            host, port = metrics_server.server_address[:2]
+            url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/metrics"
+            print(f"nsqd: metrics {url}", file=sys.stderr, flush=True)
+
+    if args.metrics_address is not None:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            print(
+                "nsqd: --metrics-address needs prometheus-client: "
+                "python -m pip install 'nsq-sansio[metrics]'",
+                file=sys.stderr,
+            )
+            return 2
     try:
         anyio.run(_serve_until_signal, server, announce)
-    except OSError as err:
+    except (OSError, ValueError) as err:
         print(f"nsqd: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         pass
+    finally:
+        for metrics_server in metrics_servers:
+            metrics_server.shutdown()
+            metrics_server.server_close()
     return 0
 
 

@@ -44,6 +44,7 @@ from nsq_sansio.consumer import (
     Connect,
     ConnectionUp,
     ConsumerCoordinator,
+    ConsumerFailed,
     Deliver,
     Disconnected,
     DrainComplete,
@@ -56,7 +57,7 @@ from nsq_sansio.consumer import (
     TakenBack,
 )
 from nsq_sansio.discovery import LookupdAddress, NSQDAddress
-from nsq_sansio.errors import ConfigError, LocalProtocolError
+from nsq_sansio.errors import ConfigError, LocalProtocolError, NSQError
 from nsq_sansio.events import Message as CoreMessage
 from transports._common import (
     ConnectionLogger,
@@ -324,6 +325,10 @@ class Consumer:
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._counters = dict.fromkeys(("connects", "disconnects", "connection_errors"), 0)
+        #: The error the consumer failed with (ConsumerFailed: nsqd refused the
+        #: configuration); raised by iteration, get(), run(), fetch(), and at exit if unseen.
+        self._failure: NSQError | None = None
+        self._failure_raised = False
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -349,6 +354,13 @@ class Consumer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+        if exc_type is None and self._failure is not None and not self._failure_raised:
+            self._raise_failure()  # the block never waited for a message: say it now
+
+    def _raise_failure(self) -> None:
+        assert self._failure is not None
+        self._failure_raised = True
+        raise self._failure
 
     def start_drain(self, timeout: float | None = None) -> None:
         """Begin a graceful drain and return at once (safe in a signal handler).
@@ -436,6 +448,8 @@ class Consumer:
                 pass
             message = next_message(None)
             if message is None:
+                if self._failure is not None:
+                    self._raise_failure()
                 return
             yield message
 
@@ -448,7 +462,10 @@ class Consumer:
             raise RuntimeError("a pull-mode consumer is read with fetch(), not get()")
         if not self._started:
             self.start()
-        return self._next_message(timeout)
+        message = self._next_message(timeout)
+        if message is None and self._failure is not None:
+            self._raise_failure()
+        return message
 
     def _next_message(self, timeout: float | None) -> Message | None:
         ready = self._ready
@@ -531,6 +548,8 @@ class Consumer:
             for worker in workers:
                 worker.join()
             raise
+        if self._failure is not None:
+            self._raise_failure()
 
     def fetch(
         self, batch: int, timeout: float | None = 5.0, *, no_wait: bool = False
@@ -545,6 +564,8 @@ class Consumer:
         if timeout is not None:
             check_seconds("fetch timeout", timeout, zero=False)
         self.start()
+        if self._failure is not None:
+            self._raise_failure()
         if self._closed or self._draining:
             return []
         future: Future[list[Message]] = Future()
@@ -563,9 +584,12 @@ class Consumer:
         self._loop.call_soon(ask)
         wait = None if timeout is None else timeout + 5.0
         try:
-            return future.result(wait)
+            messages = future.result(wait)
         except TimeoutError:
             return []
+        if not messages and self._failure is not None:
+            self._raise_failure()
+        return messages
 
     # --- introspection ------------------------------------------------------------------------
 
@@ -686,6 +710,11 @@ class Consumer:
     def on_data(self, link: Link, data: bytes, now: float) -> None:
         key = link.key
         if isinstance(key, int):
+            if self._posted:
+                # FINs user code gave since the last write go out before this read is
+                # decoded: nsqd holds at most max_in_flight un-FIN'd messages, so every FIN
+                # sent sooner is a message it can send sooner.
+                self.write_pending()
             self._coordinator.receive_data(key, data, now)
         elif isinstance(key, _HTTPKey):
             self._coordinator.http_data(key.request_id, data, now)
@@ -753,7 +782,8 @@ class Consumer:
                     op, message, arg = popleft()
                     if op == _FIN:  # the hot path
                         discard(message)
-                        finish(message._delivery, now)
+                        if not finish(message._delivery, now):
+                            message.taken_back = True
                         if keepalives:
                             self._stop_keepalive(message)
                         continue
@@ -761,7 +791,8 @@ class Consumer:
                     if op == _REQ:
                         unanswered.discard(message)
                         delay, backoff = arg
-                        coordinator.requeue(delivery, now, delay, backoff=backoff)
+                        if not coordinator.requeue(delivery, now, delay, backoff=backoff):
+                            message.taken_back = True
                         if keepalives:
                             self._stop_keepalive(message)
                     elif op == _TOUCH:
@@ -936,6 +967,8 @@ class Consumer:
             if http_link is not None:
                 loop.close_link(http_link)
         elif isinstance(action, FetchResult):
+            if action.reason is FetchEnd.FAILED and self._failure is None:
+                self._failure = self._coordinator.failure  # before the caller wakes up
             future = self._fetches.pop(action.request_id, None)
             messages = [Message(self, d) for d in action.messages]
             self._unanswered.update(messages)
@@ -968,9 +1001,15 @@ class Consumer:
                 (action.message_id or b"?").decode(errors="replace"),
                 action.error,
             )
-            for message in self._unanswered:
-                if message._delivery.conn_id == action.conn_id and message.id == action.message_id:
-                    message.taken_back = True
+            # Only the copy the report is about: nsqd may have sent the same id again, and
+            # the newer copy is still ours (issue 12.3). A late answer's own handle was marked
+            # when the answer was refused; a FIN/REQ nsqd refused names no handle still held.
+            delivery = action.delivery
+            if delivery is not None:
+                for message in self._unanswered:
+                    if message._delivery is delivery:
+                        message.taken_back = True
+                        break
         elif isinstance(action, ConnectionUp):
             self._logger(action.conn_id, str(action.address)).info(
                 "subscribed to %s/%s (nsqd %s, msg_timeout %ss, max_rdy %d)",
@@ -1011,6 +1050,19 @@ class Consumer:
             ConnectionLogger(_log, str(action.lookupd)).warning(
                 "lookupd query failed: %s", action.error
             )
+        elif isinstance(action, ConsumerFailed):
+            # Terminal: every connection is closed; whoever waits for messages raises it.
+            self._failure = action.error
+            _log.error(
+                "consumer %s/%s failed, not retrying: %s", self.topic, self.channel, action.error
+            )
+            self._draining = True
+            self._drained.set()
+            for future in self._fetches.values():
+                if not future.done():
+                    future.set_result([])
+            self._fetches.clear()
+            self._wake_users()
         elif isinstance(action, DrainComplete):
             self._draining = True
             self._drained.set()

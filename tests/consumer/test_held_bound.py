@@ -1,0 +1,123 @@
+"""max_in_flight bounds the messages the user holds, not only the sum of RDY (issue 12.2).
+
+nsqd sends on a connection while its in-flight count is below that connection's RDY, so a
+lowered RDY does not take back what is already in flight there: a joining connection may only
+be given budget that is not in flight elsewhere. "Held" is read from nsqd (its in-flight count
+on the consumer's open connections) after every step of the in-memory world.
+"""
+
+from __future__ import annotations
+
+from nsq_sansio.config import Config
+from nsq_sansio.consumer import RDY_SETTLE_MIN, Deliver
+
+from .harness import World, held_by_connected_clients
+
+
+class CheckedWorld(World):
+    """A world that checks, whenever bytes stop moving, that the user holds no more than
+    max_in_flight messages (and remembers the most it ever held)."""
+
+    most_held = 0
+
+    def pump(self) -> None:
+        super().pump()
+        held = held_by_connected_clients(self)
+        self.most_held = max(self.most_held, held)
+        assert held <= self.coordinator.max_in_flight, (self.now, held, self.rdy_by_conn())
+        # The library's own count agrees with nsqd's (nothing timed out in these tests).
+        assert self.coordinator.in_flight_count() == held
+
+
+def rdy_lines(w: World, conn_id: int) -> list[int]:
+    return [count for cid, count in w.rdy_sent if cid == conn_id]
+
+
+def answer_from(w: World, conn_id: int, count: int) -> list[Deliver]:
+    """The user finishes ``count`` of the messages it holds from ``conn_id``."""
+    done = [d for d in w.inbox if d.conn_id == conn_id][:count]
+    for d in done:
+        w.inbox.remove(d)
+        assert w.coordinator.finish(d, w.now)
+        w.pump()
+    return done
+
+
+def test_a_joining_nsqd_gets_no_rdy_while_the_user_holds_max_in_flight() -> None:
+    # The issue's scenario: max_in_flight 10, the user holds all 10 from nsqd A; nsqd B comes
+    # up with messages. Before: RDY on A was lowered to 5, B got 5, the user held 15.
+    w = CheckedWorld(2, Config(max_in_flight=10))
+    w.kill(1)
+    w.start()
+    w.publish(0, 30)
+    assert len(w.inbox) == 10 and w.rdy_by_conn() == {1: 10}
+    w.revive(1)
+    w.publish(1, 30)  # nothing reads it yet: B is down for the consumer
+    w.advance(5.0)  # B reconnects and subscribes; nothing is answered meanwhile
+    c = w.coordinator
+    assert len(c.connection_ids()) == 2
+    b = next(conn_id for conn_id in c.connection_ids() if conn_id != 1)
+    assert held_by_connected_clients(w) == 10
+    assert w.rdy_by_conn()[b] == 0, "B may only get budget that is not in flight on A"
+    assert all(d.conn_id == 1 for d in w.inbox)
+
+    # One answer on A frees one slot for good: B gets its first RDY at once.
+    answer_from(w, 1, 1)
+    assert w.rdy_by_conn()[b] >= 1
+    assert any(d.conn_id == b for d in w.inbox)
+    assert held_by_connected_clients(w) == 10
+
+    # As the user answers A's messages, B's share (5) comes back in a few steps, not one RDY
+    # per answer; A is refilled only up to its own share.
+    answer_from(w, 1, 9)
+    assert sorted(w.rdy_by_conn().values()) == [5, 5]
+    assert len(rdy_lines(w, b)) <= 4, rdy_lines(w, b)
+
+    # Everything is delivered and finished, never more than 10 held at once.
+    while w.inbox:
+        w.finish_all()
+        w.advance(1.0)
+    assert w.server_depth() == 0 and w.server_in_flight() == 0
+    assert w.most_held == 10
+    assert c.finished == 60
+
+
+def test_two_nsqd_with_messages_at_start_never_hand_out_more_than_max_in_flight() -> None:
+    w = CheckedWorld(2, Config(max_in_flight=10))
+    for node in (0, 1):
+        for _ in range(20):
+            w.nodes[w.addresses[node]].publish("events", b"x", 0.0)
+    w.start()  # both subscribe with RDY 1, then warm up one after the other
+    w.advance(30.0)  # the user answers nothing
+    assert held_by_connected_clients(w) == 10
+    assert w.most_held == 10
+    while w.inbox:
+        w.finish_all()
+        w.advance(1.0)
+    assert w.coordinator.finished == 40
+
+
+def test_a_joining_nsqd_is_not_starved_by_a_connection_that_holds_nothing() -> None:
+    # A holds RDY 10 but no message (its nsqd is empty): the share it gives up may still be in
+    # use by messages nsqd sent before reading the lowered RDY, so B waits until that settles,
+    # not longer.
+    w = CheckedWorld(2, Config(max_in_flight=10))
+    w.kill(1)
+    w.start()
+    w.publish(0, 1)
+    w.finish_all()
+    assert w.rdy_by_conn() == {1: 10}
+    w.revive(1)
+    w.publish(1, 8)
+    c = w.coordinator
+    while len(c.connection_ids()) < 2 or w.rdy_by_conn().get(1) != 9:
+        w.advance(0.01)  # until B has subscribed (A gave up RDY 1 for B's first)
+    assert w.now < 3.0
+    subscribed_at = w.now
+    while len(w.inbox) < 5 and w.now < subscribed_at + 10:
+        w.advance(0.01)
+    # B's first RDY once A's RDY 9 settled, its share (5) once A's RDY 5 settled
+    assert w.now - subscribed_at <= 2 * RDY_SETTLE_MIN + 0.02, w.now - subscribed_at
+    b = next(conn_id for conn_id in c.connection_ids() if conn_id != 1)
+    assert len(w.inbox) == 5 and all(d.conn_id == b for d in w.inbox)
+    assert sorted(w.rdy_by_conn().values()) == [5, 5]

@@ -1,0 +1,295 @@
+"""Prometheus export (``transports.metrics``): real clients over loopback sockets to the
+embedded broker, the exposition scraped over HTTP and parsed, values checked against what
+was sent."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from transports import metrics
+from transports.embedded import EmbeddedNSQD
+
+pytestmark = pytest.mark.timeout(60)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    """GET a Prometheus exposition and parse it: {(sample name, labels): value}."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[CollectorRegistry, str]]:
+    """A fresh registry served over HTTP on a free loopback port."""
+    registry = CollectorRegistry()
+    server, thread = metrics.start_http_server("127.0.0.1:0", registry)
+    try:
+        yield registry, f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_blocking_consumer_and_producer_scraped(
+    nsqd: EmbeddedNSQD, served: tuple[CollectorRegistry, str]
+) -> None:
+    from transports.sync import Consumer, Producer
+
+    registry, url = served
+    with Producer(nsqd.tcp_address) as producer:
+        metrics.instrument(producer, registry=registry)
+        producer.multi_publish("orders", [f"m{i}".encode() for i in range(30)])
+        producer.publish("orders", b"last")
+        samples = scrape(url)
+        assert value(samples, "nsq_producer_publishes_total") == 2
+        assert value(samples, "nsq_producer_publish_failures_total") == 0
+        assert value(samples, "nsq_producer_pending") == 0
+        assert value(samples, "nsq_producer_connected", nsqd=nsqd.tcp_address) == 1
+        assert value(samples, "nsq_producer_bytes_sent_total", nsqd=nsqd.tcp_address) > 31 * 2
+
+    requeued = 0
+    with Consumer("orders", "billing", nsqd=[nsqd.tcp_address], max_in_flight=7) as consumer:
+        metrics.instrument(consumer, registry=registry)
+        finished = 0
+        while finished < 31:
+            msg = consumer.get(timeout=10)
+            assert msg is not None
+            if msg.attempts == 1 and msg.body.endswith(b"3"):  # m3, m13, m23: retried once
+                msg.requeue(delay=0)
+                requeued += 1
+            else:
+                msg.finish()
+                finished += 1
+        held = consumer.get(timeout=0.2)  # nothing left
+        assert held is None
+        labels = {"topic": "orders", "channel": "billing"}
+        link = {**labels, "nsqd": nsqd.tcp_address}
+        samples = scrape(url)
+        assert requeued == 3
+        assert value(samples, "nsq_consumer_messages_received_total", **labels) == 31 + 3
+        assert value(samples, "nsq_consumer_messages_finished_total", **labels) == 31
+        assert value(samples, "nsq_consumer_messages_requeued_total", **labels) == 3
+        assert value(samples, "nsq_consumer_messages_given_up_total", **labels) == 0
+        assert value(samples, "nsq_consumer_in_flight", **link) == 0
+        assert value(samples, "nsq_consumer_rdy", **link) == 7
+        assert value(samples, "nsq_consumer_max_in_flight", **labels) == 7
+        assert value(samples, "nsq_consumer_backoff_level", **labels) == 0
+        assert value(samples, "nsq_consumer_connections", **labels) == 1
+        assert value(samples, "nsq_consumer_bytes_received_total", **link) > 0
+    # nsqd agrees: everything finished, three requeues
+    stats = metrics.NSQDCollector([nsqd.http_address])
+    broker = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in stats.collect()
+        for s in family.samples
+    }
+    channel = {"nsqd": nsqd.http_address, "topic": "orders", "channel": "billing"}
+    assert value(broker, "nsq_channel_requeued_total", **channel) == 3
+    assert value(broker, "nsq_channel_depth", **channel) == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+def test_anyio_consumer_scraped_while_running(
+    nsqd: EmbeddedNSQD, served: tuple[CollectorRegistry, str], anyio_backend: str
+) -> None:
+    if anyio_backend == "trio":
+        pytest.importorskip("trio")
+    from transports.anyio import Consumer, Producer
+
+    registry, url = served
+
+    async def main() -> Samples:
+        async with Producer([nsqd.tcp_address]) as producer:
+            metrics.instrument(producer, registry=registry)
+            await producer.multi_publish("clicks", [b"x"] * 20)
+        async with Consumer(
+            "clicks", "agg", nsqd=[nsqd.tcp_address], max_in_flight=50, max_attempts=2
+        ) as consumer:
+            metrics.instrument(consumer, registry=registry)
+            seen = 0
+            async for msg in consumer:
+                seen += 1
+                if seen <= 5:  # hold five: they are in flight at the scrape
+                    continue
+                await msg.finish()
+                if seen == 20:
+                    break
+            # scraped from another thread while the event loop runs
+            return await anyio.to_thread.run_sync(scrape, url)
+
+    samples = anyio.run(main, backend=anyio_backend)
+    labels = {"topic": "clicks", "channel": "agg"}
+    assert value(samples, "nsq_consumer_messages_received_total", **labels) == 20
+    assert value(samples, "nsq_consumer_messages_finished_total", **labels) == 15
+    assert value(samples, "nsq_consumer_in_flight", nsqd=nsqd.tcp_address, **labels) == 5
+    assert value(samples, "nsq_consumer_connections", **labels) == 1
+    assert value(samples, "nsq_producer_publishes_total") == 1
+
+
+def test_two_consumers_of_one_channel_are_summed(
+    nsqd: EmbeddedNSQD, served: tuple[CollectorRegistry, str]
+) -> None:
+    from transports.sync import Consumer, Producer
+
+    registry, url = served
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish("jobs", [b"j"] * 40)
+    with (
+        Consumer("jobs", "work", nsqd=[nsqd.tcp_address], max_in_flight=4) as a,
+        Consumer("jobs", "work", nsqd=[nsqd.tcp_address], max_in_flight=4) as b,
+    ):
+        metrics.instrument(a, registry=registry)
+        metrics.instrument(b, registry=registry)
+        done = 0
+        while done < 40:
+            for consumer in (a, b):
+                msg = consumer.get(timeout=0.05)
+                if msg is not None:
+                    msg.finish()
+                    done += 1
+        samples = scrape(url)
+        labels = {"topic": "jobs", "channel": "work"}
+        assert value(samples, "nsq_consumer_messages_finished_total", **labels) == 40
+        assert value(samples, "nsq_consumer_max_in_flight", **labels) == 8
+        assert value(samples, "nsq_consumer_connections", **labels) == 2
+        metrics.uninstrument(b, registry=registry)
+        finished_by_a = a.stats().finished
+        samples = scrape(url)
+        assert value(samples, "nsq_consumer_messages_finished_total", **labels) == finished_by_a
+
+
+def test_publish_observer_histogram_and_errors(served: tuple[CollectorRegistry, str]) -> None:
+    """The producers' publish_observer signature: (topic, messages, seconds, error)."""
+    registry, url = served
+    observer = metrics.collector(registry).publishes
+    observer("orders", 100, 0.0003, None)
+    observer("orders", 1, 0.02, None)
+    observer("orders", 50, 7.0, TimeoutError("no answer"))
+    observer("audit", 10, 0.5, None)
+    samples = scrape(url)
+    hist = "nsq_producer_publish_duration_seconds"
+    assert value(samples, f"{hist}_count", topic="orders") == 2
+    assert value(samples, f"{hist}_sum", topic="orders") == pytest.approx(0.0203)
+    assert value(samples, f"{hist}_bucket", topic="orders", le="0.0005") == 1
+    assert value(samples, f"{hist}_bucket", topic="orders", le="0.025") == 2
+    assert value(samples, f"{hist}_bucket", topic="audit", le="0.25") == 0
+    assert value(samples, f"{hist}_bucket", topic="audit", le="0.5") == 1
+    assert value(samples, "nsq_producer_topic_messages_total", topic="orders") == 101
+    assert value(samples, "nsq_producer_topic_messages_total", topic="audit") == 10
+    assert (
+        value(samples, "nsq_producer_publish_errors_total", topic="orders", error="TimeoutError")
+        == 1
+    )
+
+
+def test_instrument_refuses_what_is_not_a_client() -> None:
+    registry = CollectorRegistry()
+    with pytest.raises(TypeError, match="expected a Consumer or Producer"):
+        metrics.instrument(object(), registry=registry)
+    assert metrics.collector(registry) is metrics.collector(registry)  # registered once
+
+
+def test_nsqd_collector_marks_an_unreachable_nsqd_down() -> None:
+    collector = metrics.NSQDCollector(["127.0.0.1:1"], timeout=1)
+    families = {f.name: f for f in collector.collect()}
+    [sample] = families["nsq_nsqd_up"].samples
+    assert sample.labels == {"nsqd": "127.0.0.1:1"} and sample.value == 0
+    assert families["nsq_channel_depth"].samples == []
+
+
+@pytest.mark.parametrize("runtime", ["sync", "asyncio"])
+def test_instrumented_producer_measures_publish_latency(
+    nsqd: EmbeddedNSQD, served: tuple[CollectorRegistry, str], runtime: str
+) -> None:
+    """Through the producers' ``publish_observer`` hook (skipped while they lack it)."""
+    from transports import anyio as aio
+    from transports import sync
+
+    producer_class: Any = sync.Producer if runtime == "sync" else aio.Producer
+    if "publish_observer" not in producer_class.__init__.__code__.co_varnames:
+        pytest.skip("this Producer has no publish_observer hook yet")
+    registry, url = served
+
+    def publish_sync() -> None:
+        with sync.Producer(nsqd.tcp_address) as producer:
+            metrics.instrument(producer, registry=registry)
+            producer.multi_publish("orders", [b"a"] * 10)
+            producer.publish("orders", b"b")
+            producer.deferred_publish("audit", b"c", 0.5)
+
+    async def publish_async() -> None:
+        async with aio.Producer([nsqd.tcp_address]) as producer:
+            metrics.instrument(producer, registry=registry)
+            await producer.multi_publish("orders", [b"a"] * 10)
+            await producer.publish("orders", b"b")
+            await producer.deferred_publish("audit", b"c", 0.5)
+
+    if runtime == "sync":
+        publish_sync()
+    else:
+        anyio.run(publish_async)
+    samples = scrape(url)
+    hist = "nsq_producer_publish_duration_seconds"
+    assert value(samples, f"{hist}_count", topic="orders") == 2
+    assert value(samples, f"{hist}_count", topic="audit") == 1
+    assert 0 < value(samples, f"{hist}_sum", topic="orders") < 5
+    assert value(samples, f"{hist}_bucket", topic="orders", le="+Inf") == 2
+    assert value(samples, "nsq_producer_topic_messages_total", topic="orders") == 11
+    assert value(samples, "nsq_producer_topic_messages_total", topic="audit") == 1
+
+
+def test_nsqd_collector_reads_the_real_nsqd() -> None:
+    """The real nsqd is the referee: the same series from its /stats (skips without it)."""
+    from transports.real_nsq import RealNSQD, find_binaries
+    from transports.sync import Consumer, Producer
+
+    if find_binaries() is None:
+        pytest.skip("the real NSQ binaries are not on this machine")
+    with RealNSQD() as real:
+        with Producer(real.tcp_address) as producer:
+            producer.multi_publish("orders", [b"a", b"b", b"c"])
+        with Consumer("orders", "billing", nsqd=[real.tcp_address], max_in_flight=1) as consumer:
+            msg = consumer.get(timeout=10)
+            assert msg is not None
+            msg.requeue(delay=60)  # deferred at the scrape
+            collector = metrics.NSQDCollector([real.http_address])
+            samples = {
+                (s.name, frozenset(s.labels.items())): s.value
+                for family in collector.collect()
+                for s in family.samples
+            }
+    topic = {"nsqd": real.http_address, "topic": "orders"}
+    channel = {**topic, "channel": "billing"}
+    assert value(samples, "nsq_nsqd_up", nsqd=real.http_address) == 1
+    assert value(samples, "nsq_topic_messages_total", **topic) == 3
+    assert value(samples, "nsq_channel_requeued_total", **channel) == 1
+    assert value(samples, "nsq_channel_deferred", **channel) == 1
+    assert value(samples, "nsq_channel_clients", **channel) == 1
+    assert (
+        value(samples, "nsq_channel_depth", **channel)
+        + value(samples, "nsq_channel_in_flight", **channel)
+        == 2
+    )
