@@ -91,3 +91,30 @@ def test_missing_nsqd_is_a_clear_error() -> None:
     with pytest.raises(Exception, match=r"could not subscribe to 't'/'c' on any nsqd"):
         consumer.start()
     consumer.close()
+
+
+def test_prefetched_messages_held_too_long_go_back_to_nsqd() -> None:
+    """Messages fetched ahead wait for the next trigger; past half of nsqd's max_msg_timeout
+    (TOUCH cannot keep them much longer) they are requeued and read fresh, never handed out
+    stale."""
+    from transports.embedded import EmbeddedNSQD, ServerThread
+
+    with ServerThread(EmbeddedNSQD(msg_timeout=1.0, max_msg_timeout=2.0)) as server:
+        create_channel(server, "ahead", "c")
+        publish([server], "ahead", [b"a%d" % i for i in range(20)])
+        consumer = _consumer(
+            topic="ahead", nsqd=server.tcp_address, max_in_flight="20", msg_timeout="1"
+        )
+        consumer.start()
+        try:
+            first = consumer.take(10, 2.0, 0.3, prefetch=10)
+            assert len(first) == 10 and consumer.finish(first) == 10
+            time.sleep(1.3)  # the 10 fetched ahead pass max_msg_timeout / 2 = 1 s
+            second = consumer.take(10, 2.0, 0.3)
+            assert len(second) == 10 and all(m.attempts == 2 for m in second)
+            assert consumer.finish(second) == 10
+            wait_for(lambda: channel_stats(server, "ahead", "c")["in_flight_count"] == 0, 5, "FIN")
+            stats = channel_stats(server, "ahead", "c")
+            assert stats["depth"] == 0 and stats["requeue_count"] == 10
+        finally:
+            consumer.close()

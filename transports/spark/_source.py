@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from operator import attrgetter, methodcaller
 
@@ -215,11 +215,6 @@ class SourceConsumer:
         self._prefetch_count = count
         self._prefetch_job = self._prefetcher.submit(fetch)
 
-    @property
-    def prefetched(self) -> int:
-        """Messages fetched ahead and not taken yet (0 while a prefetch is still running)."""
-        return len(self._ready)
-
     def finish(self, messages: Sequence[Message]) -> int:
         """FIN ``messages``; returns how many were still ours (the others' connection closed or
         nsqd timed them out: nsqd delivers those again)."""
@@ -228,11 +223,6 @@ class SourceConsumer:
         gone: int = sum(map(_taken_back, messages))
         deque(map(_finish, messages), maxlen=0)  # one FIN each, no Python loop around it
         return len(messages) - gone
-
-    def release(self, messages: Iterable[Message]) -> None:
-        """Forget messages without answering them (their connection is gone)."""
-        with self._lock:
-            self._held.difference_update(messages)
 
     def connected(self) -> list[str]:
         """nsqd addresses with at least one subscribed connection."""
