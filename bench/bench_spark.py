@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--nsqd", default=None, help="comma-separated nsqd TCP addresses")
     parser.add_argument(
-        "--real", action="store_true", help="start a real nsqd (transports.real_nsq)"
+        "--real", action="store_true", help="start a real nsqd (transports.testing.real_nsq)"
     )
     parser.add_argument(
         "--nsqd-arg",
@@ -89,7 +89,7 @@ def main() -> None:
     processes: list[Any] = []  # spawned broker processes
     real: Any = None
     if args.real:
-        from transports.real_nsq import RealNSQD, find_binaries
+        from transports.testing.real_nsq import RealNSQD, find_binaries
 
         if find_binaries() is None:
             raise SystemExit("no real nsqd binaries (see transports/real_nsq.py)")

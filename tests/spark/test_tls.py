@@ -23,8 +23,8 @@ def tls_nsqd() -> Iterator[dict[str, Any]]:
     """Two embedded nsqd that refuse plaintext: ``open`` (server certificate only) and
     ``strict`` (--tls-client-auth-policy=require-verify). Each certificate is self-signed, so
     it is also the CA the other side trusts."""
-    from transports.demo import self_signed_certificate
     from transports.embedded import EmbeddedNSQD, ServerThread
+    from transports.testing.tls import self_signed_certificate
 
     with ExitStack() as stack:
         cert, key = stack.enter_context(self_signed_certificate())

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from transports.real_nsq import RealNSQD, find_binaries
 from transports.sync import Consumer, Message, Producer
+from transports.testing.real_nsq import RealNSQD, find_binaries
 
 from ._helpers import running_nsqd, unique
 

@@ -24,7 +24,7 @@ REPORT_WIDTH = 79
 
 class Progress:
     """The demo's stages (publish, then each channel) drawn by
-    :class:`~transports.progress.ProgressDisplay`: bars fitted to the terminal, redrawn in
+    :class:`~transports.cli.progress.ProgressDisplay`: bars fitted to the terminal, redrawn in
     place, or one compact line per stage every 2 s when stderr is not a terminal."""
 
     def __init__(
