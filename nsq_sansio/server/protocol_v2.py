@@ -48,6 +48,9 @@ from .wire import (
 
 __all__ = ["ProtocolV2"]
 
+# Bound once: a method called on an imported name compiles to a slower attribute load (3.11).
+_unpack_i32 = I32.unpack_from
+
 
 class ProtocolV2:
     """The protocol V2 server side of one node, over its :class:`Topics` (see the module)."""
@@ -57,7 +60,7 @@ class ProtocolV2:
         self._context = context
         self._topics = topics
         self._dirty = context.dirty
-        self._new_id = context.ids.new_id
+        self._ids = context.ids
         # Topics that got messages from the input being processed: pumped once at its end.
         self._touched: dict[Topic, None] = {}
         # Channels where a FIN freed room for more: pumped once at the end of the input.
@@ -222,7 +225,7 @@ class ProtocolV2:
                             # The common case in one step: a PUB to an existing topic whose
                             # body is all here (anything else takes the general path).
                             topic = topics.get(line[4:].decode("ascii", "replace"))
-                            size = I32.unpack_from(buf, pos)[0]
+                            size = _unpack_i32(buf, pos)[0]
                             if topic is not None and 0 < size <= max_msg_size:
                                 start = pos + 4
                                 if end - start >= size:
@@ -246,7 +249,7 @@ class ProtocolV2:
                     if conn.pending_size < 0:
                         if end - pos < 4:
                             break
-                        size = I32.unpack_from(buf, pos)[0]
+                        size = _unpack_i32(buf, pos)[0]
                         pos += 4
                         self._check_body_size(verb, size)
                         conn.pending_size = size
@@ -639,7 +642,7 @@ class ProtocolV2:
         """PUB's work once checked; deliveries happen when the input chunk is done."""
         self._touched[topic] = None
         try:
-            topic.put(Message(self._new_id(), body, self._context.timestamp(now)), now)
+            topic.put(Message(self._ids.new_id(), body, self._context.timestamp(now)), now)
         except BackendError as exc:
             raise ClientError("E_PUB_FAILED", f"PUB failed {exc}") from None
         counts = conn.pub_counts
@@ -654,7 +657,7 @@ class ProtocolV2:
         timeout_ms = base10(params[2]) or 0
         self._check_auth(conn, "DPUB", topic_name, "", now)
         topic = self._topics.get_topic(topic_name, now)
-        msg = Message(self._new_id(), body, self._context.timestamp(now), 0, timeout_ms / 1000)
+        msg = Message(self._ids.new_id(), body, self._context.timestamp(now), 0, timeout_ms / 1000)
         self._touched[topic] = None
         try:
             topic.put(msg, now)
@@ -671,7 +674,7 @@ class ProtocolV2:
         self._touched[topic] = None
         try:
             for part in bodies:
-                topic.put(Message(self._new_id(), part, timestamp), now)
+                topic.put(Message(self._ids.new_id(), part, timestamp), now)
         except BackendError as exc:
             raise ClientError("E_MPUB_FAILED", f"MPUB failed {exc}") from None
         conn.pub_counts[topic_name] = conn.pub_counts.get(topic_name, 0) + len(bodies)
@@ -682,7 +685,7 @@ class ProtocolV2:
         end = len(body)
         if end < 4:
             raise ClientError("E_BAD_BODY", "MPUB failed to read message count")
-        count = I32.unpack_from(body, 0)[0]
+        count = _unpack_i32(body, 0)[0]
         max_messages = (options.max_body_size - 4) // 5
         if count <= 0 or count > max_messages:
             raise ClientError("E_BAD_BODY", f"MPUB invalid message count {count}")
@@ -694,7 +697,7 @@ class ProtocolV2:
                 raise ClientError(
                     "E_BAD_MESSAGE", f"MPUB failed to read message({index}) body size"
                 )
-            size = I32.unpack_from(body, pos)[0]
+            size = _unpack_i32(body, pos)[0]
             pos += 4
             if size <= 0:
                 raise ClientError(

@@ -133,7 +133,6 @@ class Topic:
         delay = msg.deferred  # read once: every channel's copy is held back (DPUB)
         if delay > 0:
             msg.deferred = 0.0
-        mem_limit = self.mem_limit
         for channel in self.channels.values():
             copy = msg if first else Message(msg.id, msg.body, msg.timestamp, msg.attempts)
             first = False
@@ -141,7 +140,7 @@ class Topic:
             if delay > 0:
                 channel.defer(copy, now + delay)
                 continue
-            if channel.ready and len(channel.mem) >= mem_limit:
+            if channel.ready and len(channel.mem) >= self.mem_limit:
                 channel.pump(now)  # make room rather than spill to the backend
             channel.put(copy)
 
