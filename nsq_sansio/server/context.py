@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 from heapq import heappop, heappush
 from typing import Protocol
 
@@ -52,7 +51,8 @@ class NodeContext:
         self.rng = rng
         self.alarms: list[tuple[float, int, Timed]] = []
         # Orders the alarm heap and the channels' in-flight and deferred heaps; an alarm armed
-        # during handle_timer has a larger number than any due when the call began.
+        # during NSQD.handle_timer has a larger number than any due when the call began, so it
+        # waits for the next call (which pops the heap itself, on the hot path).
         self.seq = 0
         # Connections that got output since connections_with_output() was last called.
         self.dirty: dict[int, None] = {}
@@ -80,19 +80,6 @@ class NodeContext:
                 continue
             return deadline
         return None
-
-    def due_alarms(self, now: float) -> Iterator[Timed]:
-        """The owners whose alarms are due at ``now``, one at a time (each is handled before
-        the next is taken, so what one does to another's alarm counts). What is armed while
-        they are handled waits for the next call, even when it is due at once."""
-        alarms = self.alarms
-        last_seq = self.seq
-        while alarms and alarms[0][0] <= now and alarms[0][1] <= last_seq:
-            deadline, _, owner = heappop(alarms)
-            if owner.alarm_at != deadline:
-                continue
-            owner.alarm_at = INF
-            yield owner
 
     def timestamp(self, now: float) -> int:
         """A message's timestamp: wall-clock nanoseconds."""

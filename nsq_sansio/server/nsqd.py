@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
+from heapq import heappop
 from typing import Any
 
 from ..errors import InvalidName, LocalProtocolError
@@ -73,7 +74,7 @@ from ..names import is_ephemeral, validate_channel, validate_topic
 from .backend import BackendError, BackendFactory, memory_backend_factory
 from .channel import Channel
 from .client import Client, client_stats
-from .context import NodeContext
+from .context import INF, NodeContext
 from .events import AdminError, RegistryEvent, ServerEvent
 from .message import Message
 from .options import AuthState, NSQDOptions
@@ -275,13 +276,22 @@ class NSQD:
         topic's backlog into its channels. Each call does a bounded amount of work: when
         more is due, :meth:`next_deadline` says so and the transport calls again."""
         events: list[ServerEvent] = []
-        self._context.now = now
-        for owner in self._context.due_alarms(now):
+        context = self._context
+        context.now = now
+        alarms = context.alarms
+        # What this call arms for "now" (more of a channel's timeouts) waits for the next one.
+        last_seq = context.seq
+        while alarms and alarms[0][0] <= now and alarms[0][1] <= last_seq:
+            deadline, _, owner = heappop(alarms)
+            if owner.alarm_at != deadline:
+                continue  # re-armed since: a later entry is the live one
+            owner.alarm_at = INF
             if isinstance(owner, Client):
                 self._protocol.client_timer(owner, now, events)
             elif isinstance(owner, Channel):
                 owner.process_timers(now)
-        self._topics.step_backlog(now)
+        if self._topics.moving:
+            self._topics.step_backlog(now)
         return events
 
     def backlog_pending(self) -> bool:

@@ -51,11 +51,18 @@ class ConnState(enum.Enum):
 
 
 class Endpoint(Protocol):
-    """A node as the network sees it (:class:`~nsq_sansio.testing.nodes.SimNode` is one)."""
+    """A node as the network and the simulator's clock see it
+    (:class:`~nsq_sansio.testing.nodes.SimNode` is one)."""
 
     name: str
     ports: set[int]
     alive: bool
+    timer_token: int  # the simulator's timer for this node: only the latest one fires
+    timer_at: float | None
+
+    def next_deadline(self) -> float | None: ...
+
+    def handle_timer(self, now: float) -> None: ...
 
     def on_accept(self, conn: SimConn, now: float) -> None: ...
 

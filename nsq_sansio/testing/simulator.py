@@ -75,7 +75,7 @@ class Simulator:
         self.rng = random.Random(seed)
         self.scheduler = Scheduler()
         self.net = Network(self.scheduler, random.Random(self.rng.getrandbits(64)), self.spec.link)
-        self.net.after = self._after_callback
+        self.net.after = self.after
         self.monitor = Monitor(self, rdy_per_write=rdy_per_write)
         self.net.observer_factories.append(self.monitor.observe)
         self.nodes: dict[str, SimNode] = {}
@@ -173,7 +173,7 @@ class Simulator:
 
     # -- timers ---------------------------------------------------------------------------------
 
-    def after(self, node: SimNode) -> None:
+    def after(self, node: Endpoint) -> None:
         """Re-arm ``node``'s timer after anything touched it."""
         if not node.alive:
             return
@@ -190,12 +190,7 @@ class Simulator:
         node.timer_at = deadline
         self.scheduler.call_at(deadline, self._fire, (node, node.timer_token))
 
-    def _after_callback(self, node: Endpoint) -> None:
-        """The network's hook after each callback into a node (all of them are SimNodes)."""
-        if isinstance(node, SimNode):
-            self.after(node)
-
-    def _fire(self, item: tuple[SimNode, int]) -> None:
+    def _fire(self, item: tuple[Endpoint, int]) -> None:
         node, token = item
         if token != node.timer_token:
             return
