@@ -343,7 +343,8 @@ class ClientConnection:
 
     def publish(self, topic: str, body: bytes) -> int:
         """``PUB``; returns the request id its answer will carry."""
-        if self._state not in _PUBLISH_STATES:
+        state = self._state
+        if state is not _S.READY and state not in _PUBLISH_STATES:  # READY: no enum hash
             self._require("publish()", _PUBLISH_STATES)
         header = self._pub_headers.get(topic)
         if header is None or type(body) is not bytes or not body or len(body) > _MAX_BODY:

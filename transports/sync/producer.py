@@ -273,6 +273,8 @@ _DIRECT_IDLE = 0.02
 _READ_SIZE = 64 * 1024
 #: The most inflight requests looked at for a waiting caller to hand the read role to.
 _HANDOFF_SCAN = 64
+#: What :meth:`Producer._dispatch_now` did with a request.
+_VIA_IO_THREAD, _SENT, _PARKED, _NO_SLOT = 0, 1, 2, 3
 
 
 class _Wire:
@@ -372,19 +374,19 @@ class Producer:
             node = _Node(format_address(host, port), host, port)
             self._nodes.append(node)
         self._ssl_context = self._options.ssl_context() if self._config.tls_v1 else None
-        # Back-pressure: publishes handed over minus publishes answered, bounded.
-        self._space = threading.Condition(threading.Lock())
+        #: Serializes the IO thread's callbacks and the callers' own IO (see the module doc).
+        self._io_lock = threading.RLock()
+        # Back-pressure: publishes submitted minus publishes answered (both under _io_lock),
+        # bounded by max_pending; callers over it wait on _space.
+        self._space = threading.Condition(self._io_lock)
         self._submitted = 0
-        self._completed = 0  # IO thread only
+        self._completed = 0
         self._space_waiters = 0
         self._max_pending = max_pending
         self._waiting: deque[_Request] = deque()
         self._rr = itertools.count()
         self._rng = random.Random()
         self._loop = IOLoop(self, name="nsq-sync-producer")
-        #: Serializes the IO thread's callbacks and callers publishing directly (a publish
-        #: to a connected nsqd is written by the calling thread: no hand-over to the IO thread).
-        self._io_lock = threading.RLock()
         self._started = False
         self._closing = False
         self._closed = False
@@ -469,14 +471,14 @@ class Producer:
         if topic not in self._valid_topics or type(body) is not bytes or not body:
             encode_pub(topic, body)
             self._valid_topics.add(topic)
-        self._wait(self._submit("PUB", topic, body, timeout, True), timeout)
+        self._call("PUB", topic, body, timeout)
 
     def multi_publish(
         self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
     ) -> None:
         """``MPUB`` (all or nothing) and wait for nsqd's OK."""
         bodies = self._checked_batch(topic, bodies)
-        self._wait(self._submit("MPUB", topic, bodies, timeout, True), timeout)
+        self._call("MPUB", topic, bodies, timeout)
 
     def deferred_publish(
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
@@ -484,7 +486,7 @@ class Producer:
         """``DPUB``: delivered after ``delay`` seconds; waits for nsqd's OK."""
         check_seconds("DPUB delay", delay)
         encode_dpub(topic, round(delay * 1000), body)
-        self._wait(self._submit("DPUB", topic, (body, delay), timeout, True), timeout)
+        self._call("DPUB", topic, (body, delay), timeout)
 
     def publish_async(
         self, topic: str, body: bytes, *, timeout: float | None = None
@@ -495,13 +497,13 @@ class Producer:
         if topic not in self._valid_topics or type(body) is not bytes or not body:
             encode_pub(topic, body)
             self._valid_topics.add(topic)
-        return self._submit("PUB", topic, body, timeout, False)
+        return self._submit("PUB", topic, body, timeout, False)[0]
 
     def multi_publish_async(
         self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
     ) -> PublishFuture:
         bodies = self._checked_batch(topic, bodies)
-        return self._submit("MPUB", topic, bodies, timeout, False)
+        return self._submit("MPUB", topic, bodies, timeout, False)[0]
 
     def _checked_batch(self, topic: str, bodies: Sequence[bytes]) -> list[bytes]:
         if isinstance(bodies, (bytes, bytearray, str)):
@@ -527,7 +529,7 @@ class Producer:
     ) -> PublishFuture:
         check_seconds("DPUB delay", delay)
         encode_dpub(topic, round(delay * 1000), body)
-        return self._submit("DPUB", topic, (body, delay), timeout, False)
+        return self._submit("DPUB", topic, (body, delay), timeout, False)[0]
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every publish handed over so far was answered."""
@@ -580,16 +582,22 @@ class Producer:
     def _pending_count(self) -> int:
         return self._submitted - self._completed
 
-    def _wait(self, future: PublishFuture, timeout: float | None) -> None:
+    def _call(self, kind: str, topic: str, payload: Any, timeout: float | None) -> None:
+        """Publish and wait for the answer (the calling thread may write and read itself)."""
+        request, parked = self._submit(kind, topic, payload, timeout, True)
         limit = self._timeout if timeout is None else timeout
         try:
-            future.result(limit + 1.0)
+            self._await(request, limit + 1.0, parked)
         except TimeoutError:
             raise TimeoutError(f"nsqd did not answer within {limit}s") from None
+        if request._error is not None:
+            raise request._error
 
     def _submit(
         self, kind: str, topic: str, payload: Any, timeout: float | None, sync: bool
-    ) -> _Request:
+    ) -> tuple[_Request, bool]:
+        """A new request, sent (or handed to the IO thread); True when the caller (``sync``)
+        is already registered as waiting for it (see :meth:`_dispatch_now`)."""
         if timeout is not None:
             check_seconds(f"{kind} timeout", timeout, zero=False)
             if timeout / 4 < self._expiry_tick:
@@ -602,74 +610,100 @@ class Producer:
         if failure is not None:
             raise RuntimeError(f"the producer's IO thread crashed: {failure!r}") from failure
         limit = self._timeout if timeout is None else timeout
-        if self.publish_observer is None:
-            self._reserve(limit)
-        else:
-            started = time.monotonic()
-            try:
-                self._reserve(limit)
-            except TimeoutError as exc:
-                count = len(payload) if kind == "MPUB" else 1
-                try:
-                    self.publish_observer(topic, count, time.monotonic() - started, exc)
-                except Exception:
-                    _log.exception("publish_observer failed")
-                raise
         now = time.monotonic()
         request = _Request(self, kind, topic, payload, now, now + limit)
-        if not self._dispatch_now(request, sync):
+        outcome = self._dispatch_now(request, sync, False)
+        if outcome == _NO_SLOT:
+            try:
+                self._reserve(request)
+            except TimeoutError as exc:
+                observer = self.publish_observer
+                if observer is not None:
+                    count = len(payload) if kind == "MPUB" else 1
+                    try:
+                        observer(topic, count, time.monotonic() - now, exc)
+                    except Exception:
+                        _log.exception("publish_observer failed")
+                raise
+            outcome = self._dispatch_now(request, sync, True)
+        if outcome == _VIA_IO_THREAD:
             self._loop.call_soon(lambda: self._locked(self._dispatch, request))
-        return request
+        return request, outcome == _PARKED
 
     def _locked(self, fn: Callable[..., None], *args: Any) -> None:
         with self._io_lock:
             fn(*args)
 
-    def _dispatch_now(self, request: _Request, sync: bool) -> bool:
+    def _dispatch_now(self, request: _Request, sync: bool, reserved: bool) -> int:
         """Caller's thread: queue ``request`` on a connected nsqd and get it written: by this
         thread when no other writes there (its own bytes and whatever others queued), else by
-        the thread writing now. A ``publish_async`` behind others in flight is left queued for
-        the next writer (a caller about to wait, or the IO thread) so a burst goes out in few
-        writes. False when it must go through the IO thread (nothing connected, publishes
-        waiting for a connection)."""
+        the thread writing now. While another caller holds the read role, a ``sync`` caller
+        only queues its request and parks (:data:`_PARKED`): the leader writes what was queued
+        after each read and completes it. A ``publish_async`` behind others in flight is left
+        queued for the next writer (a caller about to wait, or the IO thread) so a burst goes
+        out in few writes. :data:`_VIA_IO_THREAD` when it must go through the IO thread
+        (nothing connected, publishes waiting for a connection). :data:`_NO_SLOT` (nothing
+        done) when ``max_pending`` publishes are unanswered and no slot is ``reserved``."""
         with self._io_lock:
+            if not reserved:
+                if self._submitted - self._completed >= self._max_pending:
+                    return _NO_SLOT
+                self._submitted += 1
             if self._closing or self._waiting:
-                return False
+                return _VIA_IO_THREAD
             nodes = self._nodes
             if len(nodes) == 1:
                 node = nodes[0]
                 if not node.ready:
-                    return False
+                    return _VIA_IO_THREAD
             else:
                 ready = [n for n in nodes if n.ready]
                 if not ready:
-                    return False
+                    return _VIA_IO_THREAD
                 node = ready[next(self._rr) % len(ready)]
             if not self._send_to(node, request):
-                return True  # failed (the future says why)
+                return _SENT  # failed (the future says why)
             wire = node.wire
             if wire is None or wire.retired:  # TLS, or going down: the IO thread writes
                 self._loop.wake()
-                return True
+                return _SENT
+            if sync and wire.leader is not None:
+                waiter = request._waiter = _allocate_lock()
+                waiter.acquire()
+                request.waiting = 1
+                return _PARKED
             if wire.sending:
-                return True  # the thread writing now takes these bytes too
+                return _SENT  # the thread writing now takes these bytes too
             link = node.link
             assert link is not None
             if node.out_pending or link.out:
                 self._loop.wake()  # the kernel's buffer was full: the IO thread goes first
-                return True
+                return _SENT
             if not sync and len(node.inflight) > 1:
                 if not wire.direct:
                     self._loop.wake()  # the IO thread writes the whole burst at once
                 # else: written by the next caller that waits, or the IO thread's next look
-                return True
+                return _SENT
             conn = node.conn
             assert conn is not None
             data = conn.data_to_send()
             wire.sending = True
             wire.users += 1
         self._write_direct(node, wire, conn, data)
-        return True
+        return _SENT
+
+    def _take_output(self, node: _Node, wire: _Wire, conn: ClientConnection) -> bytes:
+        """Lock held: what ``conn`` queued, with the writer role, when it is free (else b"")."""
+        if wire.sending or wire.retired or node.out_pending:
+            return b""
+        link = node.link
+        if link is None or link.out:
+            return b""
+        data = conn.data_to_send()
+        if data:
+            wire.sending = True
+            wire.users += 1
+        return data
 
     def _write_direct(self, node: _Node, wire: _Wire, conn: ClientConnection, data: bytes) -> None:
         """Holding ``wire.sending``: send ``data``, then whatever others queued meanwhile, on
@@ -701,60 +735,62 @@ class Producer:
                     self._unuse(wire)
                     return
 
-    def _await(self, request: _Request, timeout: float | None) -> None:
+    def _await(self, request: _Request, timeout: float | None, parked: bool = False) -> None:
         """Wait until ``request`` is done, or ``timeout`` (TimeoutError): reading its
         connection when no other thread does, else parked until its answer is in (or the read
-        role is handed to it)."""
+        role is handed to it). ``parked``: already registered as waiting (``_dispatch_now``)."""
         until = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         lock = self._io_lock
+        waiter = request._waiter if parked else None
         while True:
-            lead = False
-            write = b""
-            conn: ClientConnection | None = None
-            with lock:
-                if request._done:
-                    return
-                node = request.node
-                wire = node.wire if node is not None else None
-                if until is not None and time.monotonic() >= until:
-                    if node is not None and wire is not None and wire.leader is request:
-                        self._release_lead(node, wire)
-                    raise TimeoutError(f"no answer from nsqd within {timeout}s")
-                if wire is not None and not wire.retired:
-                    assert node is not None and node.link is not None
-                    conn = node.conn
-                    assert conn is not None
-                    if not wire.sending and not node.out_pending and not node.link.out:
-                        write = conn.data_to_send()  # what publish_async left queued
-                        if write:
-                            wire.sending = True
-                            wire.users += 1
-                    if wire.direct:
-                        if wire.leader is None or wire.leader is request:
-                            wire.leader = request
-                            wire.users += 1
-                            lead = True
-                    else:
-                        wire.want_direct = True  # the IO thread hands the reads over
-                if not lead and not write:
-                    waiter = request._waiter
-                    if waiter is None:
-                        waiter = request._waiter = _allocate_lock()
-                        waiter.acquire()
-                    request.waiting += 1
-            if write:
-                assert node is not None and wire is not None and conn is not None
-                self._write_direct(node, wire, conn, write)
-            if lead:
-                assert node is not None and wire is not None
-                self._lead(node, wire, request, until)
-            if lead or write:
-                continue
+            if waiter is None:
+                lead = False
+                write = b""
+                conn: ClientConnection | None = None
+                with lock:
+                    if request._done:
+                        return
+                    node = request.node
+                    wire = node.wire if node is not None else None
+                    if until is not None and time.monotonic() >= until:
+                        if node is not None and wire is not None and wire.leader is request:
+                            self._release_lead(node, wire)
+                        raise TimeoutError(f"no answer from nsqd within {timeout}s")
+                    if node is not None and wire is not None and not wire.retired:
+                        conn = node.conn
+                        assert conn is not None
+                        if wire.direct:
+                            if wire.leader is None or wire.leader is request:
+                                wire.leader = request
+                                wire.users += 1
+                                lead = True
+                        else:
+                            wire.want_direct = True  # the IO thread hands the reads over
+                        if wire.leader is None or lead:
+                            # What publish_async left queued (a leader writes the rest).
+                            write = self._take_output(node, wire, conn)
+                    if not lead and not write:
+                        waiter = request._waiter
+                        if waiter is None:
+                            waiter = request._waiter = _allocate_lock()
+                            waiter.acquire()
+                        request.waiting += 1
+                if write:
+                    assert node is not None and wire is not None and conn is not None
+                    self._write_direct(node, wire, conn, write)
+                if lead:
+                    assert node is not None and wire is not None
+                    self._lead(node, wire, request, until)
+                if waiter is None:
+                    continue
             if until is None:
                 got = waiter.acquire()
             else:
                 remaining = until - time.monotonic()
                 got = waiter.acquire(True, remaining) if remaining > 0 else waiter.acquire(False)
+            if got and request._done:  # the common case: no lock needed
+                waiter.release()  # let any other thread waiting for it through
+                return
             with lock:
                 request.waiting -= 1
                 if got or request._signaled:
@@ -762,9 +798,8 @@ class Producer:
                         waiter.acquire(False)
                     request._signaled = False
                 if request._done:
-                    if request.waiting:  # let the other threads waiting for it through
-                        request._signaled = True
-                        waiter.release()
+                    request._signaled = True
+                    waiter.release()
                     return
                 if not got:
                     node = request.node
@@ -772,11 +807,12 @@ class Producer:
                     if node is not None and wire is not None and wire.leader is request:
                         self._release_lead(node, wire)  # handed to us as we gave up
                     raise TimeoutError(f"no answer from nsqd within {timeout}s")
-            # Woken without an answer: handed the read role (or the connection changed).
+            waiter = None  # woken without an answer: handed the read role, or moved
 
     def _lead(self, node: _Node, wire: _Wire, request: _Request, until: float | None) -> None:
-        """Holding the read role of ``node``'s connection: read and dispatch answers until
-        ``request``'s own is in, its deadline or ``until`` passes, or the connection goes."""
+        """Holding the read role of ``node``'s connection: read and dispatch answers, and
+        write what other callers queued meanwhile, until ``request``'s own answer is in, its
+        deadline or ``until`` passes, or the connection goes."""
         conn = node.conn
         link = node.link
         assert conn is not None and link is not None
@@ -802,27 +838,32 @@ class Producer:
                         pass
                     except OSError as exc:
                         error = exc
+            stop = True
             with lock:
                 if wire.retired or wire.leader is not request or node.conn is not conn:
-                    break
-                now = monotonic()
-                if error is not None:
+                    pass
+                elif error is not None:
                     self._lost_by_caller(node, wire, link, error)
-                    break
-                if data is not None:
-                    link.bytes_in += len(data)
-                    self._feed(node, wire, conn, data, now)
+                else:
+                    now = monotonic()
+                    if data is not None:
+                        link.bytes_in += len(data)
+                        self._feed(node, wire, conn, data, now)
                     if request._done or wire.retired:
-                        break
-                if now >= deadline:
-                    self._expire(node, request, now)
-                    break
-                if until is not None and now >= until:
-                    break
-        with lock:
-            self._unuse(wire)
-            if wire.leader is request:
-                self._release_lead(node, wire)
+                        pass
+                    elif now >= deadline:
+                        self._expire(node, request, now)
+                    elif until is None or now < until:
+                        stop = False
+                out = self._take_output(node, wire, conn)
+                if stop:
+                    self._unuse(wire)
+                    if wire.leader is request:
+                        self._release_lead(node, wire)
+            if out:
+                self._write_direct(node, wire, conn, out)
+            if stop:
+                return
 
     def _feed(
         self, node: _Node, wire: _Wire, conn: ClientConnection, data: bytes, now: float
@@ -993,24 +1034,20 @@ class Producer:
             wire.closed = True
             wire.sock.close()
 
-    def _reserve(self, limit: float) -> None:
-        """Count one more publish in flight; block while max_pending are unanswered."""
+    def _reserve(self, request: _Request) -> None:
+        """Block until one more publish may be in flight (``max_pending``), at most until
+        ``request``'s deadline (TimeoutError), and count it."""
+        self._rescue_reads()  # the answers that free slots must be read by someone
         space = self._space
         with space:
-            if self._submitted - self._completed < self._max_pending:
-                self._submitted += 1
-                return
-        self._rescue_reads()  # the answers that free slots must be read by someone
-        with space:
-            deadline = time.monotonic() + limit
             self._space_waiters += 1
             try:
                 while self._submitted - self._completed >= self._max_pending:
-                    remaining = deadline - time.monotonic()
+                    remaining = request.deadline - time.monotonic()
                     if remaining <= 0:
                         raise TimeoutError(
-                            f"{self._max_pending} publishes unanswered for {limit}s "
-                            "(max_pending reached)"
+                            f"{self._max_pending} publishes unanswered for "
+                            f"{request.deadline - request.start:g}s (max_pending reached)"
                         )
                     # Short waits: a completion may race past a waiter registering.
                     space.wait(min(remaining, 0.05))
@@ -1026,8 +1063,7 @@ class Producer:
         request.node = None
         request._set(error)
         if self._space_waiters:
-            with self._space:
-                self._space.notify()
+            self._space.notify()  # its lock is _io_lock, held here
         observer = self.publish_observer
         if observer is not None:
             count = len(request.payload) if request.kind == "MPUB" else 1
@@ -1293,6 +1329,8 @@ class Producer:
                     if node.out_pending:
                         self._loop.write(node.link, bytes(node.out_pending))
                         node.out_pending.clear()
+                        if node.conn is None or node.link is None:
+                            continue  # the write failed and tore the connection down
                     data = node.conn.data_to_send()
                     if data:
                         self._loop.write(node.link, data)
