@@ -255,7 +255,11 @@ class _Request(PublishFuture):
         waiter = self._waiter
         if waiter is not None and not self._signaled:
             self._signaled = True
-            waiter.release()
+            wakes = self.producer._wakes
+            if wakes is None:
+                waiter.release()
+            else:
+                wakes.append(waiter)  # released once the lock is given up
         callbacks = self._callbacks
         if callbacks:
             self._callbacks = None
@@ -400,6 +404,9 @@ class Producer:
         self._expiry_tick = min(max(timeout / 4, 0.01), 1.0)
         #: When the IO thread next looks at connections read by callers (None: there are none).
         self._direct_check: float | None = None
+        #: While a leader completes a batch: the waiters to wake after it gives up the lock
+        #: (so they do not wake straight into a lock it holds).
+        self._wakes: list[Any] | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -822,6 +829,7 @@ class Producer:
         monotonic = time.monotonic
         deadline = request.deadline
         limit = deadline if until is None or until > deadline else until
+        wakes: list[Any] | None = None
         while True:
             wait = limit - monotonic()
             data = None
@@ -848,7 +856,11 @@ class Producer:
                     now = monotonic()
                     if data is not None:
                         link.bytes_in += len(data)
-                        self._feed(node, wire, conn, data, now)
+                        self._wakes = wakes = []
+                        try:
+                            self._feed(node, wire, conn, data, now)
+                        finally:
+                            self._wakes = None
                     if request._done or wire.retired:
                         pass
                     elif now >= deadline:
@@ -860,6 +872,10 @@ class Producer:
                     self._unuse(wire)
                     if wire.leader is request:
                         self._release_lead(node, wire)
+            if wakes:
+                for waiter in wakes:
+                    waiter.release()
+                wakes = None
             if out:
                 self._write_direct(node, wire, conn, out)
             if stop:
