@@ -198,6 +198,7 @@ class _Request(PublishFuture):
         "node",
         "payload",
         "producer",
+        "promoted",
         "start",
         "topic",
         "tried",
@@ -230,6 +231,8 @@ class _Request(PublishFuture):
         self.node: _Node | None = None
         #: Threads parked on ``_waiter`` (candidates for the read role).
         self.waiting = 0
+        #: The node whose read role was handed to this request's thread, until it takes it.
+        self.promoted: _Node | None = None
 
     def _wait(self, timeout: float | None) -> None:
         if not self._done:
@@ -287,6 +290,7 @@ class _Wire:
     it. Retired with its connection; the descriptor is closed by its last user."""
 
     __slots__ = (
+        "broken",
         "closed",
         "direct",
         "lead_end",
@@ -317,6 +321,8 @@ class _Wire:
         self.users = 0
         self.retired = False
         self.closed = False
+        #: The loop failed writing to the connection while a caller read it.
+        self.broken: BaseException | None = None
 
 
 @dataclass
@@ -755,19 +761,19 @@ class Producer:
                 write = b""
                 conn: ClientConnection | None = None
                 with lock:
-                    if request._done:
-                        return
+                    if request._done or (until is not None and time.monotonic() >= until):
+                        self._drop_role(request)
+                        if request._done:
+                            return
+                        raise TimeoutError(f"no answer from nsqd within {timeout}s")
                     node = request.node
                     wire = node.wire if node is not None else None
-                    if until is not None and time.monotonic() >= until:
-                        if node is not None and wire is not None and wire.leader is request:
-                            self._release_lead(node, wire)
-                        raise TimeoutError(f"no answer from nsqd within {timeout}s")
                     if node is not None and wire is not None and not wire.retired:
                         conn = node.conn
                         assert conn is not None
                         if wire.direct:
                             if wire.leader is None or wire.leader is request:
+                                request.promoted = None
                                 wire.leader = request
                                 wire.users += 1
                                 lead = True
@@ -795,7 +801,7 @@ class Producer:
             else:
                 remaining = until - time.monotonic()
                 got = waiter.acquire(True, remaining) if remaining > 0 else waiter.acquire(False)
-            if got and request._done:  # the common case: no lock needed
+            if got and request._done and request.promoted is None:  # no lock needed
                 waiter.release()  # let any other thread waiting for it through
                 return
             with lock:
@@ -804,15 +810,13 @@ class Producer:
                     if not got:  # released between our time-out and now: take it back
                         waiter.acquire(False)
                     request._signaled = False
+                if request._done or not got:
+                    self._drop_role(request)
                 if request._done:
                     request._signaled = True
                     waiter.release()
                     return
                 if not got:
-                    node = request.node
-                    wire = node.wire if node is not None else None
-                    if node is not None and wire is not None and wire.leader is request:
-                        self._release_lead(node, wire)  # handed to us as we gave up
                     raise TimeoutError(f"no answer from nsqd within {timeout}s")
             waiter = None  # woken without an answer: handed the read role, or moved
 
@@ -945,15 +949,39 @@ class Producer:
         this connection; with publishes in flight and nobody waiting, to the IO thread."""
         wire.leader = None
         wire.lead_end = time.monotonic()
+        if wire.broken is not None and not wire.retired:
+            self._loop.call_soon(lambda: self._locked(self._finish_broken, node, wire))
+            return
         if wire.retired or not node.inflight:
             return
         successor = self._waiter_of(node)
         if successor is not None:
-            wire.leader = successor
-            successor._signaled = True
-            successor._waiter.release()
+            self._hand_role(node, wire, successor)
         else:
             self._loop.call_soon(lambda: self._locked(self._ensure_reader, node))
+
+    def _finish_broken(self, node: _Node, wire: _Wire) -> None:
+        """IO thread: the loop's write failed while a caller read; it left without seeing it."""
+        link = node.link
+        if node.wire is wire and wire.leader is None and link is not None and wire.broken:
+            self._on_link_error(link, wire.broken, time.monotonic())
+
+    def _hand_role(self, node: _Node, wire: _Wire, successor: _Request) -> None:
+        """Lock held: make ``successor``'s (parked) thread the reader of ``wire``."""
+        wire.leader = successor
+        successor.promoted = node
+        successor._signaled = True
+        successor._waiter.release()
+
+    def _drop_role(self, request: _Request) -> None:
+        """Lock held: ``request``'s thread leaves without taking the read role it was
+        handed (its answer came another way, or it gave up): hand it on."""
+        node = request.promoted
+        if node is not None:
+            request.promoted = None
+            wire = node.wire
+            if wire is not None and wire.leader is request:
+                self._release_lead(node, wire)
 
     def _waiter_of(self, node: _Node) -> _Request | None:
         """The oldest request in flight on ``node`` that a thread waits for (lock held)."""
@@ -972,9 +1000,7 @@ class Producer:
             return
         successor = self._waiter_of(node)
         if successor is not None:
-            wire.leader = successor
-            successor._signaled = True
-            successor._waiter.release()
+            self._hand_role(node, wire, successor)
         else:
             self._leave_direct(node, wire)
 
@@ -985,9 +1011,7 @@ class Producer:
             successor = self._waiter_of(node)
             if successor is None:
                 return  # only publish_async in flight: keep reading here
-            wire.leader = successor
-            successor._signaled = True
-            successor._waiter.release()
+            self._hand_role(node, wire, successor)
         link = node.link
         assert link is not None
         wire.direct = True
@@ -1262,6 +1286,21 @@ class Producer:
         node = self._node_of(link)
         if node.link is not link and not node.connecting:
             return
+        wire = node.wire
+        if wire is not None and not wire.retired:
+            # A write failed (nsqd closed the socket): what nsqd sent before it is still
+            # readable. Its answers (and the error that made nsqd close) must be matched
+            # first, or publishes nsqd stored would be sent again.
+            if wire.leader is not None:
+                # The caller reading it gets there and reports it (or, leaving first, has
+                # the IO thread finish this).
+                node.ready = False
+                if wire.broken is None:
+                    wire.broken = error
+                return
+            self._read_leftovers(node, wire, link, now)
+            if node.link is not link:
+                return  # what was read closed it (nsqd's error frame)
         if node.conn is not None and node.conn.state is not ConnectionState.CLOSED:
             # The socket failed under the connection: let the core report what was pending.
             for event in node.conn.receive_data(b"", now):
@@ -1269,6 +1308,17 @@ class Producer:
                     self._on_closed(node, ConnectionLost(f"{type(error).__name__}: {error}"), now)
                     return
         self._on_closed(node, ConnectionLost(f"{type(error).__name__}: {error}"), now)
+
+    def _read_leftovers(self, node: _Node, wire: _Wire, link: Link, now: float) -> None:
+        """IO thread: feed what is left in the socket's receive buffer to the core."""
+        while node.link is link and node.conn is not None:
+            try:
+                data = wire.sock.recv(_READ_SIZE)
+            except OSError:
+                return
+            if not data:
+                return
+            self._on_data(link, data, now)
 
     def _on_closed(self, node: _Node, error: NSQError | None, now: float) -> None:
         if node.wire is not None:
