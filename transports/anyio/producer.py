@@ -61,6 +61,7 @@ from transports._common import (
     HTTPPublishClient,
     ProducerStats,
     PubResponse,
+    check_connections_per_nsqd,
     format_address,
     parse_address,
     parse_http_url,
@@ -208,6 +209,8 @@ class Producer:
     ``tls_ca_file=...``). ``timeout`` bounds one publish (waiting for the answer included).
     ``publish_observer(topic, messages, seconds, error)``, if given, is called once per
     PUB/MPUB/DPUB when it completes (for metrics; it must not block).
+    ``connections_per_nsqd`` opens that many connections to each nsqd and spreads the
+    publishes over them (see docs/producers.md for when it helps).
     """
 
     def __init__(
@@ -219,6 +222,7 @@ class Producer:
         timeout: float = 30.0,
         logger: logging.Logger | None = None,
         publish_observer: PublishObserver | None = None,
+        connections_per_nsqd: int = 1,
         **options: Any,
     ) -> None:
         addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
@@ -228,15 +232,20 @@ class Producer:
             raise ValueError(f"max_pending={max_pending!r} must be >= 1")
         if not timeout > 0 or timeout == float("inf"):
             raise ValueError(f"timeout={timeout!r} must be a finite number of seconds > 0")
+        check_connections_per_nsqd(connections_per_nsqd)
         self._config, self._options = split_options(config, options)
         self._identify = self._config.identify_body()
         self._logger = logger or _log
+        #: One node per connection: ``connections_per_nsqd`` for each nsqd address.
         self._nodes = []
         for address in addresses:
             host, port = parse_address(address, DEFAULT_TCP_PORT)
-            self._nodes.append(
-                _Node(host, port, ConnectionLogger(self._logger, format_address(host, port)))
-            )
+            for _ in range(connections_per_nsqd):
+                self._nodes.append(
+                    _Node(host, port, ConnectionLogger(self._logger, format_address(host, port)))
+                )
+        #: Distinct nsqd (failover tries each once, plus one resend after a reconnect).
+        self._nsqd_count = len({node.address for node in self._nodes})
         self._timeout = timeout
         self._free = max_pending
         self._slot_waiters: deque[anyio.Event] = deque()
@@ -336,13 +345,26 @@ class Producer:
         self._valid_topics.add(topic)
 
     def _candidates(self) -> list[_Node]:
+        """One connection per nsqd (a connected one first), starting at the next in turn:
+        those up (or not known to be down) first, then the rest as a last resort."""
         start = next(self._rr) % len(self._nodes)
         ordered = self._nodes[start:] + self._nodes[:start]
         now = monotonic()
-        # Nodes that are up (or not known to be down) first; then the rest, as a last resort.
-        return [n for n in ordered if n.down_until <= now] + [
-            n for n in ordered if n.down_until > now
+        best: dict[str, _Node] = {}
+        for n in ordered:
+            other = best.get(n.address)
+            if other is None or (other.down_until > now, not other.ready) > (
+                n.down_until > now,
+                not n.ready,
+            ):
+                best[n.address] = n
+        return [n for n in best.values() if n.down_until <= now] + [
+            n for n in best.values() if n.down_until > now
         ]
+
+    def _others(self, node: _Node) -> list[_Node]:
+        """Failover targets after ``node`` failed: one connection of every other nsqd."""
+        return [n for n in self._candidates() if n.address != node.address]
 
     async def _request(self, kind: int, topic: str, payload: Any, count: int) -> None:
         """Send the request, failing over to other nodes while connections break, and wait
@@ -368,7 +390,10 @@ class Producer:
         try:
             nodes = self._nodes
             node = nodes[0] if len(nodes) == 1 else nodes[next(self._rr) % len(nodes)]
-            candidates = [node] if node.ready else self._candidates()
+            if node.ready or (node.connects == 0 and node.down_until <= start):
+                candidates = [node]  # up, or never tried: connect it (a pool spreads out)
+            else:
+                candidates = self._candidates()
             errors: list[BaseException] = []
             sent = 0
             i = 0
@@ -387,8 +412,8 @@ class Producer:
                         raise  # the configuration's fault: no other node will take it either
                     except (NSQError, TimeoutError) as exc:
                         errors.append(exc)
-                        if len(candidates) == 1 and len(nodes) > 1:
-                            candidates = [node, *(n for n in self._candidates() if n is not node)]
+                        if len(candidates) == 1 and self._nsqd_count > 1:
+                            candidates = [node, *self._others(node)]
                         continue
                 try:
                     if kind == _PUB:
@@ -404,7 +429,7 @@ class Producer:
                     # The connection died and its task has not yet been told: treat as lost.
                     self._disconnect(node, ConnectionLost("connection closed"), node.generation)
                     errors.append(ConnectionLost(f"{node.address}: connection closed"))
-                    if i >= len(candidates) and sent <= len(nodes):
+                    if i >= len(candidates) and sent <= self._nsqd_count:
                         candidates.append(node)
                     continue
                 sent += 1
@@ -441,9 +466,9 @@ class Producer:
                     candidates.append(node)  # nsqd never read it: the same node again
                     continue
                 errors.append(error)
-                if len(candidates) == 1 and len(nodes) > 1:
-                    candidates = [node, *(n for n in self._candidates() if n is not node)]
-                if i >= len(candidates) and sent <= len(nodes):
+                if len(candidates) == 1 and self._nsqd_count > 1:
+                    candidates = [node, *self._others(node)]
+                if i >= len(candidates) and sent <= self._nsqd_count:
                     # The connection died with this publish unanswered, maybe not the node
                     # (nsqd closes it after a fatal error for another publish pipelined
                     # before ours, which it then never read): send it again after a

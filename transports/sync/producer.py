@@ -77,6 +77,7 @@ from transports._common import (
     ConnectionLogger,
     ConnectionStats,
     ProducerStats,
+    check_connections_per_nsqd,
     format_address,
     parse_address,
     split_options,
@@ -366,23 +367,30 @@ class Producer:
         max_pending: int = 10_000,
         timeout: float = 30.0,
         publish_observer: PublishObserver | None = None,
+        connections_per_nsqd: int = 1,
         **options: Any,
     ) -> None:
         addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         if not addresses:
             raise ValueError("Producer needs at least one nsqd address")
-        #: Called once per publish request when it completes (IO thread); None costs nothing.
+        #: Called once per publish request when it completes; None costs nothing.
         self.publish_observer: PublishObserver | None = publish_observer
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ConfigError(f"max_pending={max_pending!r} must be an int >= 1")
+        check_connections_per_nsqd(connections_per_nsqd)
         check_seconds("Producer timeout", timeout, zero=False, error=ConfigError)
         self._config, self._options = split_options(config, options)
         self._timeout = timeout
+        #: One node per connection: ``connections_per_nsqd`` for each nsqd address.
         self._nodes: list[_Node] = []
+        hosts = []
         for address in addresses:
             host, port = parse_address(address, DEFAULT_TCP_PORT)
-            node = _Node(format_address(host, port), host, port)
-            self._nodes.append(node)
+            hosts.append(format_address(host, port))
+            for _ in range(connections_per_nsqd):
+                self._nodes.append(_Node(format_address(host, port), host, port))
+        #: Distinct nsqd: a publish is sent at most this many times + 1 (failover).
+        self._nsqd_count = len(set(hosts))
         self._ssl_context = self._options.ssl_context() if self._config.tls_v1 else None
         #: Serializes the IO thread's callbacks and the callers' own IO (see the module doc).
         self._io_lock = threading.RLock()
@@ -1142,7 +1150,7 @@ class Producer:
         if self._closing:
             self._fail_request(request, NSQError("Producer closed"))
             return
-        if request.attempts > len(self._nodes):
+        if request.attempts > self._nsqd_count:
             self._fail_request(
                 request,
                 NoNSQDAvailable(
