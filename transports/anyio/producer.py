@@ -87,6 +87,8 @@ _SOCKET_ERRORS = (
 PublishObserver = Callable[[str, int, float, "BaseException | None"], None]
 
 _PUB, _MPUB, _DPUB = 0, 1, 2
+#: ``errors`` of a publish until it has one (no list per publish); never appended to.
+_NO_ERRORS: list[BaseException] = []
 _TRIO_ABORT_SUCCEEDED: Any = None  # trio.lowlevel.Abort.SUCCEEDED, once a producer runs on trio
 _wait_writable: Callable[[socket.socket], Any] = getattr(
     anyio, "wait_writable", anyio.wait_socket_writable
@@ -257,6 +259,7 @@ class Producer:
         self._loop: Any = None  # the asyncio loop (None on trio)
         self._current_task: Any = None  # trio.lowlevel's, on trio
         self._wait_rescheduled: Any = None
+        self._wait_readable: Any = None  # trio.lowlevel's, on trio
         self._reschedule: Any = None
         self._value: Any = None
         self._closed = False
@@ -279,6 +282,7 @@ class Producer:
             _TRIO_ABORT_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
             self._current_task = trio.lowlevel.current_task
             self._wait_rescheduled = trio.lowlevel.wait_task_rescheduled
+            self._wait_readable = trio.lowlevel.wait_readable
             self._reschedule = trio.lowlevel.reschedule
             self._value = outcome.Value
         else:
@@ -394,7 +398,7 @@ class Producer:
                 candidates = [node]  # up, or never tried: connect it (a pool spreads out)
             else:
                 candidates = self._candidates()
-            errors: list[BaseException] = []
+            errors: list[BaseException] = _NO_ERRORS  # a list of its own on the first one
             sent = 0
             i = 0
             while i < len(candidates):
@@ -411,6 +415,8 @@ class Producer:
                         self._failed += 1
                         raise  # the configuration's fault: no other node will take it either
                     except (NSQError, TimeoutError) as exc:
+                        if errors is _NO_ERRORS:
+                            errors = []
                         errors.append(exc)
                         if len(candidates) == 1 and self._nsqd_count > 1:
                             candidates = [node, *self._others(node)]
@@ -428,13 +434,16 @@ class Producer:
                         raise  # the arguments are wrong, not the connection
                     # The connection died and its task has not yet been told: treat as lost.
                     self._disconnect(node, ConnectionLost("connection closed"), node.generation)
+                    if errors is _NO_ERRORS:
+                        errors = []
                     errors.append(ConnectionLost(f"{node.address}: connection closed"))
                     if i >= len(candidates) and sent <= self._nsqd_count:
                         candidates.append(node)
                     continue
+                if call.done:  # a resend: the last attempt's outcome is not this one's
+                    call.done = False
+                    call.result = None
                 sent += 1
-                call.done = False
-                call.result = None
                 node.pending[request_id] = call
                 self._send_soon(node, proto)
                 # Park until the reader, the timer or a disconnect resolves the call.
@@ -465,6 +474,8 @@ class Producer:
                     self._retried += 1
                     candidates.append(node)  # nsqd never read it: the same node again
                     continue
+                if errors is _NO_ERRORS:
+                    errors = []
                 errors.append(error)
                 if len(candidates) == 1 and self._nsqd_count > 1:
                     candidates = [node, *self._others(node)]
@@ -727,12 +738,34 @@ class Producer:
         generation: int,
     ) -> None:
         """Read until the connection closes (TLS, or trio: a task reading the stream)."""
+        sock = node.sock
+        if sock is not None and self._wait_readable is not None:
+            await self._read_socket(node, sock, proto, generation)
+            return
         receive = stream.receive
         while True:
             try:
                 data = await receive(READ_SIZE)
             except anyio.EndOfStream:
                 data = b""
+            if self._feed(node, proto, generation, data):
+                return
+
+    async def _read_socket(
+        self, node: _Node, sock: socket.socket, proto: ClientConnection, generation: int
+    ) -> None:
+        """trio, plain TCP: wait for the socket to be readable, then read it (no failed read
+        first, none of the stream's layers)."""
+        wait_readable = self._wait_readable
+        recv = sock.recv
+        while True:
+            await wait_readable(sock)
+            try:
+                data = recv(READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                raise ConnectionLost(str(exc)) from exc
             if self._feed(node, proto, generation, data):
                 return
 
