@@ -1208,7 +1208,9 @@ def _chosen(args: argparse.Namespace) -> list[Row]:
     wanted: list[str] = []
     for part in args.only:
         wanted.extend(ALIASES.get(part, (part,)))
-    return [r for r in ROWS if r.group in wanted or any(w in r.key for w in wanted)]
+    groups = [w for w in wanted if w in GROUPS]  # a group by its name ("pub1" is not pub100)
+    parts = [w for w in wanted if w not in GROUPS]
+    return [r for r in ROWS if r.group in groups or any(w in r.key for w in parts)]
 
 
 def _iter_best(results: dict[str, list[Result]]) -> Iterator[tuple[str, Result]]:
