@@ -83,6 +83,9 @@ _S = ConnectionState
 _HEADER = struct.Struct(">II")
 _SIZE = struct.Struct(">I")
 _MESSAGE_HEADER = struct.Struct(">qH")
+#: A frame header and a message header (timestamp, attempts) in one unpack.
+_FRAME_AND_MESSAGE_HEADER = struct.Struct(">IIqH16s")
+_new_tuple = tuple.__new__
 _PUBLISH_STATES = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
 _MESSAGE_STATES = frozenset({_S.SUBSCRIBED, _S.CLOSING})
 _NON_FATAL_COMMANDS = {"E_FIN_FAILED": "FIN", "E_REQ_FAILED": "REQ", "E_TOUCH_FAILED": "TOUCH"}
@@ -433,7 +436,9 @@ class ClientConnection:
         """Decode every complete frame (the hot path).
 
         The working buffer is an immutable ``bytes``, so each body is one slice (one copy).
-        An unfinished frame waits in the ``_pending`` bytearray until it is complete.
+        An unfinished frame waits in the ``_pending`` bytearray until it is complete. A
+        message frame takes one ``unpack_from`` (frame and message headers together) and no
+        Python-level constructor; RDY left is counted down once per read.
         """
         pending = self._pending
         if pending:
@@ -445,31 +450,42 @@ class ClientConnection:
         end = len(data)
         pos = 0
         limit = self._max_frame_size
+        unpack_frame = _FRAME_AND_MESSAGE_HEADER.unpack_from
         unpack_header = _HEADER.unpack_from
-        unpack_message = _MESSAGE_HEADER.unpack_from
-        in_flight = self._in_flight
+        add = self._in_flight.add
         append = events.append
+        new = _new_tuple
+        message_type = Message
+        accepts = self._accepts_messages
+        mark = len(events)  # events[mark:] are messages not counted against RDY yet
         try:
-            while end - pos >= 8:
-                size, frame_type = unpack_header(data, pos)
+            while True:
+                if end - pos >= 34:
+                    size, frame_type, timestamp, attempts, message_id = unpack_frame(data, pos)
+                elif end - pos >= 8:
+                    size, frame_type = unpack_header(data, pos)
+                else:
+                    break
+                stop = pos + 4 + size
+                if frame_type == 2 and accepts and 30 <= size <= limit and stop <= end:
+                    add(message_id)
+                    append(
+                        new(message_type, (message_id, data[pos + 34 : stop], timestamp, attempts))
+                    )
+                    pos = stop
+                    continue
+                # Anything else, in the order the checks matter: a bad size, an unfinished
+                # frame, a bad message frame, a response or an error.
                 if size < 4 or size > limit:
                     frames.check_frame_size(size, limit)
-                stop = pos + 4 + size
                 if stop > end:
                     break
                 if frame_type == 2:
                     if size < 30:
                         raise ProtocolError(f"message frame of {size} bytes is too short")
-                    if not self._accepts_messages:
-                        raise ProtocolError(f"message received in state {self._state.name}")
-                    timestamp, attempts = unpack_message(data, pos + 8)
-                    message_id = data[pos + 18 : pos + 34]
-                    in_flight.add(message_id)
-                    if self._rdy_remaining:
-                        self._rdy_remaining -= 1
-                    append(Message(message_id, data[pos + 34 : stop], timestamp, attempts))
-                    pos = stop
-                    continue
+                    raise ProtocolError(f"message received in state {self._state.name}")
+                if len(events) > mark:
+                    self._count_received(len(events) - mark)
                 payload = data[pos + 8 : stop]
                 pos = stop
                 if frame_type == 0:
@@ -480,6 +496,10 @@ class ClientConnection:
                     raise ProtocolError(f"unknown frame type {frame_type}")
                 if self._switch or self._state is _S.CLOSED:
                     break
+                accepts = self._accepts_messages
+                mark = len(events)
+            if len(events) > mark:
+                self._count_received(len(events) - mark)
             if self._state is _S.CLOSED:
                 return
             if end - pos >= 4 and not self._switch:
@@ -496,6 +516,11 @@ class ClientConnection:
             self._pending_need = need
         if self._switch:
             self._apply_switch(events)
+
+    def _count_received(self, count: int) -> None:
+        """``count`` messages arrived: RDY left goes down by as many (not below 0)."""
+        left = self._rdy_remaining - count
+        self._rdy_remaining = left if left > 0 else 0
 
     def _apply_switch(self, events: list[Event]) -> None:
         self._switch = False
