@@ -1062,21 +1062,36 @@ class ConsumerCoordinator:
             self._after_answer(link, Outcome.SUCCESS, now, delivery)
         return True
 
-    def finish_many(self, deliveries: Iterable[Deliver], now: float) -> int:
+    def finish_many(
+        self,
+        deliveries: Iterable[Deliver],
+        now: float,
+        *,
+        refused: list[Deliver] | None = None,
+    ) -> int:
         """FIN every delivery, in order: the same as :meth:`finish` on each, for a transport
         that collects its users' answers (one call, one lookup per run of deliveries from the
         same connection; deliveries answered in the order they arrived are checked by position,
         with no dict work). Returns how many were FIN'd; each of the others was no longer ours
-        and gave a TakenBack, exactly as :meth:`finish` would."""
+        and gave a TakenBack, exactly as :meth:`finish` would, and is appended to ``refused``
+        when given (so a transport can tell which of its handles came too late)."""
         finish = self.finish
         if not self._calm:  # backoff, drain or pull: every answer has consequences
-            return sum([finish(delivery, now) for delivery in deliveries])
+            if refused is None:
+                return sum([finish(delivery, now) for delivery in deliveries])
+            done = 0
+            for delivery in deliveries:
+                if finish(delivery, now):
+                    done += 1
+                else:
+                    refused.append(delivery)
+            return done
         # Outside backoff a FIN only forgets the message: no per-answer decision to make.
         # Deliveries answered in the order they came are checked against the link's queue.
         links = self._links
         bulk = 0
         if type(deliveries) is list and deliveries:
-            used, bulk = self._finish_in_order(deliveries)  # all of it, or a first part
+            used, bulk = self._finish_in_order(deliveries, refused)  # all, or a first part
             if used == len(deliveries):
                 return bulk
             if used:
@@ -1112,20 +1127,27 @@ class ConsumerCoordinator:
                     send_fin(delivery[1][0])
                 except LocalProtocolError:  # that id was already answered in the same read
                     self._report_gone(delivery, "FIN")
+                    if refused is not None:
+                        refused.append(delivery)
                     continue
                 done += 1
                 continue
             if link is not None:  # out of order: finish() looks it up (and moves the queue)
                 self._queue_answered(link, head)
                 link = None
-            others += finish(delivery, now)
+            if finish(delivery, now):
+                others += 1
+            elif refused is not None:
+                refused.append(delivery)
             conn_id = 0
         if link is not None:
             self._queue_answered(link, head)
         self.finished += done
         return bulk + done + others
 
-    def _finish_in_order(self, batch: list[Deliver]) -> tuple[int, int]:
+    def _finish_in_order(
+        self, batch: list[Deliver], refused: list[Deliver] | None
+    ) -> tuple[int, int]:
         """finish_many's common case without a Python loop: every delivery of ``batch`` is the
         next in its connection's queue (one read, answered in the order it came). Returns how
         many deliveries from the start of ``batch`` were answered, and how many of those were
@@ -1150,6 +1172,8 @@ class ConsumerCoordinator:
             done = count - len(list(ids)) - 1
             used = done + 1
             self._report_gone(batch[done], "FIN")
+            if refused is not None:
+                refused.append(batch[done])
         self._queue_answered(link, head + used)
         if not link.dirty:
             link.dirty = True
