@@ -141,6 +141,10 @@ def _no_fin(message_id: bytes) -> None:  # pragma: no cover - never called: no m
     raise LocalProtocolError("FIN on a connection that is not set up")
 
 
+def _no_fin_many(message_ids: list[bytes]) -> None:  # pragma: no cover - as _no_fin
+    raise LocalProtocolError("FIN on a connection that is not set up")
+
+
 # --- actions: coordinator -> transport ---------------------------------------------------------
 
 
@@ -356,6 +360,7 @@ class _Link:
         "remaining",
         "seen",
         "send_fin",
+        "send_fins",
         "settle_at",
         "settle_delay",
         "target",
@@ -416,6 +421,8 @@ class _Link:
         self.marks = False
         #: ``proto.finish``, bound once the connection exists.
         self.send_fin: Callable[[bytes], None] = _no_fin
+        #: ``proto.finish_many``: FIN a list of ids, all or nothing.
+        self.send_fins: Callable[[list[bytes]], None] = _no_fin_many
         #: Subscribed and the consumer running: messages go to the user (the hot-path test).
         self.accepting = False
         #: True only while conn_id is in the coordinator's ``_dirty`` (spares finish() a set
@@ -807,6 +814,7 @@ class ConsumerCoordinator:
         link.connected_at = now
         link.proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
         link.send_fin = link.proto.finish
+        link.send_fins = link.proto.finish_many
         self._dirty.add(conn_id)
 
     def connection_failed(
@@ -1164,16 +1172,20 @@ class ConsumerCoordinator:
         window = queue[head : head + count] if head or count < len(queue) else queue
         if not all(map(is_, batch, window)):
             return 0, 0
-        ids = iter(list(map(_message_id, map(_message, batch))))
+        ids = list(map(_message_id, map(_message, batch)))
         used = done = count
         try:
-            deque(map(link.send_fin, ids), maxlen=0)
-        except LocalProtocolError:  # that id was already answered in the same read
-            done = count - len(list(ids)) - 1
-            used = done + 1
-            self._report_gone(batch[done], "FIN")
-            if refused is not None:
-                refused.append(batch[done])
+            link.send_fins(ids)  # all or nothing
+        except LocalProtocolError:  # one id was already answered in the same read
+            rest = iter(ids)
+            try:
+                deque(map(link.send_fin, rest), maxlen=0)
+            except LocalProtocolError:
+                done = count - len(list(rest)) - 1
+                used = done + 1
+                self._report_gone(batch[done], "FIN")
+                if refused is not None:
+                    refused.append(batch[done])
         self._queue_answered(link, head + used)
         if not link.dirty:
             link.dirty = True

@@ -312,7 +312,13 @@ def test_finish_many_in_order_when_the_connection_refuses_one() -> None:
             raise LocalProtocolError("already answered in the same read")
         send_fin(message_id)
 
+    def refuse_all(message_ids: list[bytes]) -> None:  # all or nothing, as finish_many
+        if ds[2].id in message_ids:
+            raise LocalProtocolError("already answered in the same read")
+        link.proto.finish_many(message_ids)
+
     link.send_fin = refuse_third
+    link.send_fins = refuse_all
     refused: list[Deliver] = []
     assert c.finish_many(ds, 2.0, refused=refused) == 5  # as finish() on each: the third
     assert refused == [ds[2]] and refused[0] is ds[2]  # ...is reported, and named

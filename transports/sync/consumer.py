@@ -933,14 +933,16 @@ class Consumer:
         actions = self._coordinator.take_actions()
         if not actions:
             return
-        delivered: list[Message] = []
-        for action in actions:
-            kind = type(action)
-            if kind is Deliver:
-                message = Message(self, action)  # type: ignore[arg-type]
-                delivered.append(message)
-                continue
-            self._act(action, delivered)
+        delivered: list[Message]
+        if all(map(is_, map(type, actions), repeat(Deliver))):  # a read of messages only
+            delivered = list(map(Message, repeat(self), actions))  # type: ignore[arg-type]
+        else:
+            delivered = []
+            for action in actions:
+                if type(action) is Deliver:
+                    delivered.append(Message(self, action))
+                else:
+                    self._act(action, delivered)
         if delivered:
             self._unanswered.update(delivered)
             # Under the lock a user thread checks the queue with before it sleeps: no lost
