@@ -103,6 +103,7 @@ class ClientConnection:
 
     __slots__ = (
         "_accepts_messages",
+        "_as",
         "_auth_secret",
         "_awaiting",
         "_close_wait_received",
@@ -163,6 +164,8 @@ class ClientConnection:
         self._pending = bytearray()
         self._pending_need = 8
         self._accepts_messages = False
+        #: Set by :meth:`_receive_as` for one call: the type and fields of message handles.
+        self._as: tuple[type, int, object, float, float] | None = None
         self._out: list[bytes] = [frames.MAGIC_V2, frames.encode_identify(fields)]
         self._out_plain: bytes = b""
         self._codec: Codec | None = None
@@ -261,6 +264,25 @@ class ClientConnection:
         else:
             self._decompress_and_process(data, events)
         return events
+
+    def _receive_as(
+        self,
+        handle_type: type,
+        conn_id: int,
+        address: object,
+        data: bytes,
+        now: float,
+        msg_timeout: float,
+    ) -> list[Any]:
+        """:meth:`receive_data` for the consumer coordinator: each message frame comes as
+        ``handle_type((conn_id, id, body, timestamp, attempts, address, now, now +
+        msg_timeout))`` (its ``Deliver``) instead of a :class:`Message`, built by the decoder
+        itself (one object per message, not two)."""
+        self._as = (handle_type, conn_id, address, now, now + msg_timeout)
+        try:
+            return self.receive_data(data, now)
+        finally:
+            self._as = None
 
     def handle_timer(self, now: float) -> list[Event]:
         """Close a connection that has been silent for two heartbeat intervals and more."""
@@ -483,7 +505,11 @@ class ClientConnection:
         add = self._in_flight.add
         append = events.append
         new = _new_tuple
-        message_type = Message
+        handle = self._as
+        if handle is None:
+            message_type: type = Message
+        else:
+            message_type, conn_id, address, received_at, deadline = handle
         accepts = self._accepts_messages
         mark = len(events)  # events[mark:] are messages not counted against RDY yet
         try:
@@ -497,9 +523,25 @@ class ClientConnection:
                 stop = pos + 4 + size
                 if frame_type == 2 and accepts and 30 <= size <= limit and stop <= end:
                     add(message_id)
-                    append(
-                        new(message_type, (message_id, data[pos + 34 : stop], timestamp, attempts))
-                    )
+                    body = data[pos + 34 : stop]
+                    if handle is None:
+                        append(new(message_type, (message_id, body, timestamp, attempts)))
+                    else:
+                        append(
+                            new(
+                                message_type,
+                                (
+                                    conn_id,
+                                    message_id,
+                                    body,
+                                    timestamp,
+                                    attempts,
+                                    address,
+                                    received_at,
+                                    deadline,
+                                ),
+                            )
+                        )
                     pos = stop
                     continue
                 # Anything else, in the order the checks matter: a bad size, an unfinished

@@ -60,7 +60,6 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from operator import is_, itemgetter
 from typing import NamedTuple, cast
 
@@ -132,9 +131,8 @@ RDY_SETTLE_MIN = 0.25
 
 
 _new_tuple = tuple.__new__
-_message_id: Callable[[Message], bytes] = itemgetter(0)  # Message.id
-_message: Callable[[Deliver], Message] = itemgetter(1)  # Deliver.message
-_attempts: Callable[[Message], int] = itemgetter(3)  # Message.attempts
+_id: Callable[[Deliver], bytes] = itemgetter(1)  # Deliver.id
+_attempts: Callable[[Deliver], int] = itemgetter(4)  # Deliver.attempts
 
 
 def _no_fin(message_id: bytes) -> None:  # pragma: no cover - never called: no message yet
@@ -192,29 +190,28 @@ class CloseHTTPRequest:
 class Deliver(NamedTuple):
     """A message for the user, and the handle to answer it with (finish/requeue/touch).
 
-    ``deadline`` is when nsqd times it out if nothing is sent (``received_at + msg_timeout``);
-    :meth:`ConsumerCoordinator.deadline` gives the current one after TOUCHes. A ``NamedTuple``
-    (immutable) rather than a frozen dataclass because one is built per message on the hot
-    path, like :class:`~nsq_sansio.events.Message`. Handles are compared by identity.
+    The message's own fields (``id``, ``body``, ``timestamp``, ``attempts``) are fields of the
+    handle, and :attr:`message` builds the :class:`~nsq_sansio.events.Message` when asked:
+    one object per message on the hot path, built by the decoder itself. ``deadline`` is
+    when nsqd times it out if nothing is sent (``received_at + msg_timeout``);
+    :meth:`ConsumerCoordinator.deadline` gives the current one after TOUCHes. A
+    ``NamedTuple`` (immutable) rather than a frozen dataclass because one is built per
+    message, like :class:`~nsq_sansio.events.Message`. Handles are compared by identity.
     """
 
     conn_id: int
-    message: Message
+    id: bytes
+    body: bytes
+    timestamp: int
+    attempts: int
     address: NSQDAddress
     received_at: float
     deadline: float
 
     @property
-    def id(self) -> bytes:
-        return self.message.id
-
-    @property
-    def body(self) -> bytes:
-        return self.message.body
-
-    @property
-    def attempts(self) -> int:
-        return self.message.attempts
+    def message(self) -> Message:
+        """The message as the connection reports it (a new, equal object on each access)."""
+        return _new_tuple(Message, self[1:5])
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,7 +432,7 @@ class _Link:
         queue = self.queue
         if queue:
             rest = queue[self.head :] if self.head else queue
-            self.held.update(zip(map(_message_id, map(_message, rest)), rest, strict=True))
+            self.held.update(zip(map(_id, rest), rest, strict=True))
             self.queue = []
             self.head = 0
         return self.held
@@ -620,7 +617,7 @@ class ConsumerCoordinator:
         link = self._current(delivery)
         if link is None:
             return None
-        return link.touched.get(delivery.message.id, delivery.deadline)
+        return link.touched.get(delivery.id, delivery.deadline)
 
     def max_deadline(self, delivery: Deliver) -> float | None:
         """The furthest TOUCH can push the deadline (received + the server's max_msg_timeout)."""
@@ -637,7 +634,7 @@ class ConsumerCoordinator:
         link = self._current(delivery)
         if link is None:
             return None
-        deadline = link.touched.get(delivery.message.id, delivery.deadline)
+        deadline = link.touched.get(delivery.id, delivery.deadline)
         if deadline >= delivery.received_at + link.max_msg_timeout:
             return None
         return deadline - link.msg_timeout / 2
@@ -797,7 +794,7 @@ class ConsumerCoordinator:
         if self._explicit_delivery:
             for link in self._links.values():
                 for delivery in list(link.tracked.values()):
-                    if delivery.message.id not in link.seen:
+                    if delivery.id not in link.seen:
                         self._requeue_now(link, delivery)
         for link in list(self._links.values()):
             self._maybe_close_drained(link, now)
@@ -848,7 +845,8 @@ class ConsumerCoordinator:
             return
         proto = link.proto
         held = proto.in_flight_count
-        events = proto.receive_data(data, now)
+        # Message frames come as Deliver handles, built by the decoder.
+        events = proto._receive_as(Deliver, conn_id, link.address, data, now, link.msg_timeout)
         self._dirty.add(conn_id)
         if not events:
             return
@@ -857,10 +855,9 @@ class ConsumerCoordinator:
             # (nsqd requeues those messages), and no command may be sent.
             self._close_from_events(link, events, now)
             return
-        message_type = Message
         if not (link.accepting and self._calm):
             for event in events:
-                if type(event) is message_type:
+                if type(event) is Deliver:
                     self._on_message(link, event, now)
                 else:
                     self._on_event(link, event, now)
@@ -869,28 +866,16 @@ class ConsumerCoordinator:
             return
         count = len(events)
         max_attempts = self._max_attempts
-        messages = cast("list[Message]", events)  # if the test below passes
+        deliveries = cast("list[Deliver]", events)  # if the test below passes
         if proto.in_flight_count - held == count and (
-            not max_attempts or max(map(_attempts, messages)) <= max_attempts
+            not max_attempts or max(map(_attempts, deliveries)) <= max_attempts
         ):
             # The hot path: a subscribed push connection outside backoff and drain, and a read
             # of messages only. The connection's in-flight set grew by one per event, so every
-            # event is a Message with an id new to this connection (none is held here: what is
+            # event is a Deliver with an id new to this connection (none is held here: what is
             # tracked is in flight there), and none is over max_attempts. No per-message
-            # Python loop: the handles, the tracking and the actions are built in C.
-            deliveries = list(
-                map(
-                    _new_tuple,
-                    repeat(Deliver),
-                    zip(
-                        repeat(conn_id),
-                        messages,
-                        repeat(link.address),
-                        repeat(now),
-                        repeat(now + link.msg_timeout),
-                    ),
-                )
-            )
+            # Python loop: the decoder built the handles; the read's list is the actions and
+            # the tracking.
             self._actions += deliveries
             queue = link.queue  # tracked from here, by position (see _Link)
             if not queue:
@@ -908,22 +893,18 @@ class ConsumerCoordinator:
         # Mixed reads (a heartbeat, a message sent again, one over max_attempts), one by one.
         tracked = link.tracked
         append = self._actions.append
-        make = _new_tuple
-        address = link.address
-        deadline = now + link.msg_timeout
         attempts_limit = self._max_attempts or 0xFFFF
         setdefault = tracked.setdefault
         count = 0
         for event in events:
-            if type(event) is message_type:
-                if event[3] > attempts_limit:
+            if type(event) is Deliver:
+                if event[4] > attempts_limit:
                     self._on_message(link, event, now)
                     continue
-                delivery = make(Deliver, (conn_id, event, address, now, deadline))
-                if setdefault(event[0], delivery) is not delivery:  # nsqd resent a held id
+                if setdefault(event[1], event) is not event:  # nsqd resent a held id
                     self._on_message(link, event, now)
                     continue
-                append(delivery)
+                append(event)
                 count += 1
             else:
                 self._on_event(link, event, now)
@@ -1028,7 +1009,7 @@ class ConsumerCoordinator:
         if link is not None:
             self._explicit_delivery = True
             link.marks = True
-            link.seen.add(delivery.message.id)
+            link.seen.add(delivery.id)
 
     def finish(self, delivery: Deliver, now: float) -> bool:
         """FIN: the message was handled. False (and a TakenBack) if it was no longer ours."""
@@ -1037,7 +1018,7 @@ class ConsumerCoordinator:
         except KeyError:  # its connection is gone
             self._report_gone(delivery, "FIN")
             return False
-        message_id = delivery[1][0]
+        message_id = delivery[1]
         queue = link.queue
         head = link.head
         if queue and queue[head] is delivery:  # answered in delivery order
@@ -1132,7 +1113,7 @@ class ConsumerCoordinator:
             if head < size and queue[head] is delivery:
                 head += 1
                 try:
-                    send_fin(delivery[1][0])
+                    send_fin(delivery[1])
                 except LocalProtocolError:  # that id was already answered in the same read
                     self._report_gone(delivery, "FIN")
                     if refused is not None:
@@ -1172,7 +1153,7 @@ class ConsumerCoordinator:
         window = queue[head : head + count] if head or count < len(queue) else queue
         if not all(map(is_, batch, window)):
             return 0, 0
-        ids = list(map(_message_id, map(_message, batch)))
+        ids = list(map(_id, batch))
         used = done = count
         try:
             link.send_fins(ids)  # all or nothing
@@ -1219,14 +1200,14 @@ class ConsumerCoordinator:
             return False
         assert link.proto is not None
         if delay is None:
-            delay = self.requeue_delay(delivery.message.attempts, link.conn_id)
+            delay = self.requeue_delay(delivery.attempts, link.conn_id)
         else:
             # nsqd clamps REQ to its --max-req-timeout; we clamp to what the wire can carry.
             delay = min(delay, MAX_COMMAND_DELAY)
             if link.max_req_timeout is not None:
                 delay = min(delay, link.max_req_timeout)
         self._emit_rdy(link)
-        message_id = delivery.message.id
+        message_id = delivery.id
         if not link.proto.is_in_flight(message_id):  # already answered in the same read
             self._report_gone(delivery, "REQ")
             return False
@@ -1256,14 +1237,14 @@ class ConsumerCoordinator:
             self._report_gone(delivery, "TOUCH")
             return None
         try:
-            link.proto.touch(delivery.message.id)
+            link.proto.touch(delivery.id)
         except LocalProtocolError:  # that id was already answered in the same read
             self._report_gone(delivery, "TOUCH")
             return None
         self._dirty.add(link.conn_id)
         deadline = min(now + link.msg_timeout, delivery.received_at + link.max_msg_timeout)
         link.marks = True
-        link.touched[delivery.message.id] = deadline
+        link.touched[delivery.id] = deadline
         return deadline
 
     def set_max_in_flight(self, max_in_flight: int, now: float) -> None:
@@ -1305,7 +1286,7 @@ class ConsumerCoordinator:
             link = self._current(delivery)
             if link is None:
                 continue
-            if link.touched.get(delivery.message.id, delivery.deadline) <= now:
+            if link.touched.get(delivery.id, delivery.deadline) <= now:
                 continue  # nsqd timed it out already: a stale copy, it will come again
             request.messages.append(delivery)
             request.remaining -= 1
@@ -1339,7 +1320,7 @@ class ConsumerCoordinator:
                     for delivery in gathered:
                         link = self._links.get(delivery.conn_id)
                         if link is not None:
-                            link.seen.discard(delivery.message.id)
+                            link.seen.discard(delivery.id)
                     break
         hold_until = now + self._config.pull_hold_timeout
         buffer = self._fetches.buffer
@@ -1351,7 +1332,7 @@ class ConsumerCoordinator:
 
     # --- internals: messages -------------------------------------------------------------------
 
-    def _on_message(self, link: _Link, message: Message, now: float) -> None:
+    def _on_message(self, link: _Link, delivery: Deliver, now: float) -> None:
         """One message arrived on ``link`` (every case; the common one is inlined in
         :meth:`receive_data`)."""
         link.remaining -= 1
@@ -1359,32 +1340,30 @@ class ConsumerCoordinator:
         self.received += 1
         proto = link.proto
         assert proto is not None
+        message_id = delivery.id
         if link.tracked:
-            previous = link.tracked.pop(message.id, None)
+            previous = link.tracked.pop(message_id, None)
             if previous is not None:  # sent again: the copy the user holds timed out on nsqd
-                link.touched.pop(message.id, None)
-                link.seen.discard(message.id)
+                link.touched.pop(message_id, None)
+                link.seen.discard(message_id)
                 self._report_gone(previous, "TIMEOUT")
-        if not proto.is_in_flight(message.id):
+        if not proto.is_in_flight(message_id):
             return  # a copy earlier in this read was already answered: nsqd has one copy only
         if not link.accepting:
             self._emit_rdy(link)  # RDY 0 goes before the REQ
-            proto.requeue(message.id, 0.0)  # draining: give it to another consumer at once
+            proto.requeue(message_id, 0.0)  # draining: give it to another consumer at once
             self.requeued += 1
             return
         max_attempts = self._max_attempts
-        if max_attempts and message.attempts > max_attempts:
-            proto.finish(message.id)
+        if max_attempts and delivery.attempts > max_attempts:
+            proto.finish(message_id)
             self.given_up += 1
-            self._actions.append(GiveUp(link.conn_id, link.address, message))
+            self._actions.append(GiveUp(link.conn_id, link.address, delivery.message))
             if self._backoff.record(Outcome.NEUTRAL, now):
                 self._recalm()
                 self._rebalance(now)
             return
-        delivery = _new_tuple(
-            Deliver, (link.conn_id, message, link.address, now, now + link.msg_timeout)
-        )
-        link.tracked[message.id] = delivery
+        link.tracked[message_id] = delivery
         if self._pull:
             self._on_pull_message(link, delivery, now)
             return
@@ -1425,19 +1404,19 @@ class ConsumerCoordinator:
     def _current(self, delivery: Deliver) -> _Link | None:
         """The link of a delivery that is still in flight here, else None."""
         link = self._links.get(delivery.conn_id)
-        if link is None or link.tracked.get(delivery.message.id) is not delivery:
+        if link is None or link.tracked.get(delivery.id) is not delivery:
             return None
         return link
 
     def _settle(self, delivery: Deliver, command: str) -> _Link | None:
         """Forget a delivery about to be answered; None (and a TakenBack) if not ours."""
         link = self._links.get(delivery.conn_id)
-        if link is not None and link.tracked.get(delivery.message.id) is delivery:
-            del link.tracked[delivery.message.id]
+        if link is not None and link.tracked.get(delivery.id) is delivery:
+            del link.tracked[delivery.id]
             if link.touched:
-                link.touched.pop(delivery.message.id, None)
+                link.touched.pop(delivery.id, None)
             if link.seen:
-                link.seen.discard(delivery.message.id)
+                link.seen.discard(delivery.id)
             self._dirty.add(link.conn_id)
             return link
         self._report_gone(delivery, command)
@@ -1449,10 +1428,10 @@ class ConsumerCoordinator:
             TakenBack(
                 delivery.conn_id,
                 delivery.address,
-                delivery.message.id,
+                delivery.id,
                 command,
                 MessageGone(
-                    f"{command} for message {delivery.message.id!r} from {delivery.address}: "
+                    f"{command} for message {delivery.id!r} from {delivery.address}: "
                     "it is no longer in flight on this consumer (connection closed, requeued "
                     "by drain, or delivered again after timing out)"
                 ),
@@ -1485,7 +1464,7 @@ class ConsumerCoordinator:
             self._check_drained()
 
     def _requeue_now(self, link: _Link, delivery: Deliver) -> None:
-        message_id = delivery.message.id
+        message_id = delivery.id
         del link.tracked[message_id]
         link.touched.pop(message_id, None)
         link.seen.discard(message_id)
@@ -1509,13 +1488,13 @@ class ConsumerCoordinator:
         messages = tuple(d for d in request.messages if self._current(d) is not None)
         if self._explicit_delivery:  # a fetch answer is in the user's hands
             for delivery in messages:
-                self._links[delivery.conn_id].seen.add(delivery.message.id)
+                self._links[delivery.conn_id].seen.add(delivery.id)
         self._actions.append(FetchResult(request.request_id, messages, reason))
 
     # --- internals: connection events ----------------------------------------------------------
 
     def _on_event(self, link: _Link, event: object, now: float) -> None:
-        if isinstance(event, Message):
+        if isinstance(event, Deliver):
             self._on_message(link, event, now)
         elif isinstance(event, MessageTakenBack):
             # FIN/REQ: already forgotten here. TOUCH: the user still holds it; their FIN/REQ

@@ -132,21 +132,21 @@ class Message:
     @property
     def id(self) -> bytes:
         """16 ASCII hex bytes."""
-        return self._delivery.message.id
+        return self._delivery.id
 
     @property
     def body(self) -> bytes:
-        return self._delivery.message.body
+        return self._delivery.body
 
     @property
     def attempts(self) -> int:
         """1 on the first delivery."""
-        return self._delivery.message.attempts
+        return self._delivery.attempts
 
     @property
     def timestamp(self) -> int:
         """When it was published, in nanoseconds since the epoch."""
-        return self._delivery.message.timestamp
+        return self._delivery.timestamp
 
     def __repr__(self) -> str:
         return (
@@ -262,11 +262,11 @@ class Message:
                 if new is None:
                     return
                 if new >= limit:
-                    event = KeepaliveExpired(delivery.message.id, delivery.address, new)
+                    event = KeepaliveExpired(delivery.id, delivery.address, new)
                     consumer._log_for(delivery.address).warning(
                         "message %s: keepalive reached nsqd's max_msg_timeout; it will be taken "
                         "back in %.1fs unless answered",
-                        delivery.message.id.decode(),
+                        delivery.id.decode(),
                         new - monotonic(),
                     )
                     consumer._emit(event)

@@ -134,19 +134,19 @@ class Message:
 
     @property
     def id(self) -> bytes:
-        return self._delivery.message.id
+        return self._delivery.id
 
     @property
     def body(self) -> bytes:
-        return self._delivery.message.body
+        return self._delivery.body
 
     @property
     def timestamp(self) -> int:
-        return self._delivery.message.timestamp
+        return self._delivery.timestamp
 
     @property
     def attempts(self) -> int:
-        return self._delivery.message.attempts
+        return self._delivery.attempts
 
     @property
     def nsqd_address(self) -> str:
@@ -888,11 +888,11 @@ class Consumer:
             return
         if not message._keepalive_warned:
             message._keepalive_warned = True
-            self._emit(KeepaliveExpired(delivery.message.id, delivery.address, limit))
+            self._emit(KeepaliveExpired(delivery.id, delivery.address, limit))
             self._logger(delivery.conn_id, str(delivery.address)).warning(
                 "keepalive: message %s reaches nsqd's max_msg_timeout in %.1fs; nsqd "
                 "will take it back and redeliver it (TOUCH cannot extend it further)",
-                delivery.message.id.decode(errors="replace"),
+                delivery.id.decode(errors="replace"),
                 max(limit - now, 0.0),
             )
         self._stop_keepalive(message)
