@@ -498,6 +498,7 @@ class ClientConnection:
             data = bytes(pending)
             pending.clear()
         end = len(data)
+        last = end - 34  # a message frame's headers start at or before this
         pos = 0
         limit = self._max_frame_size
         unpack_frame = _FRAME_AND_MESSAGE_HEADER.unpack_from
@@ -506,34 +507,38 @@ class ClientConnection:
         append = events.append
         new = _new_tuple
         handle = self._as
-        if handle is None:
-            message_type: type = Message
-        else:
-            message_type, conn_id, address, received_at, deadline = handle
-        accepts = self._accepts_messages
         mark = len(events)  # events[mark:] are messages not counted against RDY yet
         try:
             while True:
-                if end - pos >= 34:
-                    size, frame_type, timestamp, attempts, message_id = unpack_frame(data, pos)
-                elif end - pos >= 8:
-                    size, frame_type = unpack_header(data, pos)
+                # The hot loops: complete message frames, while messages may come (2 is the
+                # message frame type; -1 matches nothing). Anything else breaks out.
+                deliverable = 2 if self._accepts_messages else -1
+                if handle is None:
+                    while pos <= last:
+                        size, frame_type, timestamp, attempts, message_id = unpack_frame(data, pos)
+                        stop = pos + 4 + size
+                        if stop > end or frame_type != deliverable or size < 30 or size > limit:
+                            break
+                        add(message_id)
+                        append(
+                            new(Message, (message_id, data[pos + 34 : stop], timestamp, attempts))
+                        )
+                        pos = stop
                 else:
-                    break
-                stop = pos + 4 + size
-                if frame_type == 2 and accepts and 30 <= size <= limit and stop <= end:
-                    add(message_id)
-                    body = data[pos + 34 : stop]
-                    if handle is None:
-                        append(new(message_type, (message_id, body, timestamp, attempts)))
-                    else:
+                    handle_type, conn_id, address, received_at, deadline = handle
+                    while pos <= last:
+                        size, frame_type, timestamp, attempts, message_id = unpack_frame(data, pos)
+                        stop = pos + 4 + size
+                        if stop > end or frame_type != deliverable or size < 30 or size > limit:
+                            break
+                        add(message_id)
                         append(
                             new(
-                                message_type,
+                                handle_type,
                                 (
                                     conn_id,
                                     message_id,
-                                    body,
+                                    data[pos + 34 : stop],
                                     timestamp,
                                     attempts,
                                     address,
@@ -542,8 +547,11 @@ class ClientConnection:
                                 ),
                             )
                         )
-                    pos = stop
-                    continue
+                        pos = stop
+                if end - pos < 8:
+                    break
+                size, frame_type = unpack_header(data, pos)
+                stop = pos + 4 + size
                 # Anything else, in the order the checks matter: a bad size, an unfinished
                 # frame, a bad message frame, a response or an error.
                 if size < 4 or size > limit:
@@ -566,7 +574,6 @@ class ClientConnection:
                     raise ProtocolError(f"unknown frame type {frame_type}")
                 if self._switch or self._state is _S.CLOSED:
                     break
-                accepts = self._accepts_messages
                 mark = len(events)
             if len(events) > mark:
                 self._count_received(len(events) - mark)

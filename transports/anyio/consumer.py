@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from itertools import repeat
+from operator import is_
 from time import monotonic
 from types import TracebackType
 from typing import Any
@@ -825,13 +827,17 @@ class Consumer:
         if actions:
             inbox = self._inbox
             other = False
-            for action in actions:
-                if type(action) is Deliver:
-                    inbox.append(action)
-                    delivered += 1
-                else:
-                    other = True
-                    self._act(action)
+            if all(map(is_, map(type, actions), repeat(Deliver))):  # a read of messages only
+                inbox.extend(actions)  # type: ignore[arg-type]
+                delivered = len(actions)
+            else:
+                for action in actions:
+                    if type(action) is Deliver:
+                        inbox.append(action)
+                        delivered += 1
+                    else:
+                        other = True
+                        self._act(action)
             if delivered and self._waiters:
                 self._wake_one()
             if other:
