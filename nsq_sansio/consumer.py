@@ -554,6 +554,9 @@ class ConsumerCoordinator:
         }
 
     # --- introspection -------------------------------------------------------------------------
+    # These only read (containers are copied in one C-level step before they are walked), so
+    # a transport may call them from another thread (a metrics scrape) while its own thread
+    # drives the coordinator: they never raise for that; a figure may be a moment old.
 
     @property
     def state(self) -> ConsumerState:
@@ -593,10 +596,11 @@ class ConsumerCoordinator:
         link = self._links.get(conn_id)
         if link is None:
             return None
-        return link.phase, link.rdy, link.held_count()
+        return link.phase, link.rdy, max(link.held_count(), 0)
 
     def in_flight_count(self) -> int:
-        return sum(link.held_count() for link in self._links.values())
+        """Messages in flight on every connection (handed out, not answered yet)."""
+        return sum(max(link.held_count(), 0) for link in list(self._links.values()))
 
     def known_nodes(self) -> frozenset[NSQDAddress]:
         """nsqd addresses known from configuration and from lookupd (union)."""

@@ -697,11 +697,15 @@ class Consumer:
     # --- stats ---------------------------------------------------------------------------------
 
     def stats(self) -> ConsumerStats:
-        """A snapshot: totals, RDY, backoff, reconnects and one entry per connection."""
+        """A snapshot: totals, RDY, backoff, reconnects and one entry per connection.
+
+        Safe to call from another thread (a metrics scrape) while the event loop runs: it
+        reads copies taken in one step each, never a collection the loop is changing, so
+        it never raises; each figure is one the consumer had during the call."""
         coord = self._coord
         counters = coord.stats
         connections = []
-        for conn in self._conns.values():
+        for conn in list(self._conns.values()):  # one C-level copy: the loop may add/remove
             info = coord.link_info(conn.conn_id)
             phase, rdy, in_flight = info if info is not None else (None, 0, 0)
             connections.append(

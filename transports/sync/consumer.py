@@ -625,7 +625,9 @@ class Consumer:
                 done.result(5.0)
 
     def stats(self) -> ConsumerStats:
-        """A snapshot (plain frozen dataclass), taken on the IO thread when it runs."""
+        """A snapshot (plain frozen dataclass), taken on the IO thread when it runs. Safe to
+        call from any thread (a metrics scrape): when the IO thread does not answer within 5
+        seconds it is read from here, from copies taken in one step each, so it never raises."""
         if self._started and not self._closed and not self._loop.in_loop_thread():
             future = self._call(self._snapshot)
             with contextlib.suppress(TimeoutError):
