@@ -628,6 +628,33 @@ def _gnsq_concurrent(job: Job) -> Timing:
     return Timing(t0, t1, job.count)
 
 
+@row("pub100", "bare-socket", "bare socket, batches of PUBs pipelined (ceiling)")
+def _bare_pipelined(job: Job) -> Timing:
+    """``concurrency`` PUBs written at once, then their answers read: what nsqd does with
+    that many in flight on one connection, with almost no client work."""
+    host, _, port = job.address.rpartition(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(b"  V2")
+    command = b"PUB " + TOPIC.encode() + b"\n" + struct.pack(">I", len(job.body)) + job.body
+    window = job.concurrency
+    batch = command * window
+    rounds = job.count // window
+    answers = 10 * window
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        sock.sendall(batch)
+        got = 0
+        while got < answers:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise RuntimeError("nsqd closed the connection")
+            got += len(chunk)
+    t1 = time.perf_counter()
+    sock.close()
+    return Timing(t0, t1, rounds * window)
+
+
 # --- mpub: MPUB of `batch` bodies, one at a time --------------------------------------------
 
 
@@ -1113,6 +1140,8 @@ def _targets(rates: dict[str, float]) -> list[tuple[str, float, float]]:
     ratio("PUB x100 trio / asyncio", "pub100/sansio-trio", "pub100/sansio-asyncio", 0.8)
     ratio("PUB x100 blocking threads / best peer", "pub100/sansio-blocking-threads", p100, 2.0)
     ratio("PUB x100 blocking publish_async / best peer", "pub100/sansio-blocking-async", p100, 3.0)
+    for rt in ("asyncio", "trio"):
+        ratio(f"PUB x100 {rt} / bare socket", f"pub100/sansio-{rt}", "pub100/bare-socket", 0.0)
     p1 = _best_peer(rates, "pub1")
     for rt in ("asyncio", "trio", "blocking"):
         ratio(f"PUB one by one {rt} / best peer", f"pub1/sansio-{rt}", p1, 1.3)

@@ -88,6 +88,10 @@ _FRAME_AND_MESSAGE_HEADER = struct.Struct(">IIqH16s")
 _new_tuple = tuple.__new__
 _PUBLISH_STATES = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
 _MESSAGE_STATES = frozenset({_S.SUBSCRIBED, _S.CLOSING})
+#: Topics whose PUB header a connection keeps (a producer usually has a handful).
+_PUB_HEADERS_KEPT = 256
+_MAX_BODY = 0x7FFFFFFF  # what a frame's size field can say (frames checks the same)
+_PUBLISH_AWAITING = _Awaiting.PUBLISH
 _NON_FATAL_COMMANDS = {"E_FIN_FAILED": "FIN", "E_REQ_FAILED": "REQ", "E_TOUCH_FAILED": "TOUCH"}
 #: Heartbeats nsqd sends when IDENTIFY does not set an interval (ms).
 _DEFAULT_HEARTBEAT_MS = 30_000
@@ -116,6 +120,7 @@ class ClientConnection:
         "_out_plain",
         "_pending",
         "_pending_need",
+        "_pub_headers",
         "_rdy",
         "_rdy_remaining",
         "_requested",
@@ -172,6 +177,8 @@ class ClientConnection:
         self._switch = False
         self._awaiting: deque[tuple[_Awaiting, int]] = deque([(_Awaiting.IDENTIFY, 0)])
         self._next_request_id = 1
+        #: ``PUB <topic>\n`` per topic already validated (the hot path of one-message PUB).
+        self._pub_headers: dict[str, bytes] = {}
         self._in_flight: set[bytes] = set()
         self._rdy = 0
         self._rdy_remaining = 0
@@ -389,8 +396,22 @@ class ClientConnection:
 
     def publish(self, topic: str, body: bytes) -> int:
         """``PUB``; returns the request id its answer will carry."""
-        self._require("publish()", _PUBLISH_STATES)
-        return self._request(frames.encode_pub(topic, body))
+        if self._state not in _PUBLISH_STATES:
+            self._require("publish()", _PUBLISH_STATES)
+        header = self._pub_headers.get(topic)
+        if header is None or type(body) is not bytes or not body or len(body) > _MAX_BODY:
+            # First PUB to this topic, or a body to check: the full encoder says what is wrong.
+            command = frames.encode_pub(topic, body)
+            if len(self._pub_headers) >= _PUB_HEADERS_KEPT:
+                self._pub_headers.clear()
+            self._pub_headers[topic] = command[: 5 + len(topic)]
+        else:
+            command = header + _SIZE.pack(len(body)) + body
+        request_id = self._next_request_id
+        self._next_request_id = request_id + 1
+        self._out.append(command)
+        self._awaiting.append((_PUBLISH_AWAITING, request_id))
+        return request_id
 
     def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> int:
         """``MPUB`` (atomic); returns the request id its answer will carry."""

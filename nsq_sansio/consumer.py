@@ -999,7 +999,8 @@ class ConsumerCoordinator:
                     self._connect(address, now)
         if self._pull:
             for fetch in self._fetches.expired(now):
-                self._answer_fetch(fetch, FetchEnd.EXPIRED)
+                expired = fetch.expires_at is not None and fetch.expires_at <= now
+                self._answer_fetch(fetch, FetchEnd.EXPIRED if expired else FetchEnd.AGED)
             self._flush_buffer(now)
             self._rebalance(now)
 

@@ -506,7 +506,7 @@ def _nsqd_http_addresses(nsqd: Sequence[str], lookupd: Sequence[str], timeout: f
         found.append(format_address(host, port))
     for url in lookupd:
         data = _http_get_json(f"{url}/nodes", timeout)
-        for producer in data.get("producers", []):
+        for producer in data.get("producers") or []:
             address = format_address(producer["broadcast_address"], int(producer["http_port"]))
             if address not in found:
                 found.append(address)
@@ -538,7 +538,7 @@ def collect_stats(
             errors.append(str(err))
             continue
         data = data.get("data", data)  # nsqd before 1.0 wrapped the answer
-        for t in data.get("topics", []):
+        for t in data.get("topics") or []:
             name = t["topic_name"]
             if topic and name != topic:
                 continue
@@ -546,7 +546,7 @@ def collect_stats(
             row["nsqd"] += 1
             row["depth"] += int(t.get("depth", 0))
             row["messages"] += int(t.get("message_count", 0))
-            for c in t.get("channels", []):
+            for c in t.get("channels") or []:
                 if channel and c["channel_name"] != channel:
                     continue
                 crow = rows.setdefault((name, c["channel_name"]), dict.fromkeys(_COLUMNS, 0))

@@ -6,11 +6,11 @@ embedded broker. None of that may fail on a machine without the binaries, so eve
 answers "not found" (:func:`find_binaries` returns ``None``) rather than raising; tests skip
 and benchmarks say so and exit.
 
-Where the binaries are looked for, first match wins:
+Where the binaries are looked for: the ``bin_dir`` argument (a benchmark's ``--nsqd-bin``)
+when one is given, and nowhere else; otherwise, first match wins:
 
-1. the ``bin_dir`` argument (a benchmark's ``--nsqd-bin``);
-2. ``$NSQ_BIN_DIR``, a folder holding ``nsqd``;
-3. ``../shared/reference/nsq-1.3.0/bin`` next to the checkout (this workplace's copy of the
+1. ``$NSQ_BIN_DIR``, a folder holding ``nsqd``;
+2. ``../shared/reference/nsq-1.3.0/bin`` next to the checkout (this workplace's copy of the
    v1.3.0 release; its script unpacks the binaries once and prints their folder).
 
 :class:`RealNSQD` and :class:`RealLookupd` start one process each on free loopback ports with a
@@ -20,6 +20,7 @@ exit; both are context managers.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -30,6 +31,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +43,8 @@ __all__ = [
     "RealNSQD",
     "find_binaries",
     "free_port",
+    "go_duration",
+    "nsqd_flags",
     "tool",
 ]
 
@@ -50,6 +54,9 @@ REFERENCE_VERSION = "1.3.0"
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 _REFERENCE_SCRIPT = _REPO_ROOT.parent / "shared" / "reference" / f"nsq-{REFERENCE_VERSION}" / "bin"
 _found: dict[str | None, Path | None] = {}
+# Every process started and not stopped yet: killed when the interpreter exits, so a test run
+# that is interrupted leaves no nsqd behind.
+_live: weakref.WeakSet[_Process] = weakref.WeakSet()
 
 
 def find_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path | None:
@@ -58,7 +65,8 @@ def find_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Path | None:
     if key in _found:
         return _found[key]
     found: Path | None = None
-    for candidate in (key, os.environ.get("NSQ_BIN_DIR")):
+    # an explicit folder is the only place looked at; otherwise $NSQ_BIN_DIR, then ../shared
+    for candidate in (key,) if key is not None else (os.environ.get("NSQ_BIN_DIR"),):
         if candidate:
             folder = Path(candidate)
             if folder.is_file():  # the nsqd binary itself was given
@@ -97,6 +105,70 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def go_duration(seconds: float) -> str:
+    """A duration flag value Go parses (``1500ms``), from seconds."""
+    return f"{round(seconds * 1000)}ms"
+
+
+# EmbeddedNSQD keyword arguments that are plain nsqd flags (durations in seconds).
+_DURATION_FLAGS = {
+    "msg_timeout",
+    "max_msg_timeout",
+    "max_req_timeout",
+    "client_timeout",
+    "max_heartbeat_interval",
+    "max_output_buffer_timeout",
+    "min_output_buffer_timeout",
+    "output_buffer_timeout",
+}
+_VALUE_FLAGS = {
+    "mem_queue_size",
+    "max_msg_size",
+    "max_body_size",
+    "max_rdy_count",
+    "max_channel_consumers",
+    "max_output_buffer_size",
+    "max_deflate_level",
+    "node_id",
+    "tls_cert",
+    "tls_key",
+    "tls_root_ca_file",
+    "tls_client_auth_policy",
+    "snappy",
+    "deflate",
+    "tls_required",
+}
+
+
+def nsqd_flags(**options: Any) -> tuple[list[str], list[str]]:
+    """Real nsqd flags for :class:`~transports.embedded.EmbeddedNSQD` keyword arguments, so
+    one test can start either broker: returns ``(flags, lookupd_tcp_addresses)``. Raises
+    ``TypeError`` for an argument the real nsqd has no flag for (``auth_check``...)."""
+    flags: list[str] = []
+    lookupd: list[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "lookupd_tcp_addresses":
+            lookupd.extend(value)
+        elif name in _DURATION_FLAGS:
+            flags.append(f"{flag}={go_duration(float(value))}")
+        elif name in _VALUE_FLAGS:
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            flags.append(f"{flag}={value}")
+        elif name == "auth_http_addresses":
+            flags.extend(f"--auth-http-address={address}" for address in value)
+        else:
+            raise TypeError(f"the real nsqd has no flag for {name}={value!r}")
+    return flags, lookupd
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in list(_live):
+        process.kill()
 
 
 class _Process:
@@ -163,6 +235,7 @@ class _Process:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+        _live.add(self)
         deadline = time.monotonic() + self.startup_timeout
         while True:
             if self._process.poll() is not None:
@@ -183,6 +256,7 @@ class _Process:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (nsqd flushes its queues to disk), SIGKILL after ``timeout``; keeps the data."""
         process, self._process = self._process, None
+        _live.discard(self)
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
@@ -197,6 +271,7 @@ class _Process:
     def kill(self) -> None:
         """SIGKILL: what a crash looks like (nothing is flushed)."""
         process, self._process = self._process, None
+        _live.discard(self)
         if process is not None and process.poll() is None:
             process.kill()
             process.wait()

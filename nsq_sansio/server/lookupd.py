@@ -51,7 +51,11 @@ __all__ = [
 ]
 
 MAGIC_V1 = b"  V1"
-LOOKUPD_VERSION = "1.3.0-nsq-sansio"
+#: The nsqlookupd version this registry answers with (``/info``, IDENTIFY), as nsqd's.
+LOOKUPD_VERSION = "1.3.0"
+# Go's zero time.Time as UnixNano (it overflows int64): what /debug shows as ``tombstoned_at``
+# of a producer that was never tombstoned.
+_GO_ZERO_TIME_UNIX_NANO = -6795364578871345152
 DEFAULT_INACTIVE_PRODUCER_TIMEOUT = 300.0
 DEFAULT_TOMBSTONE_LIFETIME = 45.0
 
@@ -61,6 +65,10 @@ _SIZE = struct.Struct(">i")
 def encode_response(data: bytes) -> bytes:
     """Frame one V1 answer: a big-endian int32 size, then the bytes (no frame type in V1)."""
     return _SIZE.pack(len(data)) + data
+
+
+def _unix_nano(seconds: float) -> int:
+    return round(seconds * 1_000_000_000)
 
 
 def join_host_port(host: str, port: int) -> str:
@@ -215,6 +223,10 @@ class RegistrationDB:
                     seen.add(peer_id)
                     result.append(producer)
         return result
+
+    def items(self) -> list[tuple[Registration, list[_Producer]]]:
+        """Every registration with its producers, in insertion order."""
+        return [(key, list(producers.values())) for key, producers in self._map.items()]
 
     def lookup_registrations(self, peer_id: str) -> list[Registration]:
         """Every key a peer is registered under."""
@@ -476,23 +488,29 @@ class Lookupd:
     def _identify(self, conn: _Conn, body: bytes, now: float, events: list[LookupEvent]) -> bytes:
         try:
             raw = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        except (ValueError, UnicodeDecodeError, RecursionError):
             # RecursionError: JSON nested deeper than the interpreter's stack (nsqlookupd
             # answers any undecodable body with E_BAD_BODY)
-            raise _Fatal("E_BAD_BODY", f"IDENTIFY failed to decode JSON body: {err}") from None
+            raise _Fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+        # nsqlookupd decodes into a struct: any shape or type it cannot take is the same error
+        undecodable = _Fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
         if not isinstance(raw, dict):
-            raise _Fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body: not an object")
+            raise undecodable
 
         def text(name: str) -> str:
             value = raw.get(name, "")
+            if value is None:
+                return ""
             if not isinstance(value, str):
-                raise _Fatal("E_BAD_BODY", f"IDENTIFY field {name} must be a string")
+                raise undecodable
             return value
 
         def port(name: str) -> int:
             value = raw.get(name, 0)
+            if value is None:
+                return 0
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-                raise _Fatal("E_BAD_BODY", f"IDENTIFY field {name} must be a port number")
+                raise undecodable
             return value
 
         info = PeerInfo(
@@ -606,6 +624,35 @@ class Lookupd:
     def info(self) -> dict[str, Any]:
         """``GET /info``."""
         return {"version": self.options.version}
+
+    def debug(self, now: float, epoch_offset: float = 0.0) -> dict[str, list[dict[str, Any]]]:
+        """``GET /debug``: every registration (``category:key:subkey``) with its producers as
+        nsqlookupd dumps them; times are wall-clock nanoseconds (``now + epoch_offset``)."""
+        dump: dict[str, list[dict[str, Any]]] = {}
+        for key, producers in self.db.items():
+            if not producers:
+                continue  # nsqlookupd lists a registration only through its producers
+            entries = dump[f"{key.category}:{key.key}:{key.subkey}"] = []
+            for producer in producers:
+                info = producer.peer.info
+                entries.append(
+                    {
+                        "id": info.id,
+                        "hostname": info.hostname,
+                        "broadcast_address": info.broadcast_address,
+                        "tcp_port": info.tcp_port,
+                        "http_port": info.http_port,
+                        "version": info.version,
+                        "last_update": _unix_nano(producer.peer.last_update + epoch_offset),
+                        "tombstoned": producer.tombstoned,
+                        "tombstoned_at": (
+                            _unix_nano(producer.tombstoned_at + epoch_offset)
+                            if producer.tombstoned
+                            else _GO_ZERO_TIME_UNIX_NANO
+                        ),
+                    }
+                )
+        return dump
 
     def topics(self) -> dict[str, Any]:
         """``GET /topics``: every known topic."""

@@ -127,6 +127,17 @@ _RESUME_POLL_MAX = 0.25
 # restored backend holds an id handed out again): it waits this long instead of spinning.
 _DUPLICATE_ID_RETRY = 1.0
 _MAX_REGISTRY_EVENTS = 100_000
+# A topic's backlog (what waited while it had no channel, was paused, or before a restart)
+# moves into its channels in steps of at most this many messages and bytes: one step where
+# the move starts, then one per handle_timer call, so a transport serves every other client
+# and the HTTP API between steps (nsqd moves it in the topic's own messagePump goroutine).
+# 256 keeps a step well under a millisecond: with 1024, /ping answered 3x slower meanwhile
+# (bench/bench_backlog.py), for the same total.
+_BACKLOG_STEP_MESSAGES = 256
+_BACKLOG_STEP_BYTES = 256 * 1024
+# At most this many timed-out or deferred messages of one channel go back to its queue per
+# handle_timer call; the rest are due at once and handled by the next call.
+_TIMER_STEP = 1024
 
 
 class ClientState(enum.Enum):
@@ -177,6 +188,11 @@ def _go_quote(value: bytes | str) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "backslashreplace")
     return json.dumps(value, ensure_ascii=False)
+
+
+def _nanoseconds(seconds: float) -> int:
+    """A duration as Go's ``time.Duration`` (integer nanoseconds) for JSON answers."""
+    return round(seconds * 1_000_000_000)
 
 
 def _text(value: bytes) -> str:
@@ -543,6 +559,8 @@ class NSQD:
         self._touched: dict[_Topic, None] = {}
         # Channels where a FIN freed room for more: pumped once at the end of the input.
         self._freed: dict[_Channel, None] = {}
+        # Topics whose backlog is being moved into their channels, a step per handle_timer.
+        self._moving: dict[_Topic, None] = {}
         self._fast_path = not self.options.tls_required and not self.options.auth_enabled
         self._heartbeat_frame = (
             _FRAME_HEADER.pack(4 + len(_HEARTBEAT), _FRAME_RESPONSE) + _HEARTBEAT
@@ -736,7 +754,14 @@ class NSQD:
     # ------------------------------------------------------------------ timers
 
     def next_deadline(self) -> float | None:
-        """When :meth:`handle_timer` next has work (heartbeats, timeouts, deferred messages)."""
+        """When :meth:`handle_timer` next has work (heartbeats, timeouts, deferred messages).
+
+        While a backlog is being moved into channels (see :meth:`backlog_pending`) this is
+        the latest ``now`` the node was given: work is due at once, one bounded step per
+        :meth:`handle_timer` call, and the transport serves its other IO between calls.
+        """
+        if self._moving:
+            return self._now
         alarms = self._alarms
         while alarms:
             deadline, _, owner = alarms[0]
@@ -747,12 +772,16 @@ class NSQD:
         return None
 
     def handle_timer(self, now: float) -> list[ServerEvent]:
-        """Do everything due at ``now``: heartbeats, client timeouts, message timeouts, deferred
-        messages becoming ready (and the deliveries they allow)."""
+        """Do what is due at ``now``: heartbeats, client timeouts, message timeouts, deferred
+        messages becoming ready (and the deliveries they allow), and one step of moving a
+        topic's backlog into its channels. Each call does a bounded amount of work: when
+        more is due, :meth:`next_deadline` says so and the transport calls again."""
         events: list[ServerEvent] = []
         self._now = now
         alarms = self._alarms
-        while alarms and alarms[0][0] <= now:
+        # What this call arms for "now" (more of a channel's timeouts) waits for the next one.
+        last_seq = self._seq
+        while alarms and alarms[0][0] <= now and alarms[0][1] <= last_seq:
             deadline, _, owner = heappop(alarms)
             if owner.alarm_at != deadline:
                 continue
@@ -761,7 +790,16 @@ class NSQD:
                 self._conn_timer(owner, now, events)
             else:
                 self._channel_timer(owner, now, events)
+        moving = self._moving
+        if moving:
+            topic = next(iter(moving))
+            del moving[topic]  # back at the end of the line if it has more: topics take turns
+            self._move_backlog(topic, now)
         return events
+
+    def backlog_pending(self) -> bool:
+        """True while some topic's backlog is still being moved into its channels."""
+        return bool(self._moving)
 
     # ------------------------------------------------------------------ HTTP API (pure)
 
@@ -879,15 +917,24 @@ class NSQD:
         return [] if found is None else sorted(found.channels)
 
     def info(self) -> dict[str, Any]:
-        """``GET /info``."""
+        """``GET /info`` (durations in nanoseconds, as Go's ``time.Duration`` marshals)."""
+        options = self.options
         return {
-            "version": self.options.version,
-            "broadcast_address": self.options.broadcast_address,
-            "hostname": self.options.hostname,
-            "http_port": self.options.http_port,
-            "tcp_port": self.options.tcp_port,
+            "version": options.version,
+            "broadcast_address": options.broadcast_address,
+            "hostname": options.hostname,
+            "http_port": options.http_port,
+            "tcp_port": options.tcp_port,
             "start_time": int(self._start_time + self._epoch_offset),
+            "max_heartbeat_interval": _nanoseconds(options.max_heartbeat_interval),
+            "max_output_buffer_size": options.max_output_buffer_size,
+            "max_output_buffer_timeout": _nanoseconds(options.max_output_buffer_timeout),
+            "max_deflate_level": options.max_deflate_level,
         }
+
+    def uptime(self, now: float) -> float:
+        """Seconds since the node started (``now`` in the node's clock)."""
+        return max(0.0, now - self._start_time)
 
     @property
     def health(self) -> str:
@@ -902,17 +949,37 @@ class NSQD:
         channel: str | None = None,
         include_clients: bool = True,
     ) -> dict[str, Any]:
-        """``GET /stats?format=json``: the same keys nsqd reports (``memory`` left out)."""
+        """``GET /stats?format=json`` without ``memory`` (the transport's to add), with lists
+        where nsqd's JSON has null for Go's nil slices (an HTTP layer converts them).
+
+        ``topic`` keeps that topic only (none when it does not exist); ``channel`` keeps
+        that channel only and leaves out the topics without it, as nsqd does. With a
+        ``topic``, each producer's ``pub_counts`` has that topic's count only (left out when
+        it has none); without ``include_clients``, no clients and no producers."""
+        stats: dict[str, Any] = {
+            "version": self.options.version,
+            "health": self._health,
+            "start_time": int(self._start_time + self._epoch_offset),
+            "topics": [],
+            "producers": [],
+        }
+        if topic:
+            if topic not in self._topics:
+                return stats
+            names = [topic]
+        else:
+            names = sorted(self._topics)
         topics: list[dict[str, Any]] = []
-        for name in sorted(self._topics):
-            if topic is not None and name != topic:
-                continue
+        for name in names:
             found = self._topics[name]
-            channels: list[dict[str, Any]] = []
-            for channel_name in sorted(found.channels):
-                if channel is not None and channel_name != channel:
+            if channel:
+                chosen = [found.channels[channel]] if channel in found.channels else []
+                if not chosen:
                     continue
-                chan = found.channels[channel_name]
+            else:
+                chosen = [found.channels[key] for key in sorted(found.channels)]
+            channels: list[dict[str, Any]] = []
+            for chan in chosen:
                 clients = (
                     [self._client_stats(conn) for conn in chan.clients.values()]
                     if include_clients
@@ -920,7 +987,7 @@ class NSQD:
                 )
                 channels.append(
                     {
-                        "channel_name": channel_name,
+                        "channel_name": chan.name,
                         "depth": chan.depth(),
                         "backend_depth": chan.backend.depth,
                         "in_flight_count": len(chan.in_flight),
@@ -946,23 +1013,14 @@ class NSQD:
                     "e2e_processing_latency": {"count": 0, "percentiles": None},
                 }
             )
-        producers: list[dict[str, Any]] = []
+        stats["topics"] = topics
         if include_clients:
-            for conn in self._conns.values():
-                if conn.pub_counts and conn.state is not ClientState.CLOSED:
-                    stats = self._client_stats(conn)
-                    if topic is not None:
-                        if topic not in conn.pub_counts:
-                            continue
-                        stats["pub_counts"] = [{"topic": topic, "count": conn.pub_counts[topic]}]
-                    producers.append(stats)
-        return {
-            "version": self.options.version,
-            "health": self._health,
-            "start_time": int(self._start_time + self._epoch_offset),
-            "topics": topics,
-            "producers": producers,
-        }
+            stats["producers"] = [
+                self._client_stats(conn, topic or None)
+                for conn in self._conns.values()
+                if conn.pub_counts and conn.state is not ClientState.CLOSED
+            ]
+        return stats
 
     def take_registry_events(self) -> list[RegistryEvent]:
         """Topic/channel creations and deletions since the last call, in order (for lookupd).
@@ -1056,6 +1114,7 @@ class NSQD:
             found.mem.clear()
             found.backend.close()
         self._alarms.clear()
+        self._moving.clear()
         self.state = NSQDState.CLOSED
         return events
 
@@ -1572,7 +1631,7 @@ class NSQD:
             raise _ClientError("E_INVALID", f"{command} insufficient number of params")
         message_id = params[1]
         if len(message_id) != 16:
-            raise _ClientError("E_INVALID", "Invalid Message ID")
+            raise _ClientError("E_INVALID", "invalid message ID")
         return channel, message_id
 
     def _take_in_flight(self, channel: _Channel, conn: _Conn, message_id: bytes) -> _Msg | str:
@@ -1791,9 +1850,14 @@ class NSQD:
     def _topic_put(self, topic: _Topic, msg: _Msg, now: float) -> None:
         """Publish to a topic: straight to its channels, or queued while it has none or is
         paused. Raises BackendError only when the message could not be kept at all."""
-        if topic.channels and not topic.paused and not topic.starting:
-            if topic.mem or topic.spilled:
-                self._topic_flow(topic, now)
+        if (
+            topic.channels
+            and not topic.paused
+            and not topic.starting
+            and (msg.deferred or not (topic.mem or topic.spilled))
+        ):
+            # Straight to the channels, unless a backlog is still being moved into them:
+            # then the message waits behind it (a DPUB's copies are held back anyway).
             self._distribute(topic, msg, now)
         elif len(topic.mem) < self._mem_limit and not topic.spilled:
             topic.mem.append(msg)
@@ -1804,21 +1868,46 @@ class NSQD:
         topic.message_bytes += len(msg.body)
 
     def _topic_flow(self, topic: _Topic, now: float) -> None:
-        """Move what waits in a topic into its channels (after SUB, unpause, restart)."""
-        if not topic.channels or topic.paused or topic.starting:
+        """Start moving what waits in a topic into its channels (after SUB, unpause, restart):
+        the first step now, the rest in :meth:`handle_timer` steps."""
+        self._move_backlog(topic, now)
+
+    def _move_backlog(self, topic: _Topic, now: float) -> None:
+        """Move one bounded step of a topic's backlog into its channels and deliver what it
+        allows; the topic stays in ``_moving`` while it has more."""
+        if (
+            not topic.channels
+            or topic.paused
+            or topic.starting
+            or topic.deleted
+            or not (topic.mem or topic.spilled)
+        ):
+            self._moving.pop(topic, None)
             return
         mem = topic.mem
-        backend = topic.backend
-        while mem:
-            self._distribute(topic, mem.popleft(), now)
-        while backend.depth:
-            record = backend.get()
-            if record is None:
-                break
-            decoded = decode_record(record)
-            if decoded is not None:
-                self._distribute(topic, _record_msg(decoded), now)
-        topic.spilled = backend.depth > 0
+        moved = 0
+        size = 0
+        while mem and moved < _BACKLOG_STEP_MESSAGES and size < _BACKLOG_STEP_BYTES:
+            msg = mem.popleft()
+            self._distribute(topic, msg, now)
+            moved += 1
+            size += len(msg.body)
+        if not mem and topic.spilled:
+            backend = topic.backend
+            while moved < _BACKLOG_STEP_MESSAGES and size < _BACKLOG_STEP_BYTES:
+                record = backend.get()
+                if record is None:
+                    break
+                moved += 1
+                size += len(record)
+                decoded = decode_record(record)
+                if decoded is not None:
+                    self._distribute(topic, _record_msg(decoded), now)
+            topic.spilled = backend.depth > 0
+        if mem or topic.spilled:
+            self._moving[topic] = None
+        else:
+            self._moving.pop(topic, None)
         self._pump_topic(topic, now)
 
     def _distribute(self, topic: _Topic, msg: _Msg, now: float) -> None:
@@ -1989,11 +2078,13 @@ class NSQD:
         heap = channel.in_flight_heap
         in_flight = channel.in_flight
         clients = channel.clients
-        while heap and heap[0][0] <= now:
+        budget = _TIMER_STEP
+        while heap and heap[0][0] <= now and budget:
             _, seq, msg = heappop(heap)
             if msg.timer != seq:
                 continue
             msg.timer = -1
+            budget -= 1
             del in_flight[msg.id]
             channel.timeout_count += 1
             owner = clients.get(msg.owner)
@@ -2003,13 +2094,15 @@ class NSQD:
                     self._enqueue_ready(channel, owner)
             self._channel_put(channel, msg)
         deferred = channel.deferred_heap
-        while deferred and deferred[0][0] <= now:
+        while deferred and deferred[0][0] <= now and budget:
             self._channel_put(channel, heappop(deferred)[2])
+            budget -= 1
         while heap and heap[0][2].timer != heap[0][1]:
             heappop(heap)
         next_at = min(heap[0][0] if heap else _INF, deferred[0][0] if deferred else _INF)
         if next_at < _INF:
-            self._arm(channel, next_at)
+            # More due than one step takes: the rest at once, in the next handle_timer call.
+            self._arm(channel, max(next_at, now))
         self._pump(channel, now)
 
     def _delete_channel(self, channel: _Channel, now: float, events: list[ServerEvent]) -> None:
@@ -2039,6 +2132,7 @@ class NSQD:
         if topic.deleted:
             return
         topic.deleted = True
+        self._moving.pop(topic, None)
         for channel in list(topic.channels.values()):
             self._delete_channel(channel, now, events)
         topic.mem.clear()
@@ -2206,7 +2300,9 @@ class NSQD:
         finally:
             self._pump_topic(found, now)
 
-    def _client_stats(self, conn: _Conn) -> dict[str, Any]:
+    def _client_stats(self, conn: _Conn, topic: str | None = None) -> dict[str, Any]:
+        """One client's entry of /stats; a producer's ``pub_counts`` only for ``topic`` when
+        one is given (and left out when that leaves none, as nsqd's omitempty does)."""
         stats: dict[str, Any] = {
             "client_id": conn.client_id,
             "hostname": conn.hostname,
@@ -2233,8 +2329,11 @@ class NSQD:
             stats["authed"] = True
             stats["auth_identity"] = conn.auth.identity
             stats["auth_identity_url"] = conn.auth.identity_url
-        if conn.pub_counts:
+        counts = conn.pub_counts
+        if topic is not None:
+            counts = {topic: counts[topic]} if topic in counts else {}
+        if counts:
             stats["pub_counts"] = [
-                {"topic": topic, "count": count} for topic, count in sorted(conn.pub_counts.items())
+                {"topic": name, "count": count} for name, count in sorted(counts.items())
             ]
         return stats

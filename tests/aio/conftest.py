@@ -142,7 +142,7 @@ async def channel_stats(server: EmbeddedNSQD, topic: str, channel: str) -> dict[
     """The broker's own view of a channel (``/stats?format=json``), {} when it does not exist."""
     url = f"{server.http_url}/stats?format=json&topic={topic}&channel={channel}"
     stats = await anyio.to_thread.run_sync(_get_json, url)
-    for t in stats.get("topics", []):
+    for t in stats.get("topics") or []:  # null when nsqd has no such topic
         if t["topic_name"] == topic:
             for c in t.get("channels", []):
                 if c["channel_name"] == channel:

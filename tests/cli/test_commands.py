@@ -139,6 +139,30 @@ def test_stat_table_from_every_nsqd_found_through_lookupd() -> None:
     assert billing[-1][9] == "0"  # msg/s between the two tables: nothing published
 
 
+def test_stat_over_two_nsqd_when_one_lacks_the_topic() -> None:
+    """nsqd answers ``"topics": null`` for a topic it lacks; stat reads that as no topics."""
+    from transports.embedded import ServerThread
+
+    with ServerThread(Cluster(nsqd_count=2)) as cluster:
+        with_topic, without = cluster.nsqds
+        http_post(with_topic.http_address, "/topic/create?topic=only_here")
+        result = cli(
+            "stat",
+            "--nsqd-http-address",
+            with_topic.http_address,
+            "--nsqd-http-address",
+            without.http_address,
+            "--topic",
+            "only_here",
+            "--count",
+            "1",
+        )
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.decode().splitlines()]
+    topic_rows = [r for r in rows if r and r[0] == "only_here"]
+    assert [r[:3] for r in topic_rows] == [["only_here", "-", "1"]]  # found on one nsqd of two
+
+
 def test_to_file_writes_rolling_files_and_fins_only_after_fsync(
     nsqd: EmbeddedNSQD, tmp_path: Path
 ) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import struct
+import time
+
+import pytest
 
 from .conftest import Target
 from .wire import RawConn, http_json, http_request, split_address, unique, wait_for
@@ -59,8 +62,11 @@ def test_tombstone_hides_a_producer(target: Target, lookupd_http: str) -> None:
 
 
 def test_lookupd_http_basics(lookupd_http: str) -> None:
-    assert http_request(lookupd_http, "GET", "/ping")[:2] == (200, b"OK")
-    assert "version" in http_json(lookupd_http, "GET", "/info")
+    status, body, headers = http_request(lookupd_http, "GET", "/ping")
+    assert (status, body) == (200, b"OK") and "x-nsq-content-type" not in headers
+    assert http_json(lookupd_http, "GET", "/info") == {"version": "1.3.0"}
+    status, _, headers = http_request(lookupd_http, "HEAD", "/ping")  # routed for GET only
+    assert (status, headers.get("allow")) == (405, "GET, OPTIONS")
     status, body, _ = http_request(lookupd_http, "GET", f"/lookup?topic={unique()}")
     assert (status, json.loads(body)) == (404, {"message": "TOPIC_NOT_FOUND"})
     status, body, _ = http_request(lookupd_http, "GET", "/lookup")
@@ -84,8 +90,6 @@ def _v1_answer(c: RawConn) -> bytes:
 
 def _lookupd_tcp(target: Target) -> str:
     if target.lookupd_tcp is None:
-        import pytest
-
         pytest.skip("no nsqlookupd TCP address configured (NSQ_CONFORMANCE_LOOKUPD)")
     return target.lookupd_tcp
 
@@ -97,6 +101,45 @@ def test_lookupd_tcp_ping_and_register_before_identify(target: Target) -> None:
         c.send(b"REGISTER t\n")  # before IDENTIFY: fatal E_INVALID
         assert _v1_answer(c).startswith(b"E_INVALID")
         c.expect_closed()
+
+
+@pytest.mark.parametrize(
+    "body", [b"{x}", b"[1]", b'{"tcp_port": "4150"}', b'{"hostname": 7}'], ids=repr
+)
+def test_lookupd_tcp_identify_that_does_not_decode(target: Target, body: bytes) -> None:
+    with RawConn(_lookupd_tcp(target), magic=b"  V1") as c:
+        c.send(b"IDENTIFY\n" + struct.pack(">i", len(body)) + body)
+        assert _v1_answer(c) == b"E_BAD_BODY IDENTIFY failed to decode JSON body"
+        c.expect_closed()
+
+
+def test_lookupd_debug_dumps_registrations(target: Target, lookupd_http: str) -> None:
+    topic = unique()
+    http_request(target.http, "POST", f"/topic/create?topic={topic}")
+    http_request(target.http, "POST", f"/channel/create?topic={topic}&channel=c")
+    dump = wait_for(
+        lambda: (d := http_json(lookupd_http, "GET", "/debug")).get(f"channel:{topic}:c") and d
+    )
+    (entry,) = dump[f"topic:{topic}:"]
+    assert entry["tcp_port"] == split_address(target.tcp)[1]
+    assert set(entry) == {
+        "id",
+        "hostname",
+        "broadcast_address",
+        "tcp_port",
+        "http_port",
+        "version",
+        "last_update",
+        "tombstoned",
+        "tombstoned_at",
+    }
+    assert entry["tombstoned"] is False
+    # wall-clock nanoseconds, within a minute of ours
+    assert abs(entry["last_update"] / 1e9 - time.time()) < 60
+    assert any(e["id"] == entry["id"] for e in dump["client::"])
+    # a registration nobody produces for is not listed (nsqlookupd dumps producers)
+    http_request(lookupd_http, "POST", f"/topic/create?topic={topic}-bare")
+    assert f"topic:{topic}-bare:" not in http_json(lookupd_http, "GET", "/debug")
 
 
 def test_lookupd_tcp_bad_magic(target: Target) -> None:

@@ -88,7 +88,9 @@ def subscribed(target: Target) -> RawConn:
         (f"RDY {MAX_RDY + 1}", "E_INVALID"),
         ("RDY -1", "E_INVALID"),
         ("RDY lots", "E_INVALID"),
-        ("FIN tooshort", "E_INVALID"),
+        ("FIN tooshort", "E_INVALID invalid message ID"),
+        ("REQ tooshort 0", "E_INVALID invalid message ID"),
+        ("TOUCH tooshort", "E_INVALID invalid message ID"),
         ("SUB again c", "E_INVALID"),
     ],
 )
@@ -97,7 +99,8 @@ def test_fatal_errors_when_subscribed(
 ) -> None:
     with subscribed(target) as conn:
         conn.command(line)
-        conn.expect_error(code)
+        data = conn.expect_error(code.split(" ", 1)[0])
+        assert data.startswith(code.encode()), data
         conn.expect_closed()
     still_served(target, bystander)
 

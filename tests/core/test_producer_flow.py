@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nsq_sansio import (
     ClientConnection,
@@ -15,6 +17,7 @@ from nsq_sansio import (
     LocalProtocolError,
     MessageTakenBack,
     ProtocolError,
+    frames,
 )
 from nsq_sansio import errors as E
 from nsq_sansio.events import PublishAcknowledged, PublishFailed
@@ -167,3 +170,32 @@ def test_producer_over_compression(kind: str) -> None:
     assert wire.count(b"PUB t\n") == 3
     events = conn.receive_data(server.compress(OK + OK) + server.compress(OK))
     assert events == [PublishAcknowledged(i) for i in ids]
+
+
+_TOPICS = st.sampled_from(["t", "events", "a.b-c_d", "x" * 64, "e#ephemeral", "", "bad topic"])
+_BODIES = st.one_of(
+    st.binary(max_size=64),
+    st.builds(bytearray, st.binary(min_size=1, max_size=8)),
+    st.just("text"),
+)
+
+
+@given(st.lists(st.tuples(_TOPICS, _BODIES), min_size=1, max_size=30))
+def test_pub_bytes_and_errors_match_the_encoder_with_the_topic_cache(
+    publishes: list[tuple[str, object]],
+) -> None:
+    """publish() keeps each topic's validated header; what it sends and what it refuses stay
+    exactly what frames.encode_pub sends and refuses, first time or not."""
+    conn = ready_conn()
+    expected: list[bytes] = []
+    for topic, body in publishes:
+        try:
+            wire = frames.encode_pub(topic, body)  # type: ignore[arg-type]
+        except (E.InvalidName, LocalProtocolError) as exc:
+            with pytest.raises(type(exc)):
+                conn.publish(topic, body)  # type: ignore[arg-type]
+        else:
+            conn.publish(topic, body)  # type: ignore[arg-type]
+            expected.append(wire)
+    assert conn.data_to_send() == b"".join(expected)
+    assert len(conn.pending_requests) == len(expected)

@@ -4,6 +4,7 @@ was sent."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -275,6 +276,11 @@ def test_nsqd_collector_reads_the_real_nsqd() -> None:
             msg = consumer.get(timeout=10)
             assert msg is not None
             msg.requeue(delay=60)  # deferred at the scrape
+            # The REQ goes out on the consumer's IO thread: scrape once nsqd has taken it.
+            deadline = time.monotonic() + 10
+            while (real.channel_stats("orders", "billing") or {}).get("requeue_count") != 1:
+                assert time.monotonic() < deadline, "nsqd never saw the REQ"
+                time.sleep(0.01)
             collector = metrics.NSQDCollector([real.http_address])
             samples = {
                 (s.name, frozenset(s.labels.items())): s.value

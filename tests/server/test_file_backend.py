@@ -6,6 +6,7 @@ import random
 import uuid
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -45,6 +46,63 @@ def test_crash_without_close_loses_nothing(tmp_path: Path) -> None:
     survivor = FileBackend(tmp_path, "t", sync_every=2)
     # the position was saved after 2 reads: "2" comes again (at least once), nothing is lost
     assert [survivor.get() for _ in range(survivor.depth)] == [b"2", b"3", b"4", b"5"]
+
+
+def test_reopening_a_cleanly_closed_queue_does_not_read_its_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restart with a large backlog must not walk every record before serving (issue 12.5):
+    # the depth and write position saved at close are trusted; only what was appended after
+    # the saved position is scanned.
+    from transports.embedded import file_backend
+
+    backend = FileBackend(tmp_path, "t")
+    for i in range(1000):
+        backend.put(b"record-%04d" % i)
+    backend.close()
+    with open(backend.data_file, "ab") as handle:  # appended after the last save (a crash)
+        handle.write(b"\x00\x00\x00\x04late" + b"\x00\x00\x00\x10torn")
+    read_sizes: list[int] = []
+    real_open = open
+
+    class CountingReader:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def read(self, size: int = -1) -> bytes:
+            data: bytes = self.handle.read(size)
+            read_sizes.append(len(data))
+            return data
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+        def __enter__(self) -> CountingReader:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()
+
+    def counting_open(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(path, mode, *args, **kwargs)
+        return CountingReader(handle) if mode == "rb" else handle
+
+    monkeypatch.setattr(file_backend, "open", counting_open, raising=False)
+    reopened = FileBackend(tmp_path, "t")
+    monkeypatch.undo()
+    assert reopened.depth == 1001 and reopened.discarded_bytes == 8
+    assert sum(read_sizes) < 64, read_sizes  # the tail only, not 1000 records
+    assert [reopened.get() for _ in range(1001)][-2:] == [b"record-0999", b"late"]
+
+
+def test_a_meta_file_without_the_write_position_still_opens(tmp_path: Path) -> None:
+    backend = FileBackend(tmp_path, "t")
+    for i in range(3):
+        backend.put(b"%d" % i)
+    backend.close()
+    backend.meta_file.write_text('{"read_pos": 0, "depth": 3}')  # as older versions wrote it
+    reopened = FileBackend(tmp_path, "t")
+    assert [reopened.get() for _ in range(reopened.depth)] == [b"0", b"1", b"2"]
 
 
 def test_torn_record_is_cut_off(tmp_path: Path) -> None:

@@ -106,6 +106,11 @@ def test_info_and_stats_filters() -> None:
         "http_port": 2,
         "tcp_port": 1,
         "start_time": 1000,
+        # nsqd's client limits, durations in nanoseconds (Go's time.Duration in JSON)
+        "max_heartbeat_interval": 60_000_000_000,
+        "max_output_buffer_size": 65536,
+        "max_output_buffer_timeout": 30_000_000_000,
+        "max_deflate_level": 6,
     }
     node.create_topic("a", 0.0)
     node.create_topic("b", 0.0)
@@ -114,7 +119,30 @@ def test_info_and_stats_filters() -> None:
     stats = node.stats(0.0, topic="b", channel="y", include_clients=False)
     assert [t["topic_name"] for t in stats["topics"]] == ["b"]
     assert [c["channel_name"] for c in stats["topics"][0]["channels"]] == ["y"]
+    assert stats["topics"][0]["channels"][0]["clients"] == []  # not asked for
     assert stats["health"] == "OK" and stats["start_time"] == 1000
+
+
+def test_stats_filters_follow_nsqd() -> None:
+    node = NSQD(NSQDOptions(), random.Random(1))
+    assert node.stats(0.0)["topics"] == []
+    assert node.stats(0.0, topic="nope")["topics"] == []  # null over HTTP, as nsqd's nil
+    node.publish("a", b"1", 0.0)
+    node.create_topic("b", 0.0)
+    node.create_channel("b", "y", 0.0)
+    # a channel filter leaves out the topics that lack the channel
+    assert [t["topic_name"] for t in node.stats(0.0, channel="y")["topics"]] == ["b"]
+    assert node.stats(0.0, topic="a", channel="y")["topics"] == []
+    # HTTP publishes make no producer
+    assert node.stats(0.0)["producers"] == []
+    publisher = Client(node)
+    publisher.send(frames.encode_pub("a", b"2"))
+    (producer,) = node.stats(0.0)["producers"]
+    assert producer["pub_counts"] == [{"topic": "a", "count": 1}]
+    # a topic filter keeps every producer, with only that topic's count (omitted when none)
+    (producer,) = node.stats(0.0, topic="b")["producers"]
+    assert "pub_counts" not in producer
+    assert node.stats(0.0, include_clients=False)["producers"] == []
 
 
 @pytest.mark.parametrize(

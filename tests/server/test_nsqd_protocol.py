@@ -253,7 +253,7 @@ def test_fin_with_malformed_id_is_fatal() -> None:
     client = Client(make_node())
     client.sub("t", "c")
     client.send(b"FIN short\n")
-    assert client.frames() == [(ERROR, b"E_INVALID Invalid Message ID")]
+    assert client.frames() == [(ERROR, b"E_INVALID invalid message ID")]
     assert client.closed
 
 

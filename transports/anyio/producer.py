@@ -5,14 +5,22 @@ over the nodes that are up; many are in flight on one connection at once and the
 are matched in order by the core (:class:`~nsq_sansio.connection.ClientConnection`). When a
 connection breaks, the publishes it had not confirmed are retried on the next node (so a
 publish is at-least-once, like every NSQ publish); an error answer from nsqd (``E_BAD_TOPIC``,
-``E_PUB_FAILED``...) is raised as is. Back-pressure: at most ``max_pending`` publishes wait for
-their answer; the next ``await publish(...)`` waits for a slot, nothing buffers without bound.
+``E_PUB_FAILED``...) is raised as is, for that publish only. Back-pressure: at most
+``max_pending`` publishes wait for their answer; the next ``await publish(...)`` waits for a
+slot, nothing buffers without bound.
+
+Cost per publish: no cancel scope and no :class:`anyio.Event`. A waiting publish parks on the
+cheapest primitive of the running loop (an asyncio future, or trio's
+``wait_task_rescheduled``); one writer task per connection sends everything queued since it last
+ran in one write; one timer task enforces every publish's deadline and the heartbeat checks.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
+import socket
 import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -22,13 +30,22 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.streams.tls
+import sniffio
 
 from nsq_sansio.config import Config
-from nsq_sansio.connection import ClientConnection
-from nsq_sansio.errors import ConnectionLost, LocalProtocolError, NSQError, ServerError
+from nsq_sansio.connection import ClientConnection, ConnectionState
+from nsq_sansio.errors import (
+    ConnectionLost,
+    IdentifyRejected,
+    LocalProtocolError,
+    NSQError,
+    ServerError,
+)
 from nsq_sansio.events import (
     ConnectionClosed,
     ConnectionReady,
+    Heartbeat,
     PublishAcknowledged,
     PublishFailed,
     TLSUpgradeRequired,
@@ -52,7 +69,7 @@ from transports._common import (
 
 from ._net import connect, start_tls
 
-__all__ = ["HTTPProducer", "NoNSQDAvailable", "Producer"]
+__all__ = ["HTTPProducer", "NoNSQDAvailable", "Producer", "PublishObserver"]
 
 _log = logging.getLogger("nsq_sansio.anyio.producer")
 
@@ -64,6 +81,45 @@ _SOCKET_ERRORS = (
     anyio.EndOfStream,
 )
 
+#: ``publish_observer(topic, messages, seconds, error)``: called once per PUB/MPUB/DPUB when it
+#: completes (``error`` is None on success).
+PublishObserver = Callable[[str, int, float, "BaseException | None"], None]
+
+_PUB, _MPUB, _DPUB = 0, 1, 2
+_TRIO_ABORT_SUCCEEDED: Any = None  # trio.lowlevel.Abort.SUCCEEDED, once a producer runs on trio
+_wait_writable: Callable[[socket.socket], Any] = getattr(
+    anyio, "wait_writable", anyio.wait_socket_writable
+)
+#: Topic names validated once are remembered (up to this many) so a publish does not re-check.
+_VALID_TOPICS_KEPT = 1024
+
+
+def _plain_socket(stream: anyio.abc.ByteStream) -> tuple[socket.socket | None, bool]:
+    """The stream's socket when it is plain TCP (TLS: None, the stream must encrypt), and
+    whether it is a duplicate to close. The producer writes to it directly (never through the
+    stream, so nothing can overtake), which saves a task switch per write."""
+    if stream.extra(anyio.streams.tls.TLSAttribute.ssl_object, None) is not None:
+        return None, False
+    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if raw is None:
+        return None, False
+    if isinstance(raw, socket.socket):
+        return raw, False
+    # asyncio hands out a TransportSocket (no send()): duplicate the descriptor instead. The
+    # transport never writes (the producer never calls stream.send on plain TCP), and must not
+    # read either: anyio pauses it between receive() calls; where that cannot be seen, the
+    # producer stays on the stream.
+    transport = getattr(stream, "_transport", None)
+    is_reading = getattr(transport, "is_reading", None)
+    if is_reading is None or is_reading():
+        return None, False
+    try:
+        dup = socket.socket(raw.family, raw.type, raw.proto, fileno=os.dup(raw.fileno()))
+    except (OSError, AttributeError):
+        return None, False
+    dup.setblocking(False)
+    return dup, True
+
 
 class NoNSQDAvailable(NSQError):
     """Every nsqd of the pool failed for this publish; ``errors`` says why, node by node."""
@@ -74,13 +130,38 @@ class NoNSQDAvailable(NSQError):
         self.errors = tuple(errors)
 
 
-class _Pending:
-    __slots__ = ("deadline", "error", "event")
+class _NotRead(ConnectionLost):
+    """The connection closed after nsqd refused a publish ahead of this one: nsqd stopped
+    reading there, so this one was never read (not stored): safe to send again, and it does
+    not count against the publish's retries (another publish's refusal is not its fault)."""
 
-    def __init__(self, deadline: float) -> None:
-        self.event = anyio.Event()
-        self.error: NSQError | TimeoutError | None = None
+
+class _Call:
+    """One publish waiting for its answer (one per call, reused by its failover attempts).
+
+    ``waker`` is what the publishing task parks on: an asyncio future, or a trio task; an
+    answer that comes before the task parked is kept in ``result`` (``done``). ``orphan`` is
+    set when the caller stopped waiting (cancelled): the answer is still matched to this
+    request, then reported to the observer.
+    """
+
+    __slots__ = ("count", "deadline", "done", "orphan", "result", "start", "topic", "waker")
+
+    def __init__(self, topic: str, count: int, start: float, deadline: float) -> None:
+        self.topic = topic
+        self.count = count
+        self.start = start
         self.deadline = deadline
+        self.waker: Any = None
+        self.done = False
+        self.result: BaseException | None = None
+        self.orphan = False
+
+    def abort(self, _: object) -> Any:
+        """trio: the parked caller is cancelled. Its answer still comes, matched to it."""
+        self.waker = None
+        self.orphan = True
+        return _TRIO_ABORT_SUCCEEDED
 
 
 class _Node:
@@ -94,11 +175,24 @@ class _Node:
         self.proto: ClientConnection | None = None
         self.stream: anyio.abc.ByteStream | None = None
         self.ready = False
+        #: Bumped for every connection attempt: a finished attempt only tears down its own.
+        self.generation = 0
+        self.down_generation = -1  # the last attempt torn down (teardown happens once)
+        self.reader_fd: int | None = None  # asyncio: the descriptor the loop watches for us
         self.connecting: anyio.Event | None = None
         self.scope: anyio.CancelScope | None = None
-        self.pending: dict[int, _Pending] = {}
+        self.pending: dict[int, _Call] = {}
         self.wake = anyio.Event()
+        self.wake_set = False
+        #: Plain TCP: the socket, written directly (no task switch); bytes the kernel did not
+        #: take wait in ``out`` for the writer task. None with TLS: the writer task sends.
+        self.sock: socket.socket | None = None
+        self.sock_owned = False  # ``sock`` is our duplicate of the stream's descriptor
+        self.out = bytearray()
+        self.flush_scheduled = False
         self.last_error: str | None = None
+        #: The last attempt's error when it was a configuration error (a refused IDENTIFY).
+        self.config_error: IdentifyRejected | None = None
         self.down_until = 0.0
         self.connects = 0
         self.published = 0
@@ -112,6 +206,8 @@ class Producer:
     Keyword arguments are Config fields (``snappy``, ``deflate``, ``auth_secret``,
     ``heartbeat_interval``...) or transport options (``connect_timeout``, ``tls=...``,
     ``tls_ca_file=...``). ``timeout`` bounds one publish (waiting for the answer included).
+    ``publish_observer(topic, messages, seconds, error)``, if given, is called once per
+    PUB/MPUB/DPUB when it completes (for metrics; it must not block).
     """
 
     def __init__(
@@ -122,6 +218,7 @@ class Producer:
         max_pending: int = 10_000,
         timeout: float = 30.0,
         logger: logging.Logger | None = None,
+        publish_observer: PublishObserver | None = None,
         **options: Any,
     ) -> None:
         addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
@@ -129,6 +226,8 @@ class Producer:
             raise ValueError("Producer needs at least one nsqd address")
         if max_pending < 1:
             raise ValueError(f"max_pending={max_pending!r} must be >= 1")
+        if not timeout > 0 or timeout == float("inf"):
+            raise ValueError(f"timeout={timeout!r} must be a finite number of seconds > 0")
         self._config, self._options = split_options(config, options)
         self._identify = self._config.identify_body()
         self._logger = logger or _log
@@ -141,18 +240,42 @@ class Producer:
         self._timeout = timeout
         self._free = max_pending
         self._slot_waiters: deque[anyio.Event] = deque()
-        self._watchdog: anyio.Event | None = None
+        self._timer_started = False
         self._max_pending = max_pending
         self._rr = itertools.count()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._trio = False
+        self._loop: Any = None  # the asyncio loop (None on trio)
+        self._current_task: Any = None  # trio.lowlevel's, on trio
+        self._wait_rescheduled: Any = None
+        self._reschedule: Any = None
+        self._value: Any = None
         self._closed = False
         self._published = 0
         self._failed = 0
         self._retried = 0
+        self._valid_topics: set[str] = set()
+        #: Called once per publish request when it completes; None costs nothing.
+        self.publish_observer: PublishObserver | None = publish_observer
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def __aenter__(self) -> Producer:
+        self._trio = sniffio.current_async_library() == "trio"
+        if self._trio:
+            import outcome
+            import trio
+
+            global _TRIO_ABORT_SUCCEEDED
+            _TRIO_ABORT_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
+            self._current_task = trio.lowlevel.current_task
+            self._wait_rescheduled = trio.lowlevel.wait_task_rescheduled
+            self._reschedule = trio.lowlevel.reschedule
+            self._value = outcome.Value
+        else:
+            import asyncio
+
+            self._loop = asyncio.get_running_loop()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -177,32 +300,40 @@ class Producer:
         self._closed = True
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(timeout if timeout is not None else float("inf")):
-                for node in self._nodes:
-                    while node.pending:
-                        await next(iter(node.pending.values())).event.wait()
+                while any(node.pending for node in self._nodes):
+                    await anyio.sleep(0.005)
             for node in self._nodes:
-                self._disconnect(node, ConnectionLost("producer closed"))
+                self._disconnect(node, ConnectionLost("producer closed"), node.generation)
 
     # --- publishing ----------------------------------------------------------------------------
 
     async def publish(self, topic: str, body: bytes) -> None:
         """``PUB``: returns once nsqd confirmed it."""
-        validate_topic(topic)
-        await self._request(lambda proto: proto.publish(topic, body))
+        if topic not in self._valid_topics:
+            self._remember_topic(topic)
+        await self._request(_PUB, topic, body, 1)
 
     async def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
         """``MPUB``: all or nothing, one answer."""
-        validate_topic(topic)
+        if topic not in self._valid_topics:
+            self._remember_topic(topic)
         if not bodies:
             raise ValueError("multi_publish needs at least one body")
-        await self._request(lambda proto: proto.multi_publish(topic, bodies))
+        await self._request(_MPUB, topic, bodies, len(bodies))
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """``DPUB``: deliverable after ``delay`` seconds."""
-        validate_topic(topic)
+        if topic not in self._valid_topics:
+            self._remember_topic(topic)
         if not delay >= 0:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        await self._request(lambda proto: proto.deferred_publish(topic, body, delay))
+        await self._request(_DPUB, topic, (body, delay), 1)
+
+    def _remember_topic(self, topic: str) -> None:
+        validate_topic(topic)
+        if len(self._valid_topics) >= _VALID_TOPICS_KEPT:
+            self._valid_topics.clear()
+        self._valid_topics.add(topic)
 
     def _candidates(self) -> list[_Node]:
         start = next(self._rr) % len(self._nodes)
@@ -213,21 +344,32 @@ class Producer:
             n for n in ordered if n.down_until > now
         ]
 
-    async def _request(self, build: Callable[[ClientConnection], int]) -> None:
+    async def _request(self, kind: int, topic: str, payload: Any, count: int) -> None:
+        """Send the request, failing over to other nodes while connections break, and wait
+        for its answer (one coroutine: this is the hot path of every publish)."""
         if self._tg is None:
             raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
         if self._closed:
             raise LocalProtocolError("the producer is closed")
+        start = monotonic()
         # Back-pressure without a checkpoint per publish while slots are free.
         if self._free > 0:
             self._free -= 1
         else:
-            await self._wait_for_slot()
+            try:
+                with anyio.fail_after(self._timeout):  # the call's deadline covers the wait
+                    await self._wait_for_slot()
+            except BaseException as exc:
+                observer = self.publish_observer
+                if observer is not None:
+                    self._observe(observer, topic, count, start, exc)
+                raise
+        call = _Call(topic, count, start, start + self._timeout)
         try:
-            deadline = monotonic() + self._timeout
-            errors: list[BaseException] = []
-            node = self._nodes[next(self._rr) % len(self._nodes)]
+            nodes = self._nodes
+            node = nodes[0] if len(nodes) == 1 else nodes[next(self._rr) % len(nodes)]
             candidates = [node] if node.ready else self._candidates()
+            errors: list[BaseException] = []
             sent = 0
             i = 0
             while i < len(candidates):
@@ -235,45 +377,168 @@ class Producer:
                 i += 1
                 if errors:
                     self._retried += 1
+                proto = node.proto
+                if not node.ready or proto is None:
+                    try:
+                        with anyio.fail_after(max(call.deadline - monotonic(), 0)):
+                            proto = await self._ensure(node)
+                    except IdentifyRejected:
+                        self._failed += 1
+                        raise  # the configuration's fault: no other node will take it either
+                    except (NSQError, TimeoutError) as exc:
+                        errors.append(exc)
+                        if len(candidates) == 1 and len(nodes) > 1:
+                            candidates = [node, *(n for n in self._candidates() if n is not node)]
+                        continue
                 try:
-                    with anyio.fail_after(max(deadline - monotonic(), 0)):
-                        proto = await self._ensure(node)
-                except (NSQError, TimeoutError) as exc:
-                    errors.append(exc)
-                    if len(candidates) == 1 and len(self._nodes) > 1:
-                        candidates = [node, *(n for n in self._candidates() if n is not node)]
+                    if kind == _PUB:
+                        request_id = proto.publish(topic, payload)
+                    elif kind == _MPUB:
+                        request_id = proto.multi_publish(topic, payload)
+                    else:
+                        request_id = proto.deferred_publish(topic, payload[0], payload[1])
+                except LocalProtocolError:
+                    if proto.state is not ConnectionState.CLOSED:
+                        self._failed += 1
+                        raise  # the arguments are wrong, not the connection
+                    # The connection died and its task has not yet been told: treat as lost.
+                    self._disconnect(node, ConnectionLost("connection closed"), node.generation)
+                    errors.append(ConnectionLost(f"{node.address}: connection closed"))
+                    if i >= len(candidates) and sent <= len(nodes):
+                        candidates.append(node)
                     continue
-                pending = _Pending(deadline)
-                request_id = build(proto)
                 sent += 1
-                node.pending[request_id] = pending
-                node.wake.set()
-                if self._watchdog is None:
-                    self._watchdog = anyio.Event()
-                    assert self._tg is not None
-                    self._tg.start_soon(self._expire_pending)
-                await pending.event.wait()
-                error = pending.error
+                call.done = False
+                call.result = None
+                node.pending[request_id] = call
+                self._send_soon(node, proto)
+                # Park until the reader, the timer or a disconnect resolves the call.
+                if call.done:
+                    error = call.result
+                elif self._trio:
+                    call.waker = self._current_task()
+                    error = await self._wait_rescheduled(call.abort)
+                else:
+                    future = self._loop.create_future()
+                    call.waker = future
+                    try:
+                        error = await future
+                    except BaseException:
+                        call.waker = None
+                        if future.cancelled() or not future.done():
+                            call.orphan = True  # its answer still comes, matched to it
+                        raise
                 if error is None:
                     node.published += 1
                     self._published += 1
-                    return
+                    break
                 if isinstance(error, ServerError | TimeoutError):
                     self._failed += 1
                     raise error
+                if isinstance(error, _NotRead):
+                    sent -= 1
+                    self._retried += 1
+                    candidates.append(node)  # nsqd never read it: the same node again
+                    continue
                 errors.append(error)
-                if len(candidates) == 1 and len(self._nodes) > 1:
+                if len(candidates) == 1 and len(nodes) > 1:
                     candidates = [node, *(n for n in self._candidates() if n is not node)]
-                if i >= len(candidates) and sent <= len(self._nodes):
+                if i >= len(candidates) and sent <= len(nodes):
                     # The connection died with this publish unanswered, maybe not the node
                     # (nsqd closes it after a fatal error for another publish pipelined
                     # before ours, which it then never read): send it again after a
                     # reconnect, like the blocking producer (at most one more send).
                     candidates.append(node)
-            self._failed += 1
-            raise NoNSQDAvailable(errors)
-        finally:
+            else:
+                self._failed += 1
+                raise NoNSQDAvailable(errors)
+        except BaseException as exc:
             self._release_slot()
+            observer = self.publish_observer
+            if observer is not None and not call.orphan:  # an orphan is observed on its answer
+                self._observe(observer, topic, count, start, exc)
+            raise
+        self._release_slot()
+        observer = self.publish_observer
+        if observer is not None:
+            self._observe(observer, topic, count, start, None)
+
+    def _observe(
+        self,
+        observer: PublishObserver,
+        topic: str,
+        count: int,
+        start: float,
+        error: BaseException | None,
+    ) -> None:
+        try:
+            observer(topic, count, monotonic() - start, error)
+        except Exception:
+            self._logger.exception("publish_observer failed")
+
+    def _resolve(self, call: _Call, error: BaseException | None) -> None:
+        """Hand ``call`` its outcome (None: nsqd said OK) and wake its caller."""
+        if call.orphan:
+            observer = self.publish_observer
+            if observer is not None:
+                self._observe(observer, call.topic, call.count, call.start, error)
+            return
+        call.done = True
+        call.result = error
+        waker = call.waker
+        if waker is None:
+            return  # not parked yet: it finds the result itself
+        call.waker = None
+        if self._trio:
+            self._reschedule(waker, self._value(error))
+        elif not waker.done():
+            waker.set_result(error)
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def _send_soon(self, node: _Node, proto: ClientConnection) -> None:
+        """Get what ``proto`` queued onto the wire: now when nothing else is waiting for an
+        answer (the one-by-one case: no task switch), else once for everything queued in this
+        loop iteration."""
+        if node.sock is not None and len(node.pending) == 1 and not node.out:
+            self._write_now(node, proto)
+        elif not node.flush_scheduled:
+            node.flush_scheduled = True
+            if self._loop is not None and node.sock is not None:
+                self._loop.call_soon(self._flush_scheduled, node, proto)
+            elif not node.wake_set:
+                node.wake_set = True
+                node.wake.set()
+
+    def _flush_scheduled(self, node: _Node, proto: ClientConnection) -> None:
+        node.flush_scheduled = False
+        if node.proto is proto:
+            self._write_now(node, proto)
+
+    def _write_now(self, node: _Node, proto: ClientConnection) -> None:
+        """Plain TCP: write what ``proto`` queued straight to the socket; what the kernel does
+        not take now waits in ``node.out`` for the writer task."""
+        data = proto.data_to_send()
+        if not data:
+            return
+        node.bytes_out += len(data)
+        if node.out:
+            node.out += data
+            return
+        sock = node.sock
+        assert sock is not None
+        try:
+            sent = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._disconnect(node, ConnectionLost(f"send failed: {exc}"), node.generation)
+            return
+        if sent < len(data):
+            node.out += memoryview(data)[sent:]
+            if not node.wake_set:
+                node.wake_set = True
+                node.wake.set()
 
     async def _wait_for_slot(self) -> None:
         event = anyio.Event()
@@ -293,20 +558,30 @@ class Producer:
         else:
             self._free += 1
 
-    async def _expire_pending(self) -> None:
-        """Fail publishes unanswered past their deadline (one cheap timer, not one per call)."""
+    async def _timer(self) -> None:
+        """Fail publishes unanswered past their deadline and close connections whose
+        heartbeats stopped: one timer for the whole producer, not one per call or read."""
         tick = min(max(self._timeout / 4, 0.01), 1.0)
         while True:
             await anyio.sleep(tick)
             now = monotonic()
             for node in self._nodes:
-                for request_id, pending in list(node.pending.items()):
-                    if now >= pending.deadline:
-                        del node.pending[request_id]
-                        pending.error = TimeoutError(
-                            f"no answer from {node.address} after {self._timeout:g}s"
-                        )
-                        pending.event.set()
+                proto = node.proto
+                if proto is not None and node.ready:
+                    deadline = proto.next_deadline()
+                    if deadline is not None and now >= deadline:
+                        for event in proto.handle_timer(now):
+                            if isinstance(event, ConnectionClosed):
+                                error = event.error or ConnectionLost("heartbeats stopped")
+                                node.log.warning("connection lost: %s", error)
+                                self._disconnect(node, error, node.generation)
+                if not node.pending:
+                    continue
+                expired = [rid for rid, call in node.pending.items() if now >= call.deadline]
+                for request_id in expired:
+                    call = node.pending.pop(request_id)
+                    message = f"no answer from {node.address} after {self._timeout:g}s"
+                    self._resolve(call, TimeoutError(message))
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -316,14 +591,18 @@ class Producer:
                 return node.proto
             if node.connecting is None:
                 node.connecting = anyio.Event()
+                node.config_error = None
+                node.generation += 1
                 assert self._tg is not None
-                self._tg.start_soon(self._connection, node)
+                self._tg.start_soon(self._connection, node, node.generation)
             event = node.connecting
             await event.wait()
             if not node.ready:
+                if node.config_error is not None:
+                    raise node.config_error
                 raise ConnectionLost(f"{node.address}: {node.last_error or 'connect failed'}")
 
-    async def _connection(self, node: _Node) -> None:
+    async def _connection(self, node: _Node, generation: int) -> None:
         options = self._options
         scope = node.scope = anyio.CancelScope()
         stream: anyio.abc.ByteStream | None = None
@@ -337,6 +616,19 @@ class Producer:
                     raise ConnectionLost("handshake timed out") from None
                 node.stream = stream
                 node.proto = proto
+                node.out.clear()
+                node.flush_scheduled = False
+                node.sock, node.sock_owned = _plain_socket(stream)
+                if self._loop is not None and node.sock is not None:
+                    # asyncio, plain TCP: the loop calls _on_readable; _disconnect stops it.
+                    try:
+                        fd = node.sock.fileno()
+                        self._loop.add_reader(fd, self._on_readable, node, proto, generation)
+                        node.reader_fd = fd
+                    except NotImplementedError:  # a loop without readiness callbacks
+                        if node.sock_owned:
+                            node.sock.close()
+                        node.sock = None  # the stream, a reader and a writer task do it all
                 node.ready = True
                 node.connects += 1
                 if node.connects > 1:
@@ -345,16 +637,23 @@ class Producer:
                 node.down_until = 0.0
                 if node.connecting is not None:
                     node.connecting.set()
+                    node.connecting = None
+                if not self._timer_started:
+                    self._timer_started = True
+                    assert self._tg is not None
+                    self._tg.start_soon(self._timer)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._writer, node, stream, proto)
-                    error = await self._reader(node, stream, proto)
+                    if node.reader_fd is not None:
+                        await anyio.sleep_forever()
+                    await self._reader(node, stream, proto, generation)
                     tg.cancel_scope.cancel()
         except (*_SOCKET_ERRORS, NSQError) as exc:
             error = exc if isinstance(exc, NSQError) else ConnectionLost(str(exc))
         finally:
-            if error is not None:
+            if error is not None and node.generation == generation:
                 node.log.warning("connection lost: %s", error)
-            self._disconnect(node, error or ConnectionLost("connection closed"))
+            self._disconnect(node, error or ConnectionLost("connection closed"), generation)
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await anyio.aclose_forcefully(stream)
@@ -396,64 +695,135 @@ class Producer:
             raise
 
     async def _reader(
-        self, node: _Node, stream: anyio.abc.ByteStream, proto: ClientConnection
-    ) -> NSQError | None:
+        self,
+        node: _Node,
+        stream: anyio.abc.ByteStream,
+        proto: ClientConnection,
+        generation: int,
+    ) -> None:
+        """Read until the connection closes (TLS, or trio: a task reading the stream)."""
+        receive = stream.receive
         while True:
-            deadline = proto.next_deadline()
-            data: bytes | None = None
-            with anyio.move_on_after(
-                max(deadline - monotonic(), 0) if deadline is not None else float("inf")
-            ):
-                try:
-                    data = await stream.receive(READ_SIZE)
-                except anyio.EndOfStream:
-                    data = b""
-            now = monotonic()
-            events = proto.handle_timer(now) if data is None else proto.receive_data(data, now)
-            node.bytes_in += len(data or b"")
-            for event in events:
-                if isinstance(event, PublishAcknowledged):
-                    pending = node.pending.pop(event.request_id, None)
-                    if pending is not None:
-                        pending.event.set()
-                elif isinstance(event, PublishFailed):
-                    pending = node.pending.pop(event.request_id, None)
-                    if pending is not None:
-                        pending.error = event.error
-                        pending.event.set()
-                elif isinstance(event, ConnectionClosed):
-                    return event.error or ConnectionLost("nsqd closed the connection")
-            node.wake.set()  # NOP for heartbeats
+            try:
+                data = await receive(READ_SIZE)
+            except anyio.EndOfStream:
+                data = b""
+            if self._feed(node, proto, generation, data):
+                return
+
+    def _on_readable(self, node: _Node, proto: ClientConnection, generation: int) -> None:
+        """asyncio, plain TCP: the loop calls this when the socket is readable (no reader
+        task, no per-read future: answers resolve their publishes straight from here)."""
+        sock = node.sock
+        if sock is None or node.generation != generation:
+            return
+        try:
+            data = sock.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            node.log.warning("connection lost: %s", exc)
+            self._disconnect(node, ConnectionLost(str(exc)), generation)
+            return
+        self._feed(node, proto, generation, data)
+
+    def _feed(
+        self, node: _Node, proto: ClientConnection, generation: int, data: bytes
+    ) -> bool:
+        """Hand ``data`` to the core and each answer to its publish; True once closed."""
+        node.bytes_in += len(data)
+        pending = node.pending
+        answer_heartbeat = False
+        for event in proto.receive_data(data, monotonic()):
+            if type(event) is PublishAcknowledged:
+                call = pending.pop(event.request_id, None)
+                if call is not None:
+                    self._resolve(call, None)
+            elif isinstance(event, PublishFailed):
+                call = pending.pop(event.request_id, None)
+                if call is not None:
+                    node.log.warning("publish to %r refused: %s", call.topic, event.error)
+                    self._resolve(call, event.error)
+            elif isinstance(event, ConnectionClosed):
+                # Mark the node gone before any woken caller runs, so the next publish
+                # reconnects (or fails over) instead of writing to a closed connection.
+                error = event.error or ConnectionLost("nsqd closed the connection")
+                node.log.warning("connection lost: %s", error)
+                self._disconnect(node, error, generation)
+                return True
+            elif type(event) is Heartbeat:
+                answer_heartbeat = True
+        if answer_heartbeat:  # the core queued a NOP
+            if node.sock is not None:
+                self._write_now(node, proto)
+            elif not node.wake_set:
+                node.wake_set = True
+                node.wake.set()
+        return False
 
     async def _writer(
         self, node: _Node, stream: anyio.abc.ByteStream, proto: ClientConnection
     ) -> None:
+        sock = node.sock
         while True:
-            await node.wake.wait()
+            if not node.wake_set:
+                await node.wake.wait()
             node.wake = anyio.Event()
-            data = proto.data_to_send()
-            if data:
-                await stream.send(data)
-                node.bytes_out += len(data)
+            node.wake_set = False
+            node.flush_scheduled = False
+            if sock is None:  # TLS: the stream encrypts
+                data = proto.data_to_send()
+                if data:
+                    await stream.send(data)
+                    node.bytes_out += len(data)
+                continue
+            if not node.out:
+                self._write_now(node, proto)
+            while node.out:  # the kernel's buffer was full: wait until it takes more
+                await _wait_writable(sock)
+                try:
+                    sent = sock.send(node.out)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                del node.out[:sent]
 
-    def _disconnect(self, node: _Node, error: NSQError) -> None:
-        was_ready = node.ready
+    def _disconnect(self, node: _Node, error: NSQError, generation: int) -> None:
+        """Tear down connection attempt ``generation`` of ``node`` (not a newer one) and fail
+        what was waiting on it."""
+        if node.generation != generation or node.down_generation == generation:
+            return
+        node.down_generation = generation
         node.ready = False
+        if node.reader_fd is not None:
+            self._loop.remove_reader(node.reader_fd)
+            node.reader_fd = None
+        if node.sock is not None:
+            if node.sock_owned:
+                node.sock.close()
+            node.sock = None
+        node.out.clear()
         if node.proto is not None:
             node.proto.close()
             node.proto = None
-        if error is not None and not isinstance(error, ConnectionLost | ServerError):
+        if isinstance(error, IdentifyRejected):
+            node.config_error = error
+        elif not isinstance(error, ConnectionLost | ServerError):
             error = ConnectionLost(str(error))
         node.last_error = str(error)
         if not self._closed:
             node.down_until = monotonic() + 1.0
-        del was_ready
-        for pending in node.pending.values():
-            pending.error = (
-                error if not isinstance(error, ServerError) else ConnectionLost(str(error))
+        if node.pending:
+            lost = (
+                error
+                if isinstance(error, ConnectionLost)
+                else _NotRead(f"{node.address} closed after refusing a publish: {error}")
+                if isinstance(error, ServerError)
+                else ConnectionLost(str(error))
             )
-            pending.event.set()
-        node.pending.clear()
+            calls = list(node.pending.values())
+            node.pending.clear()
+            for call in calls:
+                self._resolve(call, lost)
         if node.connecting is not None:
             node.connecting.set()
             node.connecting = None

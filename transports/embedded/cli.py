@@ -57,6 +57,13 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
 
 
+def _tls_required(text: str) -> bool | str:
+    """nsqd's --tls-required: a boolean, or ``tcp-https`` (TLS for TCP, plain HTTP allowed)."""
+    if text.strip().lower() == "tcp-https":
+        return "tcp-https"
+    return _bool(text)
+
+
 def _nsqd_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsq-sansio nsqd", description="embedded nsqd")
     _flag(p, "tcp-address", default="0.0.0.0:4150", help="<addr>:<port> for TCP clients")
@@ -95,7 +102,15 @@ def _nsqd_parser() -> argparse.ArgumentParser:
     _flag(p, "node-id", type=int, default=0)
     _flag(p, "tls-cert", default=None, help="path to a PEM certificate file")
     _flag(p, "tls-key", default=None, help="path to a PEM private key file")
-    _flag(p, "tls-required", type=_bool, default=False, nargs="?", const=True)
+    _flag(
+        p,
+        "tls-required",
+        type=_tls_required,
+        default=False,
+        nargs="?",
+        const=True,
+        help="require TLS for client connections (true, false, tcp-https)",
+    )
     _flag(p, "tls-root-ca-file", default=None, help="CA that client certificates must chain to")
     _flag(p, "tls-client-auth-policy", default=None, help="'require-verify' (client certificates)")
     _flag(

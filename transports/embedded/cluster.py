@@ -98,7 +98,7 @@ class Cluster:
                 resp = conn.getresponse()
                 body = resp.read()
                 if resp.status == 200:
-                    found = len(json.loads(body).get("producers", []))
+                    found = len(json.loads(body).get("producers") or [])
             except (OSError, ValueError):
                 pass
             finally:

@@ -77,31 +77,44 @@ class FileBackend:
         self._dirty_writes = False
         #: Bytes cut off on open because they were torn or corrupt.
         self.discarded_bytes = 0
-        self._read_pos = self._load_read_position()
-        self._depth, self._end = self._scan()
+        self._read_pos, saved_depth, saved_end = self._load_position()
+        self._depth, self._end = self._scan(saved_depth, saved_end)
         self._writer: BinaryIO = open(self.data_file, "ab")  # noqa: SIM115 - kept open
         self._reader: BinaryIO = open(self.data_file, "rb")  # noqa: SIM115 - kept open
         self._reader.seek(self._read_pos)
 
     # -- opening ------------------------------------------------------------------------------
 
-    def _load_read_position(self) -> int:
+    def _load_position(self) -> tuple[int, int, int]:
+        """The read position, and the depth and write position saved with it (-1 when the
+        meta file does not have them: a file from an older version, or none at all)."""
         try:
             meta = json.loads(self.meta_file.read_bytes())
-            position = int(meta["read_pos"])
+            position = max(int(meta["read_pos"]), 0)
         except (OSError, ValueError, KeyError, TypeError):
-            return 0
-        return max(position, 0)
+            return 0, -1, -1
+        try:
+            depth, end = int(meta["depth"]), int(meta["end"])
+        except (ValueError, KeyError, TypeError):
+            return position, -1, -1
+        return position, depth, end
 
-    def _scan(self) -> tuple[int, int]:
-        """Count the records after the read position; cut a torn or corrupt tail off."""
+    def _scan(self, saved_depth: int, saved_end: int) -> tuple[int, int]:
+        """Count the records after the read position; cut a torn or corrupt tail off.
+
+        Records up to the write position saved in the meta file are counted already (its
+        depth): only what was appended since is read, so reopening a large queue that was
+        closed cleanly costs nothing, as nsqd's diskqueue metadata does."""
         if not self.data_file.exists():
             self.data_file.touch()
         size = self.data_file.stat().st_size
         if self._read_pos > size:
             self._read_pos = 0
+            saved_end = -1
         depth = 0
         pos = self._read_pos
+        if saved_depth >= 0 and self._read_pos <= saved_end <= size:
+            depth, pos = saved_depth, saved_end
         with open(self.data_file, "rb") as handle:
             handle.seek(pos)
             while True:
@@ -197,7 +210,8 @@ class FileBackend:
 
     def _save_position(self) -> None:
         self._unsaved_reads = 0
-        payload = json.dumps({"read_pos": self._read_pos, "depth": self._depth}).encode()
+        state = {"read_pos": self._read_pos, "depth": self._depth, "end": self._end}
+        payload = json.dumps(state).encode()
         _atomic_write(self.meta_file, payload, self._fsync)
 
     def _reset(self) -> None:

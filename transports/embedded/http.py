@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -26,6 +27,8 @@ __all__ = [
     "Handler",
     "error_response",
     "json_response",
+    "method_not_routed",
+    "plain_text_response",
     "serve_http_connection",
     "text_response",
 ]
@@ -85,6 +88,37 @@ def text_response(text: str | bytes, status: int = 200) -> HTTPResponse:
     return HTTPResponse(status, body, b"text/plain; charset=utf-8", [_NSQ_CONTENT_TYPE])
 
 
+def plain_text_response(text: str, status: int = 200) -> HTTPResponse:
+    """A bare text answer without nsq's content-type header (nsqd's and nsqlookupd's /ping)."""
+    return HTTPResponse(status, text.encode(), b"text/plain; charset=utf-8")
+
+
+def method_not_routed(
+    routes: Mapping[str, frozenset[str]], request: HTTPRequest
+) -> HTTPResponse | None:
+    """What nsqd's router (httprouter) answers before any handler runs, or ``None`` when the
+    handler should: 404 for an unknown path; for a known one, ``OPTIONS`` gets an empty 200
+    with the ``Allow`` list and any other method it does not route gets 405 with it (``HEAD``
+    too: nsqd routes ``GET`` only)."""
+    allowed = routes.get(request.path)
+    if allowed is None:
+        return error_response(404, "NOT_FOUND")
+    if request.method in allowed:
+        return None
+    allow = (b"Allow", ", ".join(sorted(allowed | {"OPTIONS"})).encode())
+    if request.method == "OPTIONS":
+        return HTTPResponse(200, b"", None, [allow])
+    refused = error_response(405, "METHOD_NOT_ALLOWED")
+    return HTTPResponse(405, refused.body, refused.content_type, [allow, _NSQ_CONTENT_TYPE])
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
 def empty_response() -> HTTPResponse:
     """200 with an empty body, what nsqd's admin POSTs answer."""
     return HTTPResponse(200, b"", None, [_NSQ_CONTENT_TYPE])
@@ -116,7 +150,10 @@ async def _respond(
         headers.append((b"Content-Type", response.content_type))
     if close:
         headers.append((b"Connection", b"close"))
-    await _send(stream, conn, h11.Response(status_code=response.status, headers=headers))
+    response_head = h11.Response(
+        status_code=response.status, headers=headers, reason=_reason(response.status)
+    )
+    await _send(stream, conn, response_head)
     if response.body and not head_only:
         await _send(stream, conn, h11.Data(data=response.body))
     await _send(stream, conn, h11.EndOfMessage())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import time
 from types import TracebackType
 from typing import Any
 
@@ -40,8 +41,9 @@ from .http import (
     empty_response,
     error_response,
     json_response,
+    method_not_routed,
+    plain_text_response,
     serve_http_connection,
-    text_response,
 )
 
 __all__ = ["EmbeddedLookupd"]
@@ -184,36 +186,46 @@ class EmbeddedLookupd(ListenerAddresses):
         await serve_http_connection(stream, self._route, max_body=1024 * 1024)
 
     async def _route(self, request: HTTPRequest) -> HTTPResponse:
-        return route_lookupd(self.core, request, anyio.current_time())
+        now = anyio.current_time()
+        return route_lookupd(self.core, request, now, time.time() - now)
 
 
-_GET_ROUTES = {"/ping", "/info", "/lookup", "/topics", "/channels", "/nodes"}
-_POST_ROUTES = {
-    "/topic/create",
-    "/topic/delete",
-    "/channel/create",
-    "/channel/delete",
-    "/topic/tombstone",
+_GET = frozenset({"GET"})
+_POST = frozenset({"POST"})
+#: nsqlookupd's HTTP routes and the methods each takes.
+LOOKUPD_ROUTES: dict[str, frozenset[str]] = {
+    "/ping": _GET,
+    "/info": _GET,
+    "/debug": _GET,
+    "/lookup": _GET,
+    "/topics": _GET,
+    "/channels": _GET,
+    "/nodes": _GET,
+    "/topic/create": _POST,
+    "/topic/delete": _POST,
+    "/channel/create": _POST,
+    "/channel/delete": _POST,
+    "/topic/tombstone": _POST,
 }
 
 
-def route_lookupd(core: Lookupd, request: HTTPRequest, now: float) -> HTTPResponse:
-    """Answer one nsqlookupd HTTP API request from the pure core."""
+def route_lookupd(
+    core: Lookupd, request: HTTPRequest, now: float, epoch_offset: float = 0.0
+) -> HTTPResponse:
+    """Answer one nsqlookupd HTTP API request from the pure core (``epoch_offset`` turns the
+    core's clock into wall-clock time for ``/debug``)."""
     path = request.path
-    if path in _GET_ROUTES:
-        if request.method not in ("GET", "HEAD"):
-            return error_response(405, "METHOD_NOT_ALLOWED")
-    elif path in _POST_ROUTES:
-        if request.method != "POST":
-            return error_response(405, "METHOD_NOT_ALLOWED")
-    else:
-        return error_response(404, "NOT_FOUND")
+    refused = method_not_routed(LOOKUPD_ROUTES, request)
+    if refused is not None:
+        return refused
     try:
         result: Any = None
         if path == "/ping":
-            return text_response("OK")
+            return plain_text_response("OK")
         if path == "/info":
             result = core.info()
+        elif path == "/debug":
+            result = core.debug(now, epoch_offset)
         elif path == "/lookup":
             result = core.lookup(request.arg("topic"), now)
         elif path == "/topics":

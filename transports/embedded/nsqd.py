@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
+import json
 import logging
 import math
 import os
@@ -20,7 +22,9 @@ import random
 import socket
 import ssl
 import struct
+import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +32,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio.streams.tls import TLSStream
 
 from nsq_sansio.errors import InvalidName, LocalProtocolError
@@ -71,11 +76,13 @@ from .http import (
     empty_response,
     error_response,
     json_response,
+    method_not_routed,
+    plain_text_response,
     serve_http_connection,
     text_response,
 )
 
-__all__ = ["EmbeddedNSQD", "route_nsqd"]
+__all__ = ["NSQD_ROUTES", "EmbeddedNSQD", "memory_stats", "route_nsqd"]
 
 _log = logging.getLogger("nsq_sansio.embedded")
 
@@ -126,6 +133,10 @@ class EmbeddedNSQD(ListenerAddresses):
     ``GET /auth?remote_ip=&tls=&secret=`` on those servers (h11 over anyio, at most
     ``auth_http_timeout`` seconds), again when the answer's ``ttl`` runs out; see
     :mod:`transports.embedded.auth`. An in-process check is ``auth_check=callable`` instead.
+
+    ``tls_required`` is nsqd's ``--tls-required``: ``True`` (TLS before any command but
+    IDENTIFY, and the plain HTTP port answers 403) or ``"tcp-https"`` (TCP clients need TLS,
+    the plain HTTP API stays open).
     """
 
     def __init__(
@@ -140,7 +151,7 @@ class EmbeddedNSQD(ListenerAddresses):
         data_path: str | os.PathLike[str] | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
-        tls_required: bool = False,
+        tls_required: bool | str = False,
         tls_root_ca_file: str | None = None,
         tls_client_auth_policy: str | None = None,
         seed: int | None = None,
@@ -177,12 +188,13 @@ class EmbeddedNSQD(ListenerAddresses):
             if tls_cert and tls_key
             else None
         )
-        self._tls_required = tls_required
+        self._tls_required, self._http_tls_required = _tls_required_mode(tls_required)
         self._seed = seed
         self._lookupd_ping_interval = lookupd_ping_interval
         self._options = options
         if isinstance(auth_http_addresses, str):
             auth_http_addresses = [auth_http_addresses]
+        self._auth_addresses = list(auth_http_addresses)
         self._auth_urls = [parse_auth_address(a) for a in auth_http_addresses]
         if not auth_http_timeout > 0:
             raise ValueError(f"auth_http_timeout must be > 0 seconds, got {auth_http_timeout!r}")
@@ -190,7 +202,7 @@ class EmbeddedNSQD(ListenerAddresses):
         # validate now, so a bad option fails at construction, not inside the event loop
         NSQDOptions(
             tls_available=self._ssl_context is not None,
-            tls_required=tls_required,
+            tls_required=self._tls_required,
             auth_by_transport=bool(self._auth_urls),
             **options,
         )
@@ -207,6 +219,8 @@ class EmbeddedNSQD(ListenerAddresses):
         self._timer_wake: anyio.Event | None = None
         self._timer_target = math.inf
         self._peers: list[tuple[LookupPeer, list[anyio.Event]]] = []
+        self._identity: NodeIdentity | None = None
+        self._log_level = 2  # nsqd's INFO
         self._tcp_port = 0
         self._http_port = 0
         self._host = "127.0.0.1"
@@ -278,6 +292,7 @@ class EmbeddedNSQD(ListenerAddresses):
             **self._options,
         )
         self._serve_group = task_group
+        _install_gc_pause_recorder()
         self._timer_wake = anyio.Event()
         self._clock.bind()
         now = anyio.current_time()
@@ -298,16 +313,96 @@ class EmbeddedNSQD(ListenerAddresses):
             hostname=self._hostname,
             version=options.version,
         )
+        self._identity = identity
         for address in self._lookupd_addresses:
-            peer = LookupPeer(address, identity, ping_interval=self._lookupd_ping_interval)
-            wake: list[anyio.Event] = [anyio.Event()]
-            self._peers.append((peer, wake))
-            task_group.start_soon(self._lookupd_loop, peer, wake)
+            self._start_lookupd_peer(address)
         task_group.start_soon(self._tcp_listener.serve, self._handle_tcp)
         task_group.start_soon(self._http_listener.serve, self._handle_http)
         if self._https_listener is not None:
             task_group.start_soon(self._https_listener.serve, self._handle_https)
         task_group.start_soon(self._timer_loop)
+
+    def _start_lookupd_peer(self, address: str) -> None:
+        assert self._identity is not None and self._serve_group is not None
+        peer = LookupPeer(address, self._identity, ping_interval=self._lookupd_ping_interval)
+        wake: list[anyio.Event] = [anyio.Event()]
+        self._peers.append((peer, wake))
+        self._serve_group.start_soon(self._lookupd_loop, peer, wake)
+
+    def set_lookupd_addresses(self, addresses: Sequence[str]) -> None:
+        """nsqd's ``PUT /config/nsqlookupd_tcp_addresses``: register with the nsqlookupds
+        newly listed, drop the connections to those no longer listed (call it on the
+        server's loop)."""
+        wanted = list(dict.fromkeys(addresses))
+        for peer, wake in list(self._peers):
+            if peer.address not in wanted:
+                peer.close()
+                wake[0].set()
+                self._peers.remove((peer, wake))
+        known = {peer.address for peer, _ in self._peers}
+        for address in wanted:
+            if address not in known:
+                self._start_lookupd_peer(address)
+        self._lookupd_addresses = wanted
+
+    def _config_value(self, name: str) -> tuple[bool, Any]:
+        """``GET /config/<name>``: nsqd's option value by its config name, as nsqd gives it
+        (durations in nanoseconds, tls_required as nsqd's 0/1/2)."""
+        options = self.core.options
+        if name == "nsqlookupd_tcp_addresses":
+            return True, list(self._lookupd_addresses)
+        if name == "log_level":
+            return True, self._log_level
+        addresses = {
+            "tcp_address": self.tcp_address,
+            "http_address": self.http_address,
+            "https_address": self.https_address or "",
+            "broadcast_address": options.broadcast_address,
+            "data_path": str(self._data_path or ""),
+            "auth_http_addresses": list(self._auth_addresses),
+            "tls_required": (2 if self._http_tls_required else 1) if self._tls_required else 0,
+        }
+        if name in addresses:
+            return True, addresses[name]
+        if name in _CONFIG_OPTION_NAMES:
+            value = getattr(options, name)
+            if isinstance(value, float) and name in _CONFIG_DURATIONS:
+                return True, round(value * 1_000_000_000)
+            return True, value
+        return False, None
+
+    def _route_config(self, request: HTTPRequest) -> HTTPResponse:
+        """nsqd's ``/config/<option>``: GET any option; PUT ``nsqlookupd_tcp_addresses`` (a
+        JSON list) or ``log_level`` (debug, info, warn, error, fatal)."""
+        name = request.path[len("/config/") :]
+        if request.method == "PUT":
+            body = request.body
+            if not body or request.body_too_large or len(body) > self.core.options.max_msg_size:
+                return error_response(413, "INVALID_VALUE")
+            if name == "nsqlookupd_tcp_addresses":
+                try:
+                    addresses = json.loads(body)
+                except ValueError:
+                    return error_response(400, "INVALID_VALUE")
+                if not isinstance(addresses, list) or not all(
+                    isinstance(a, str) for a in addresses
+                ):
+                    return error_response(400, "INVALID_VALUE")
+                self.set_lookupd_addresses(addresses)
+            elif name == "log_level":
+                level = _LOG_LEVELS.get(body.decode("utf-8", "replace").strip().lower())
+                if level is None:
+                    return error_response(400, "INVALID_VALUE")
+                self._log_level = level
+                _log.setLevel(_PYTHON_LOG_LEVELS[level])
+            else:
+                return error_response(400, "INVALID_OPTION")
+        found, value = self._config_value(name)
+        if not found:
+            return error_response(400, "INVALID_OPTION")
+        if isinstance(value, str):
+            return text_response(value)
+        return json_response(value)
 
     def _backend_factory(self) -> BackendFactory | None:
         if self._data_path is None:
@@ -432,6 +527,9 @@ class EmbeddedNSQD(ListenerAddresses):
                 except Exception:
                     _log.exception("nsqd: timer failed")
                     await anyio.sleep(0.1)  # never spin on a failing timer
+                # Each call does a bounded step (a backlog moves in many): serve every other
+                # client and the HTTP API before the next one.
+                await anyio.lowlevel.checkpoint()
                 continue
             self._timer_target = math.inf if deadline is None else deadline
             wake = self._timer_wake
@@ -619,7 +717,7 @@ class EmbeddedNSQD(ListenerAddresses):
 
     async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
         core = self.core
-        route = self._route_tls_required if self._tls_required else self._route
+        route = self._route_tls_required if self._http_tls_required else self._route
         await serve_http_connection(stream, route, max_body=core.options.max_body_size)
 
     async def _route_tls_required(self, request: HTTPRequest) -> HTTPResponse:
@@ -646,6 +744,12 @@ class EmbeddedNSQD(ListenerAddresses):
     async def _route(self, request: HTTPRequest) -> HTTPResponse:
         core = self.core
         now = anyio.current_time()
+        if request.path.startswith("/config/") and len(request.path) > len("/config/"):
+            if request.method in ("GET", "PUT"):
+                return self._route_config(request)
+            refused = method_not_routed({request.path: _CONFIG_METHODS}, request)
+            assert refused is not None
+            return refused
         try:
             response, events = route_nsqd(core, request, now)
         except AdminError as err:
@@ -655,21 +759,80 @@ class EmbeddedNSQD(ListenerAddresses):
         return response
 
 
-_GET = {"/ping", "/info", "/stats"}
-_POST = {
-    "/pub",
-    "/mpub",
-    "/topic/create",
-    "/topic/delete",
-    "/topic/empty",
-    "/topic/pause",
-    "/topic/unpause",
-    "/channel/create",
-    "/channel/delete",
-    "/channel/empty",
-    "/channel/pause",
-    "/channel/unpause",
+_GET = frozenset({"GET"})
+_POST = frozenset({"POST"})
+#: nsqd's HTTP routes and the methods each takes (what the real one's router answers 405 to).
+NSQD_ROUTES: dict[str, frozenset[str]] = {
+    "/ping": _GET,
+    "/info": _GET,
+    "/stats": _GET,
+    "/pub": _POST,
+    "/mpub": _POST,
+    "/topic/create": _POST,
+    "/topic/delete": _POST,
+    "/topic/empty": _POST,
+    "/topic/pause": _POST,
+    "/topic/unpause": _POST,
+    "/channel/create": _POST,
+    "/channel/delete": _POST,
+    "/channel/empty": _POST,
+    "/channel/pause": _POST,
+    "/channel/unpause": _POST,
 }
+
+
+def _tls_required_mode(value: bool | str) -> tuple[bool, bool]:
+    """nsqd's ``--tls-required`` (true, false, tcp-https) -> (TCP needs TLS, HTTP needs TLS)."""
+    if isinstance(value, str):
+        mode = value.strip().lower()
+        if mode == "tcp-https":
+            return True, False
+        if mode in ("true", "1", "t", "yes", "on"):
+            return True, True
+        if mode in ("false", "0", "f", "no", "off", ""):
+            return False, False
+        raise ValueError(f"tls_required must be true, false or tcp-https, got {value!r}")
+    return bool(value), bool(value)
+
+
+_CONFIG_METHODS = frozenset({"GET", "PUT"})
+# NSQDOptions fields that are nsqd options of the same config name; the durations among them.
+_CONFIG_OPTION_NAMES = _OPTION_NAMES - {
+    "version",
+    "hostname",
+    "tcp_port",
+    "http_port",
+    "broadcast_address",
+    "tls_available",
+    "tls_required",
+    "auth_check",
+    "auth_by_transport",
+    "max_command_line",
+    "requeue_in_flight_on_close",
+}
+_CONFIG_DURATIONS = {
+    "msg_timeout",
+    "max_msg_timeout",
+    "max_req_timeout",
+    "max_defer_timeout",
+    "client_timeout",
+    "max_heartbeat_interval",
+    "max_output_buffer_timeout",
+    "min_output_buffer_timeout",
+    "output_buffer_timeout",
+}
+# nsqd's log levels (lg.LogLevel) and the Python logging level each sets on this module's
+# logger, which every embedded nsqd of the process shares.
+_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+_PYTHON_LOG_LEVELS = {
+    1: logging.DEBUG,
+    2: logging.INFO,
+    3: logging.WARNING,
+    4: logging.ERROR,
+    5: logging.CRITICAL,
+}
+# nsqd's boolParams: other values leave the default (include_*) or mean binary (/mpub).
+_BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 
 
 def route_nsqd(
@@ -677,30 +840,34 @@ def route_nsqd(
 ) -> tuple[HTTPResponse, list[ServerEvent]]:
     """Answer one nsqd HTTP API request from the pure core; raises ``AdminError``."""
     path = request.path
-    if path in _GET:
-        if request.method not in ("GET", "HEAD"):
-            return error_response(405, "METHOD_NOT_ALLOWED"), []
-    elif path in _POST:
-        if request.method != "POST":
-            return error_response(405, "METHOD_NOT_ALLOWED"), []
-    else:
-        return error_response(404, "NOT_FOUND"), []
+    refused = method_not_routed(NSQD_ROUTES, request)
+    if refused is not None:
+        return refused, []
     opts = core.options
     if path == "/ping":
         health = core.health
-        return text_response(health, 200 if health == "OK" else 500), []
+        return plain_text_response(health, 200 if health == "OK" else 500), []
     if path == "/info":
         return json_response(core.info()), []
     if path == "/stats":
+        topic_filter = request.arg("topic") or None
+        include_clients = _BOOL_PARAMS.get(request.arg("include_clients") or "", True)
         stats = core.stats(
             now,
-            topic=request.arg("topic") or None,
+            topic=topic_filter,
             channel=request.arg("channel") or None,
-            include_clients=request.arg("include_clients") not in ("false", "0"),
+            include_clients=include_clients,
         )
+        _as_go_nil_slices(
+            stats,
+            missing_topic=topic_filter is not None and topic_filter not in core.topic_names(),
+            include_clients=include_clients,
+        )
+        if _BOOL_PARAMS.get(request.arg("include_mem") or "", True):
+            stats["memory"] = memory_stats()
         if request.arg("format") == "json":
             return json_response(stats), []
-        return text_response(_stats_text(stats)), []
+        return text_response(_stats_text(stats, core.uptime(now))), []
     if path == "/pub":
         if request.body_too_large or len(request.body) > opts.max_msg_size:
             raise AdminError(413, "MSG_TOO_BIG")
@@ -712,7 +879,8 @@ def route_nsqd(
         if request.body_too_large:
             raise AdminError(413, "BODY_TOO_BIG")
         topic = _required_topic(request)
-        if request.has_arg("binary"):
+        binary = request.arg("binary")
+        if binary is not None and _BOOL_PARAMS.get(binary, True):
             bodies = _split_binary_mpub(request.body, opts.max_msg_size)
         else:
             bodies = [line for line in request.body.split(b"\n") if line]
@@ -755,6 +923,20 @@ def route_nsqd(
     return empty_response(), events
 
 
+def _as_go_nil_slices(stats: dict[str, Any], *, missing_topic: bool, include_clients: bool) -> None:
+    """Where nsqd's /stats JSON has null (Go's nil slices) rather than the core's empty
+    lists: "topics" (and "producers") for a topic asked for that does not exist, "producers"
+    when there are none, each channel's "clients" when clients were not asked for."""
+    if missing_topic:
+        stats["topics"] = None
+    if not include_clients:
+        for topic in stats["topics"] or ():
+            for channel in topic["channels"]:
+                channel["clients"] = None
+    if missing_topic or not stats["producers"]:
+        stats["producers"] = None
+
+
 def _required_topic(request: HTTPRequest) -> str:
     topic = request.arg("topic")
     if topic is None:
@@ -795,26 +977,140 @@ def _split_binary_mpub(body: bytes, max_msg_size: int) -> list[bytes]:
     return bodies
 
 
-def _stats_text(stats: dict[str, Any]) -> str:
-    """A short human-readable form of ``/stats`` (nsqd's text format, abridged)."""
-    lines = [f"nsqd v{stats['version']} (nsq-sansio embedded)", f"Health: {stats['health']}", ""]
-    if not stats["topics"]:
-        lines.append("NO_TOPICS")
-    for topic in stats["topics"]:
-        paused = " *P" if topic["paused"] else ""
-        lines.append(
-            f"[{topic['topic_name']:<15}] depth: {topic['depth']:<5} "
-            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8}{paused}"
+def _stats_text(stats: dict[str, Any], uptime: float) -> str:
+    """``/stats`` as nsqd prints it without ``format=json`` (same layout, same columns)."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stats["start_time"]))
+    out = [
+        f"nsqd v{stats['version']} (nsq-sansio embedded)\n",
+        f"start_time {started}\n",
+        f"uptime {_go_duration(uptime)}\n",
+        f"\nHealth: {stats['health']}\n",
+    ]
+    memory = stats.get("memory")
+    if memory is not None:
+        out.append("\nMemory:\n")
+        out.extend(f"   {key:<25}\t{value}\n" for key, value in memory.items())
+    topics = stats["topics"] or []
+    out.append("\nTopics:" if topics else "\nTopics: None\n")
+    for topic in topics:
+        paused = "*P " if topic["paused"] else "   "
+        out.append(
+            f"\n{paused}[{topic['topic_name']:<15}] depth: {topic['depth']:<5} "
+            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8} e2e%: \n"
         )
         for ch in topic["channels"]:
-            paused = " *P" if ch["paused"] else ""
-            lines.append(
-                f"    [{ch['channel_name']:<25}] depth: {ch['depth']:<5} "
+            paused = "   *P " if ch["paused"] else "      "
+            out.append(
+                f"{paused}[{ch['channel_name']:<25}] depth: {ch['depth']:<5} "
                 f"be-depth: {ch['backend_depth']:<5} inflt: {ch['in_flight_count']:<4} "
                 f"def: {ch['deferred_count']:<4} re-q: {ch['requeue_count']:<5} "
-                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8}{paused}"
+                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8} e2e%: \n"
             )
-    return "\n".join(lines) + "\n"
+            out.extend(f"        {_client_text(c)}\n" for c in ch["clients"] or ())
+    producers = stats["producers"] or []
+    out.append("\nProducers:\n" if producers else "\nProducers: None\n")
+    out.extend(f"   {_client_text(client)}\n" for client in producers)
+    return "".join(out)
+
+
+def _client_text(client: dict[str, Any]) -> str:
+    """One client line of the text /stats (nsqd's ``ClientV2Stats.String``)."""
+    connected = max(0, int(time.time()) - int(client["connect_ts"]))
+    port = str(client["remote_address"]).rsplit(":", 1)[-1]
+    ident = f"{client['hostname']}:{port} {client['user_agent']}"
+    head = f"[{client['version']} {ident:<21}]"
+    counts = client.get("pub_counts")
+    if counts:
+        total = sum(entry["count"] for entry in counts)
+        topics = ",".join(f"{entry['topic']}={entry['count']}" for entry in counts)
+        return f"{head} msgs: {total:<8} topics: {topics} connected: {_go_duration(connected)}"
+    return (
+        f"{head} state: {client['state']} inflt: {client['in_flight_count']:<4} "
+        f"rdy: {client['ready_count']:<4} fin: {client['finish_count']:<8} "
+        f"re-q: {client['requeue_count']:<8} msgs: {client['message_count']:<8} "
+        f"connected: {_go_duration(connected)}"
+    )
+
+
+def _go_duration(seconds: float) -> str:
+    """Go's ``time.Duration.String`` for the values /stats prints (``1h2m3s``, ``2.5s``,
+    ``350ms``, ``0s``)."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        millis = seconds * 1000
+        return f"{millis:.6f}".rstrip("0").rstrip(".") + "ms"
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    fraction = f"{seconds - whole:.9f}"[1:].rstrip("0").rstrip(".")
+    out = f"{secs}{fraction}s"
+    if hours or minutes:
+        out = f"{minutes}m" + out
+    if hours:
+        out = f"{hours}h" + out
+    return out
+
+
+# GC pauses of this process (microseconds), for /stats' memory block; the callback is
+# installed once, by the first embedded nsqd that starts.
+_GC_PAUSES: deque[int] = deque(maxlen=256)
+_gc_started = 0.0
+
+
+def _record_gc_pause(phase: str, info: dict[str, Any]) -> None:
+    global _gc_started
+    if phase == "start":
+        _gc_started = time.perf_counter()
+    elif _gc_started:
+        _GC_PAUSES.append(int((time.perf_counter() - _gc_started) * 1_000_000))
+
+
+def _install_gc_pause_recorder() -> None:
+    if _record_gc_pause not in gc.callbacks:
+        gc.callbacks.append(_record_gc_pause)
+
+
+def _percentile(sorted_values: list[int], fraction: float) -> int:
+    if not sorted_values:
+        return 0
+    index = min(len(sorted_values) - 1, max(0, math.ceil(fraction * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def memory_stats() -> dict[str, int]:
+    """``/stats``' ``memory`` block: nsqd's keys (Go runtime figures) filled with this
+    Python process's nearest equivalents: allocated blocks for ``heap_objects``, the
+    resident set for ``heap_in_use_bytes``, the recent GC pauses and the number of
+    collections; ``heap_idle_bytes``, ``heap_released_bytes`` and ``next_gc_bytes`` have no
+    CPython counterpart and are 0."""
+    pauses = sorted(_GC_PAUSES)
+    return {
+        "heap_objects": sys.getallocatedblocks(),
+        "heap_idle_bytes": 0,
+        "heap_in_use_bytes": _resident_bytes(),
+        "heap_released_bytes": 0,
+        "gc_pause_usec_100": _percentile(pauses, 1.0),
+        "gc_pause_usec_99": _percentile(pauses, 0.99),
+        "gc_pause_usec_95": _percentile(pauses, 0.95),
+        "next_gc_bytes": 0,
+        "gc_total_runs": sum(generation["collections"] for generation in gc.get_stats()),
+    }
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        try:
+            import resource
+
+            # ru_maxrss is the peak, in KiB on Linux (bytes on macOS): a fallback only
+            return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        except (ImportError, OSError):
+            return 0
 
 
 async def _aclose_quietly(stream: anyio.abc.AsyncResource) -> None:

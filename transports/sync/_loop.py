@@ -129,6 +129,21 @@ class Link:
         return self._ssl is not None
 
     @property
+    def direct_socket(self) -> socket.socket | None:
+        """The socket, when bytes may be sent on it right now without the loop: plain TCP,
+        connected, open, nothing queued (so nothing can be overtaken); else None.
+
+        For an owner that writes from its callers' threads: call it and send while holding the
+        lock that serializes the owner's callbacks (so :meth:`IOLoop.write` cannot run at the
+        same time); what the socket does not take must then go through :meth:`IOLoop.write`.
+        """
+        if self._ssl is not None or self._connecting or self.closed or self.out:
+            return None
+        if self._close_when_flushed:
+            return None
+        return self.sock
+
+    @property
     def ssl_object(self) -> ssl.SSLObject | None:
         return self._ssl
 

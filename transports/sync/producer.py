@@ -31,6 +31,7 @@ import logging
 import random
 import threading
 import time
+from _thread import allocate_lock as _allocate_lock
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,13 @@ from typing import Any
 from nsq_sansio.backoff import reconnect_delay
 from nsq_sansio.config import Config
 from nsq_sansio.connection import ClientConnection, ConnectionState
-from nsq_sansio.errors import ConfigError, ConnectionLost, NSQError
+from nsq_sansio.errors import (
+    ConfigError,
+    ConnectionLost,
+    IdentifyRejected,
+    NSQError,
+    ServerError,
+)
 from nsq_sansio.events import (
     ConnectionClosed,
     ConnectionReady,
@@ -49,6 +56,7 @@ from nsq_sansio.events import (
     TLSUpgradeRequired,
 )
 from nsq_sansio.frames import encode_dpub, encode_mpub, encode_pub
+from nsq_sansio.names import validate_topic
 from transports._common import (
     DEFAULT_TCP_PORT,
     ConnectionLogger,
@@ -72,22 +80,25 @@ class NoNSQDAvailable(NSQError):
 
 
 _FUTURE_LOCK = threading.Lock()
+#: The largest body a command's 4-byte size field can announce (frames refuses more).
+_MAX_FRAMED = 0x7FFFFFFF
 
 
 class PublishFuture:
     """The answer to one publish: a light ``concurrent.futures.Future`` look-alike
     (``done()``, ``result(timeout)``, ``exception(timeout)``, ``add_done_callback(fn)``).
 
-    Set once, by the producer's IO thread; an Event is only made when someone waits for it
-    before it is done, so the pipelined path costs a few attribute writes.
+    Set once, by the producer's IO thread; a waiter lock is only made when someone waits for
+    it before it is done, so the pipelined path costs a few attribute writes.
     """
 
-    __slots__ = ("_callbacks", "_done", "_error", "_event")
+    __slots__ = ("_callbacks", "_done", "_error", "_waiter")
 
     def __init__(self) -> None:
         self._done = False
         self._error: BaseException | None = None
-        self._event: threading.Event | None = None
+        #: A held lock, released when the future is done (cheaper than a threading.Event).
+        self._waiter: Any = None
         self._callbacks: list[Callable[[PublishFuture], object]] | None = None
 
     def done(self) -> bool:
@@ -96,15 +107,20 @@ class PublishFuture:
     def _wait(self, timeout: float | None) -> None:
         if self._done:
             return
-        event = self._event
-        if event is None:
+        waiter = self._waiter
+        if waiter is None:
             with _FUTURE_LOCK:
-                event = self._event
-                if event is None:
-                    event = self._event = threading.Event()
-        # The IO thread writes _done before it reads _event: one of us sees the other.
-        if not self._done and not event.wait(timeout):
+                waiter = self._waiter
+                if waiter is None:
+                    waiter = _allocate_lock()
+                    waiter.acquire()
+                    self._waiter = waiter
+        # The IO thread writes _done before it reads _waiter: one of us sees the other.
+        if self._done:
+            return
+        if not waiter.acquire(True, -1 if timeout is None else max(timeout, 0.0)):
             raise TimeoutError(f"no answer from nsqd within {timeout}s")
+        waiter.release()  # let any other waiter through too
 
     def result(self, timeout: float | None = None) -> None:
         """None once nsqd said OK; raises nsqd's error, NoNSQDAvailable or TimeoutError."""
@@ -135,9 +151,9 @@ class PublishFuture:
             with _FUTURE_LOCK:
                 self._done = True
                 callbacks = self._callbacks
-        event = self._event
-        if event is not None:
-            event.set()
+        waiter = self._waiter  # read after _done is written: see _wait()
+        if waiter is not None:
+            waiter.release()
         if callbacks:
             for fn in callbacks:
                 try:
@@ -146,16 +162,22 @@ class PublishFuture:
                     _log.exception("publish future callback failed")
 
 
-class _Request:
-    __slots__ = ("attempts", "deadline", "future", "kind", "payload", "topic", "tried")
+#: ``publish_observer(topic, messages, seconds, error)``: called once per PUB/MPUB/DPUB when it
+#: completes (``error`` is None on success), on the producer's IO thread.
+PublishObserver = Callable[[str, int, float, "BaseException | None"], None]
 
-    def __init__(self, kind: str, topic: str, payload: Any, deadline: float) -> None:
+
+class _Request:
+    __slots__ = ("attempts", "deadline", "future", "kind", "payload", "start", "topic", "tried")
+
+    def __init__(self, kind: str, topic: str, payload: Any, start: float, deadline: float) -> None:
         self.kind = kind
         self.topic = topic
         self.payload = payload
+        self.start = start
         self.deadline = deadline
         self.future = PublishFuture()
-        self.tried: set[str] = set()
+        self.tried: set[str] | None = None  # nsqd addresses it was sent to
         self.attempts = 0
 
 
@@ -174,12 +196,18 @@ class _Node:
     #: Inside IOLoop.connect(), which may report a failure before it returns.
     connecting: bool = False
     last_error: str | None = None
+    #: nsqd refused IDENTIFY on the last attempt: no reconnect until a publish asks for one.
+    config_error: IdentifyRejected | None = None
     published: int = 0
     failed: int = 0
     connects: int = 0
 
     def __post_init__(self) -> None:
         self.inflight: dict[int, _Request] = {}
+        #: Bytes a caller's direct send did not get out; the IO thread writes them first.
+        self.out_pending = bytearray()
+        #: A caller is sending on the socket right now (outside the lock): hands off.
+        self.sending = False
         self.log = ConnectionLogger(_log, self.address)
 
 
@@ -207,11 +235,14 @@ class Producer:
         config: Config | None = None,
         max_pending: int = 10_000,
         timeout: float = 30.0,
+        publish_observer: PublishObserver | None = None,
         **options: Any,
     ) -> None:
         addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         if not addresses:
             raise ValueError("Producer needs at least one nsqd address")
+        #: Called once per publish request when it completes (IO thread); None costs nothing.
+        self.publish_observer: PublishObserver | None = publish_observer
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ConfigError(f"max_pending={max_pending!r} must be an int >= 1")
         check_seconds("Producer timeout", timeout, zero=False, error=ConfigError)
@@ -233,6 +264,9 @@ class Producer:
         self._rr = itertools.count()
         self._rng = random.Random()
         self._loop = IOLoop(self, name="nsq-sync-producer")
+        #: Serializes the IO thread's callbacks and callers publishing directly (a publish
+        #: to a connected nsqd is written by the calling thread: no hand-over to the IO thread).
+        self._io_lock = threading.RLock()
         self._started = False
         self._closing = False
         self._closed = False
@@ -241,6 +275,9 @@ class Producer:
         self._failed = 0
         self._retried = 0
         self._valid_topics: set[str] = set()
+        #: When the IO thread next looks for publishes past their deadline (None: none sent).
+        self._expiry_check: float | None = None
+        self._expiry_tick = min(max(timeout / 4, 0.01), 1.0)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -252,7 +289,7 @@ class Producer:
             if not self._started:
                 self._started = True
                 self._loop.start()
-                self._loop.call_soon(self._connect_all)
+                self._loop.call_soon(lambda: self._locked(self._connect_all))
         return self
 
     def close(self, timeout: float | None = 10.0) -> None:
@@ -285,7 +322,7 @@ class Producer:
                 node.ready = False
             done.set()
 
-        self._loop.call_soon(shut)
+        self._loop.call_soon(lambda: self._locked(shut))
         done.wait(5.0)
         self._loop.stop()
 
@@ -332,8 +369,22 @@ class Producer:
     def multi_publish_async(
         self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
     ) -> PublishFuture:
+        if isinstance(bodies, (bytes, bytearray, str)):
+            encode_mpub(topic, bodies)  # raises: one body, not a list of them
         bodies = list(bodies)
-        encode_mpub(topic, bodies)
+        # Validate here, in the caller's thread, without encoding twice: only a body that is
+        # not plain non-empty bytes (or a batch too big to frame) takes the full encoder,
+        # which says what is wrong.
+        if topic not in self._valid_topics:
+            validate_topic(topic)
+            self._valid_topics.add(topic)
+        plain = bool(bodies)
+        for body in bodies:
+            if type(body) is not bytes or not body:
+                plain = False
+                break
+        if not plain or sum(map(len, bodies)) + 4 * (len(bodies) + 1) > _MAX_FRAMED:
+            encode_mpub(topic, bodies)
         return self._submit("MPUB", topic, bodies, timeout)
 
     def deferred_publish_async(
@@ -392,6 +443,8 @@ class Producer:
     def _submit(self, kind: str, topic: str, payload: Any, timeout: float | None) -> PublishFuture:
         if timeout is not None:
             check_seconds(f"{kind} timeout", timeout, zero=False)
+            if timeout / 4 < self._expiry_tick:
+                self._expiry_tick = max(timeout / 4, 0.01)
         if self._closed:
             raise RuntimeError("Producer is closed")
         if not self._started:
@@ -400,10 +453,77 @@ class Producer:
         if failure is not None:
             raise RuntimeError(f"the producer's IO thread crashed: {failure!r}") from failure
         limit = self._timeout if timeout is None else timeout
-        self._reserve(limit)
-        request = _Request(kind, topic, payload, time.monotonic() + limit)
-        self._loop.call_soon(lambda: self._dispatch(request))
+        if self.publish_observer is None:
+            self._reserve(limit)
+        else:
+            started = time.monotonic()
+            try:
+                self._reserve(limit)
+            except TimeoutError as exc:
+                count = len(payload) if kind == "MPUB" else 1
+                try:
+                    self.publish_observer(topic, count, time.monotonic() - started, exc)
+                except Exception:
+                    _log.exception("publish_observer failed")
+                raise
+        now = time.monotonic()
+        request = _Request(kind, topic, payload, now, now + limit)
+        if not self._dispatch_now(request):
+            self._loop.call_soon(lambda: self._locked(self._dispatch, request))
         return request.future
+
+    def _locked(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._io_lock:
+            fn(*args)
+
+    def _dispatch_now(self, request: _Request) -> bool:
+        """Caller's thread: send ``request`` to a connected nsqd now, writing it to the socket
+        when nothing else waits for an answer there (one-by-one publishing: no thread switch
+        on the way out), else leaving it for the IO thread's next write (pipelining). False
+        when it must go through the IO thread (nothing connected, publishes waiting)."""
+        with self._io_lock:
+            if self._closing or self._waiting:
+                return False
+            nodes = self._nodes
+            if len(nodes) == 1:
+                node = nodes[0]
+                if not node.ready:
+                    return False
+            else:
+                ready = [n for n in nodes if n.ready]
+                if not ready:
+                    return False
+                node = ready[next(self._rr) % len(ready)]
+            if not self._send_to(node, request):
+                return True  # failed (the future says why)
+            conn, link = node.conn, node.link
+            assert conn is not None and link is not None
+            if len(node.inflight) > 1 or node.out_pending or node.sending:
+                self._loop.wake()  # the IO thread writes everything queued, in one go
+                return True
+            data = conn.data_to_send()
+            sock = link.direct_socket
+            if sock is None:
+                node.out_pending += data
+                self._loop.wake()
+                return True
+            node.sending = True  # the IO thread leaves this node's output alone meanwhile
+        # The send happens outside the lock, so the IO thread can already take the answer.
+        try:
+            sent = sock.send(data)
+        except OSError:  # would block, or broken: the IO thread takes it from here
+            sent = 0
+        with self._io_lock:
+            node.sending = False
+            if node.conn is not conn:  # the connection died meanwhile: its bytes go with it
+                return True
+            link.bytes_out += sent
+            if sent < len(data):
+                node.out_pending[:0] = memoryview(data)[sent:]
+                self._loop.wake()
+            elif len(node.inflight) > 1:
+                self._loop.wake()  # others queued while we were sending
+            return True
 
     def _reserve(self, limit: float) -> None:
         """Count one more publish in flight; block while max_pending are unanswered."""
@@ -437,6 +557,13 @@ class Producer:
         if self._space_waiters:
             with self._space:
                 self._space.notify()
+        observer = self.publish_observer
+        if observer is not None:
+            count = len(request.payload) if request.kind == "MPUB" else 1
+            try:
+                observer(request.topic, count, time.monotonic() - request.start, error)
+            except Exception:
+                _log.exception("publish_observer failed")
 
     # --- internals: IO thread -------------------------------------------------------------------
 
@@ -447,6 +574,7 @@ class Producer:
     def _connect(self, node: _Node) -> None:
         if self._closing or node.link is not None:
             return
+        node.config_error = None
         node.connects += 1
         node.conn = ClientConnection(
             self._config.identify_body(), auth_secret=self._config.auth_secret
@@ -479,19 +607,28 @@ class Producer:
             return
         ready = self._ready_nodes()
         if ready:
-            if request.tried:
-                ready = [n for n in ready if n.address not in request.tried] or ready
+            tried = request.tried
+            if tried:
+                ready = [n for n in ready if n.address not in tried] or ready
         else:
             self._waiting.append(request)
             now = time.monotonic()
             for node in self._nodes:
-                if node.link is None and now >= node.retry_at:
+                # A node that refused IDENTIFY is tried again only for a new publish.
+                if node.link is None and (now >= node.retry_at or node.config_error):
                     self._connect(node)
             return
         node = ready[next(self._rr) % len(ready)]
+        self._send_to(node, request)
+
+    def _send_to(self, node: _Node, request: _Request) -> bool:
+        """Queue ``request`` on ``node``'s connection; False when the core refused it."""
         conn = node.conn
         assert conn is not None and node.link is not None
-        request.tried.add(node.address)
+        if request.tried is None:
+            request.tried = {node.address}
+        else:
+            request.tried.add(node.address)
         request.attempts += 1
         try:
             if request.kind == "PUB":
@@ -503,8 +640,12 @@ class Producer:
                 request_id = conn.deferred_publish(request.topic, body, delay)
         except NSQError as exc:  # validated by the caller already; never crash the IO thread
             self._fail_request(request, exc)
-            return
+            return False
         node.inflight[request_id] = request
+        check = request.start + self._expiry_tick
+        if self._expiry_check is None or check < self._expiry_check:
+            self._expiry_check = check
+        return True
 
     def _fail_request(self, request: _Request, error: BaseException) -> None:
         if not request.future._done:
@@ -520,11 +661,15 @@ class Producer:
         pass  # the connection's magic and IDENTIFY are flushed by the loop
 
     def on_data(self, link: Link, data: bytes, now: float) -> None:
+        with self._io_lock:
+            self._on_data(link, data, now)
+
+    def _on_data(self, link: Link, data: bytes, now: float) -> None:
         node = self._node_of(link)
         if node.link is not link or node.conn is None:
             return
         for event in node.conn.receive_data(data, now):
-            if isinstance(event, PublishAcknowledged):
+            if type(event) is PublishAcknowledged:
                 request = node.inflight.pop(event.request_id, None)
                 if request is not None and not request.future._done:
                     node.published += 1
@@ -557,11 +702,19 @@ class Producer:
                 self._on_closed(node, event.error, now)
 
     def on_tls_established(self, link: Link, now: float) -> None:
+        with self._io_lock:
+            self._on_tls_established(link, now)
+
+    def _on_tls_established(self, link: Link, now: float) -> None:
         node = self._node_of(link)
         if node.conn is not None and node.link is link:
             node.conn.tls_established()
 
     def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+        with self._io_lock:
+            self._on_link_error(link, error, now)
+
+    def _on_link_error(self, link: Link, error: BaseException, now: float) -> None:
         node = self._node_of(link)
         if node.link is not link and not node.connecting:
             return
@@ -582,6 +735,21 @@ class Producer:
         node.ready_by = None
         if self._closing:
             return
+        if isinstance(error, IdentifyRejected):
+            # The configuration's fault: reconnecting cannot help, so nothing retries it.
+            # Publishes waiting for a connection fail with it; a later publish tries again.
+            node.config_error = error
+            node.last_error = str(error)
+            node.retry_at = float("inf")
+            node.log.error("%s", error)
+            waiting, self._waiting = self._waiting, deque()
+            for request in waiting:
+                self._fail_request(request, error)
+            orphans = list(node.inflight.values())
+            node.inflight.clear()
+            for request in orphans:
+                self._fail_request(request, error)
+            return
         node.failures += 1
         node.last_error = str(error) if error is not None else "closed"
         node.retry_at = now + reconnect_delay(
@@ -599,8 +767,16 @@ class Producer:
         )
         orphans = list(node.inflight.values())
         node.inflight.clear()
+        node.out_pending.clear()
+        not_read = isinstance(error, ServerError)
         for request in orphans:
             self._retried += 1
+            if not_read:
+                # nsqd closed the connection after refusing a publish ahead of this one and
+                # never read this one: resending it is not a retry it should pay for.
+                request.attempts -= 1
+                if request.tried is not None:
+                    request.tried.discard(node.address)
             self._dispatch(request)
 
     def _drain_waiting(self) -> None:
@@ -610,13 +786,21 @@ class Producer:
             self._dispatch(request)
 
     def write_pending(self) -> None:
-        for node in self._nodes:
-            if node.conn is not None and node.link is not None:
-                data = node.conn.data_to_send()
-                if data:
-                    self._loop.write(node.link, data)
+        with self._io_lock:
+            for node in self._nodes:
+                if node.conn is not None and node.link is not None and not node.sending:
+                    if node.out_pending:
+                        self._loop.write(node.link, bytes(node.out_pending))
+                        node.out_pending.clear()
+                    data = node.conn.data_to_send()
+                    if data:
+                        self._loop.write(node.link, data)
 
     def next_deadline(self) -> float | None:
+        with self._io_lock:
+            return self._next_deadline()
+
+    def _next_deadline(self) -> float | None:
         deadlines: list[float] = []
         for node in self._nodes:
             if node.conn is not None:
@@ -625,13 +809,19 @@ class Producer:
                     deadlines.append(deadline)
                 if node.ready_by is not None:
                     deadlines.append(node.ready_by)
-            elif not self._closing:
+            elif not self._closing and node.config_error is None:
                 deadlines.append(node.retry_at)
         if self._waiting:
             deadlines.append(min(r.deadline for r in self._waiting))
+        if self._expiry_check is not None:
+            deadlines.append(self._expiry_check)
         return min(deadlines) if deadlines else None
 
     def handle_timer(self, now: float) -> None:
+        with self._io_lock:
+            self._handle_timer(now)
+
+    def _handle_timer(self, now: float) -> None:
         for node in self._nodes:
             if node.conn is not None:
                 if node.ready_by is not None and now >= node.ready_by:
@@ -663,3 +853,26 @@ class Producer:
                 elif not request.future._done:
                     keep.append(request)
             self._waiting = keep
+        if self._expiry_check is not None and now >= self._expiry_check:
+            self._expire_inflight(now)
+
+    def _expire_inflight(self, now: float) -> None:
+        """Fail publishes unanswered past their deadline. They stay known to the core, which
+        matches nsqd's late answer to them (and it is dropped): one periodic scan, not a timer
+        per publish."""
+        busy = False
+        for node in self._nodes:
+            if not node.inflight:
+                continue
+            expired = [rid for rid, r in node.inflight.items() if now >= r.deadline]
+            for request_id in expired:
+                request = node.inflight.pop(request_id)
+                self._fail_request(
+                    request,
+                    TimeoutError(
+                        f"{request.kind} to {request.topic!r}: no answer from {node.address} "
+                        f"within {request.deadline - request.start:g}s"
+                    ),
+                )
+            busy = busy or bool(node.inflight)
+        self._expiry_check = now + self._expiry_tick if busy else None
