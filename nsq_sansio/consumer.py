@@ -187,18 +187,7 @@ class CloseHTTPRequest:
     request_id: int
 
 
-class Deliver(NamedTuple):
-    """A message for the user, and the handle to answer it with (finish/requeue/touch).
-
-    The message's own fields (``id``, ``body``, ``timestamp``, ``attempts``) are fields of the
-    handle, and :attr:`message` builds the :class:`~nsq_sansio.events.Message` when asked:
-    one object per message on the hot path, built by the decoder itself. ``deadline`` is
-    when nsqd times it out if nothing is sent (``received_at + msg_timeout``);
-    :meth:`ConsumerCoordinator.deadline` gives the current one after TOUCHes. A
-    ``NamedTuple`` (immutable) rather than a frozen dataclass because one is built per
-    message, like :class:`~nsq_sansio.events.Message`. Handles are compared by identity.
-    """
-
+class _DeliverFields(NamedTuple):
     conn_id: int
     id: bytes
     body: bytes
@@ -207,6 +196,32 @@ class Deliver(NamedTuple):
     address: NSQDAddress
     received_at: float
     deadline: float
+
+
+class Deliver(_DeliverFields):
+    """A message for the user, and the handle to answer it with (finish/requeue/touch).
+
+    ``Deliver(conn_id, message, address, received_at, deadline)``; the message's own fields
+    (``id``, ``body``, ``timestamp``, ``attempts``) are fields of the handle, and
+    :attr:`message` builds the :class:`~nsq_sansio.events.Message` when asked: one object per
+    message on the hot path, built by the connection's decoder itself. Read the fields by
+    name (the tuple's layout is not part of the API). ``deadline`` is when nsqd times it out
+    if nothing is sent (``received_at + msg_timeout``); :meth:`ConsumerCoordinator.deadline`
+    gives the current one after TOUCHes. A ``NamedTuple`` (immutable) rather than a frozen
+    dataclass because one is built per message. Handles are compared by identity.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        conn_id: int,
+        message: Message,
+        address: NSQDAddress,
+        received_at: float,
+        deadline: float,
+    ) -> Deliver:
+        return _new_tuple(cls, (conn_id, *message, address, received_at, deadline))
 
     @property
     def message(self) -> Message:
