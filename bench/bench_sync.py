@@ -13,10 +13,11 @@ and prints its own numbers, with pynsq's Reader for comparison when it is instal
 socket and no thread hand-off: 64 KiB chunks of message frames fed to ``Consumer.on_data``
 (decode, coordinator, the ``Message`` wrappers), ``for msg in c: msg.finish()``, then
 ``write_pending`` (the answers taken back, FIN bytes made). It prints microseconds per message
-(best of ``--repeat``, process time); ``--once`` runs it once, for a profiler. Instructions per
-message, repeatable on a shared machine: run ``--pipeline --once`` under
-``valgrind --tool=callgrind`` with ``-n 20000`` and ``-n 60000`` and divide the difference of
-the totals by 40000::
+(best of ``--repeat``, process time); ``--once`` runs it ``--passes`` times without timing,
+for a profiler. Instructions per message, repeatable on a shared machine: run ``--pipeline
+--once -n 20000`` under ``valgrind --tool=callgrind`` with ``--passes 1`` and ``--passes 3``
+and divide the difference of the totals by 40000 (start-up and building the frames cancel
+out)::
 
     python bench/bench_sync.py --pipeline      # us/msg
 """
@@ -221,7 +222,7 @@ def pipeline(chunks: list[bytes]) -> int:
     return count
 
 
-def _pipeline_main(count: int, repeat: int, once: bool) -> None:
+def _pipeline_main(count: int, repeat: int, once: bool, passes: int) -> None:
     import gc
     import platform
 
@@ -229,7 +230,8 @@ def _pipeline_main(count: int, repeat: int, once: bool) -> None:
 
     chunks = build_chunks(count, 100)
     if once:
-        pipeline(chunks)
+        for _ in range(passes):
+            pipeline(chunks)
         return
     best = float("inf")
     for _ in range(repeat):
@@ -251,10 +253,11 @@ def main() -> None:
     parser.add_argument("--pipeline", action="store_true", help="the one-thread pipeline")
     parser.add_argument("--once", action="store_true", help="--pipeline: one run, no timing")
     parser.add_argument("--repeat", type=int, default=7, help="--pipeline: best of")
+    parser.add_argument("--passes", type=int, default=1, help="--pipeline --once: runs")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pipeline:
-        _pipeline_main(args.count, args.repeat, args.once)
+        _pipeline_main(args.count, args.repeat, args.once, args.passes)
         return
     if args.child:
         name, address, count, mif = args.child
