@@ -809,11 +809,13 @@ class Consumer:
         try:
             self._coordinator.finish_many(list(map(_delivery_of, messages)), now, refused=refused)
         except Exception:  # a bug: never fatal to the IO thread (see _answer_failed)
+            _log.exception("FIN of %d messages failed on the IO thread", len(messages))
+            deadline = self._coordinator.deadline
             for message in messages:
-                self._answer_failed(_FIN, message)
-                if not message._responded:
-                    continue
-                self._unanswered.discard(message)
+                if deadline(message._delivery) is not None:  # still ours: may be answered again
+                    message._responded = False
+                else:
+                    self._unanswered.discard(message)
             return
         self._unanswered.difference_update(messages)
         if refused:
