@@ -223,6 +223,10 @@ class Deliver(_DeliverFields):
     ) -> Deliver:
         return _new_tuple(cls, (conn_id, *message, address, received_at, deadline))
 
+    def __getnewargs__(self) -> tuple[int, Message, NSQDAddress, float, float]:
+        """The constructor's arguments (copy and pickle call ``__new__`` with them)."""
+        return self[0], self.message, self[5], self[6], self[7]
+
     @property
     def message(self) -> Message:
         """The message as the connection reports it (a new, equal object on each access)."""

@@ -3,6 +3,8 @@ batched answer ``finish_many``: same results as the one-by-one paths, in every o
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 import pytest
@@ -20,6 +22,7 @@ from nsq_sansio.consumer import (
     TakenBack,
 )
 from nsq_sansio.errors import LocalProtocolError
+from nsq_sansio.events import Message
 from nsq_sansio.frames import HEARTBEAT, encode_frame, encode_message_frame
 
 TS = 1_700_000_000_000_000_000
@@ -124,6 +127,22 @@ def test_rdy_is_refreshed_by_a_big_read() -> None:
     out = b"".join(data for _, data in c.pending_data())
     assert b"RDY 100\n" in out
     assert c.total_rdy <= c.max_in_flight
+
+
+def test_a_handle_keeps_its_constructor_fields_copy_and_pickle() -> None:
+    """Deliver(conn_id, message, address, received_at, deadline) builds the same handle the
+    decoder builds (fields by name; .message equal to the message), and copy/pickle give an
+    equal Deliver back."""
+    c, (one, _) = coordinator()
+    c.receive_data(one, msg(7, attempts=3, body=b"seven"), 5.0)
+    [d] = delivered(c.take_actions())
+    m = Message(b"%016x" % 7, b"seven", TS + 7, 3)
+    made = Deliver(one, m, d.address, 5.0, 65.0)
+    assert made == d and type(made) is Deliver and made is not d
+    assert (d.id, d.body, d.timestamp, d.attempts) == (m.id, m.body, m.timestamp, m.attempts)
+    assert d.message == m and type(d.message) is Message
+    for again in (copy.copy(d), copy.deepcopy(d), pickle.loads(pickle.dumps(d))):
+        assert again == d and type(again) is Deliver
 
 
 # --- finish_many: exactly finish() on each ----------------------------------------------------
