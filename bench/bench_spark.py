@@ -1,14 +1,17 @@
 """Spark data source throughput: batch write of 100-byte rows, then a streaming read of them.
 
-The embedded nsqd runs in its own process (so it does not share the GIL with the driver);
-Spark runs ``local[N]``. Prints rows/s for the batch write with the Arrow writer and the
-row writer, and for a streaming read (``availableNow``) of what was written.
+Spark runs ``local[N]``. Prints rows/s for the batch write with the Arrow writer and the row
+writer, and for a streaming read (``availableNow``, noop sink) of what was written, with
+Spark's own split of the micro-batches' time (latestOffset = reading from nsqd, addBatch =
+shipping the Arrow batches to the executors and reading them there, walCommit/commitOffsets =
+the checkpoint).
 
-    python bench/bench_spark.py [--rows 1000000] [--read-rows 200000] [--partitions 4]
-                                [--master local[2]] [--nsqd host:port,host:port]
+    python bench/bench_spark.py --real               # a real nsqd 1.3.0 (../shared/reference)
+    python bench/bench_spark.py --nsqd host:4150     # an nsqd already running
+    python bench/bench_spark.py                      # the embedded nsqd, in its own process
 
-``--nsqd`` points it at running nsqd (real ones, for a ratio); then no broker is started and
-the read part uses a fresh channel created before the write.
+    [--rows 1000000] [--read-rows 1000000] [--max-in-flight 100000] [--linger 1.0]
+    [--read-partitions 1] [--partitions 4] [--master local[2]] [--only write|read]
 """
 
 from __future__ import annotations
@@ -60,20 +63,42 @@ def _depth(http: str, topic: str, channel: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--read-rows", type=int, default=200_000)
+    parser.add_argument("--read-rows", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--nsqd", default=None, help="comma-separated nsqd TCP addresses")
+    parser.add_argument(
+        "--real", action="store_true", help="start a real nsqd (transports.real_nsq)"
+    )
+    parser.add_argument(
+        "--nsqd-arg",
+        action="append",
+        default=[],
+        help="extra flag for the real nsqd, e.g. --nsqd-arg=--max-rdy-count=100000",
+    )
     parser.add_argument("--only", choices=["write", "read"], default=None)
-    parser.add_argument("--max-in-flight", type=int, default=20_000)
-    parser.add_argument("--linger", type=float, default=0.2)
+    parser.add_argument("--max-in-flight", type=int, default=100_000)
+    parser.add_argument(
+        "--per-trigger", type=int, default=None, help="max_messages_per_trigger (max-in-flight)"
+    )
+    parser.add_argument("--linger", type=float, default=1.0)
+    parser.add_argument("--read-partitions", type=int, default=1)
     args = parser.parse_args()
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     processes: list[Any] = []  # spawned broker processes
+    real: Any = None
+    if args.real:
+        from transports.real_nsq import RealNSQD, find_binaries
+
+        if find_binaries() is None:
+            raise SystemExit("no real nsqd binaries (see transports/real_nsq.py)")
+        # Everything in memory: the benchmark measures the client, not nsqd's disk queue.
+        real = RealNSQD(["--mem-queue-size=5000000", *args.nsqd_arg]).start()
+        args.nsqd = real.tcp_address
     if args.nsqd:
         nsqd = args.nsqd
-        http = None
+        http = None if real is None else real.http_address
     else:
         tcp_port, http_port = _free_port(), _free_port()
         ready = mp.get_context("spawn").Event()
@@ -91,7 +116,7 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from transports.spark import register
-    from transports.spark._consumer import SourceConsumer
+    from transports.sync import Consumer
 
     spark = (
         SparkSession.builder.master(args.master)
@@ -107,9 +132,9 @@ def main() -> None:
     # The read channel must exist before the write so that it receives the messages.
     read_topic = "bench_read"
     first = nsqd.split(",")[0]
-    consumer = SourceConsumer(read_topic, "spark", nsqd=[first], max_in_flight=1)
-    consumer.start()
-    consumer.close()
+    with Consumer(read_topic, "spark", nsqd=[first], max_in_flight=1) as consumer:
+        while not any(c.connected for c in consumer.stats().connections):
+            time.sleep(0.05)
 
     def frame(rows: int) -> Any:
         return spark.range(rows, numPartitions=args.partitions).select(
@@ -138,25 +163,32 @@ def main() -> None:
         spark.stop()
         for process in processes:
             process.terminate()
+        if real is not None:
+            real.close()
         return
     frame(args.read_rows).write.format("nsq").mode("append").option("nsqd", first).option(
         "topic", read_topic
     ).option("batch_size", "5000").save()
     if http is not None:
         assert _depth(http, read_topic, "spark") == args.read_rows
+    per_trigger = args.per_trigger or args.max_in_flight
     query = (
         spark.readStream.format("nsq")
         .option("nsqd", first)
         .option("topic", read_topic)
         .option("channel", "spark")
         .option("max_in_flight", str(args.max_in_flight))
-        .option("max_messages_per_trigger", str(args.max_in_flight))
+        .option("max_messages_per_trigger", str(per_trigger))
         .option("linger", str(args.linger))
+        .option("partitions", str(args.read_partitions))
         .option("wait_timeout", "1")
+        .option("msg_timeout", "60")
         .load()
         .writeStream.format("noop")
         .trigger(availableNow=True)
     )
+    if os.environ.get("BENCH_MARK"):  # MARK: lets an external CPU sampler split the phases
+        Path(os.environ["BENCH_MARK"]).touch()
     started = time.perf_counter()
     running = query.start()
     running.awaitTermination()
@@ -169,12 +201,17 @@ def main() -> None:
         f"= {read / elapsed:>10,.0f} rows/s (includes query start and the final idle wait)"
     )
     print(
-        f"  {len(progress)} micro-batches of up to {args.max_in_flight:,}; inside them "
+        f"  {len(progress)} micro-batches of up to {per_trigger:,}; inside them "
         f"{read / busy:,.0f} rows/s ({busy:.2f}s of trigger execution)"
     )
+    keys = sorted({k for p in progress for k in p["durationMs"]})
+    for k in keys:
+        print(f"  {k:>20}: {sum(p['durationMs'].get(k, 0) for p in progress) / 1000:6.2f}s")
     spark.stop()
     for process in processes:
         process.terminate()
+    if real is not None:
+        real.close()
 
 
 if __name__ == "__main__":

@@ -49,8 +49,7 @@ def main() -> None:
     from transports.embedded.nsqd import EmbeddedNSQD
     from transports.embedded.thread import ServerThread
     from transports.spark import register
-    from transports.spark._consumer import SourceConsumer
-    from transports.sync import Producer
+    from transports.sync import Consumer, Producer
 
     work = Path(tempfile.mkdtemp(prefix="nsq-pipeline-"))
     spark = (
@@ -88,15 +87,18 @@ def main() -> None:
         counts = spark.read.parquet(str(work / "page_counts"))
         counts.orderBy("window_start", "page").show(40, truncate=False)
 
-        check = SourceConsumer("page_counts", "print", nsqd=[address])
-        check.start()
         published = republish(spark, str(work / "page_counts"), "page_counts", nsqd=address)
-        got = check.take(published, 5.0, 0.5)
-        check.finish(got)
-        check.close()
+        got = []
+        with Consumer("page_counts", "print", nsqd=[address], max_in_flight=100) as check:
+            while len(got) < published:
+                message = check.get(timeout=5.0)
+                if message is None:
+                    break
+                got.append(message.body)
+                message.finish()
         print(f"republished {published} rows; read back {len(got)}, e.g.:")
-        for held in got[:3]:
-            print("  ", held.message.body.decode())
+        for body in got[:3]:
+            print("  ", body.decode())
     spark.stop()
 
 

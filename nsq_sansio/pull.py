@@ -5,6 +5,9 @@ RDY of its connections equal to what they hold plus their share of the requests'
 counts, so nsqd never pushes more than was asked. Messages go to the oldest waiting request;
 one that arrives for no waiting request (a race with a lowered RDY) is held in a short buffer
 (``pull_hold_timeout``) for the next fetch and then requeued, never kept until it times out.
+Nobody TOUCHes what a waiting request has gathered (the user does not have it yet), so a
+request answers early (``AGED``) once the oldest message it gathered has used half of its
+msg_timeout: waiting on would let nsqd take it back and deliver it again.
 A ``no_wait`` fetch answers at once with what is buffered, possibly nothing (reason
 ``NO_MESSAGES``, not an error). Waiting requests are bounded (``max_waiting_fetches``).
 """
@@ -32,6 +35,7 @@ class FetchEnd(enum.Enum):
     NO_MESSAGES = "no_messages"  # no_wait fetch and nothing was buffered
     TOO_MANY_WAITING = "too_many_waiting"  # max_waiting_fetches requests already wait
     DRAINING = "draining"  # the consumer is draining or closed: what arrived so far
+    AGED = "aged"  # before ``expires``: its oldest message had used half of its msg_timeout
     FAILED = "failed"  # the consumer failed (ConsumerFailed): nothing more will come
 
 
@@ -57,6 +61,18 @@ class FetchRequest:
         self.messages: list[Deliver] = []
 
 
+def _half_life(delivery: Deliver) -> float:
+    """When a message has used half of its msg_timeout (nsqd takes it back at ``deadline``)."""
+    return delivery.received_at + (delivery.deadline - delivery.received_at) / 2
+
+
+def _aged_at(request: FetchRequest) -> float | None:
+    """When the oldest message a request gathered has used half of its msg_timeout."""
+    if not request.messages:
+        return None
+    return min(map(_half_life, request.messages))
+
+
 class FetchQueue:
     """Waiting fetches (FIFO), their expiries, and the hold buffer; tracks ``outstanding``."""
 
@@ -75,6 +91,9 @@ class FetchQueue:
         self.outstanding += request.remaining
         if request.expires_at is not None:
             heapq.heappush(self._expiries, (request.expires_at, request.request_id))
+        aged_at = _aged_at(request)
+        if aged_at is not None:
+            heapq.heappush(self._expiries, (aged_at, request.request_id))
 
     def give(self, delivery: Deliver) -> FetchRequest | None:
         """Hand a message to the oldest waiting request; returns it if that filled it."""
@@ -85,6 +104,8 @@ class FetchQueue:
         if request.remaining == 0:
             self.waiting.popleft()
             return request
+        if len(request.messages) == 1:  # its oldest message: the request ages from here
+            heapq.heappush(self._expiries, (_half_life(delivery), request.request_id))
         return None
 
     def remove(self, request: FetchRequest) -> None:
@@ -100,15 +121,26 @@ class FetchQueue:
         return requests
 
     def expired(self, now: float) -> list[FetchRequest]:
-        """Remove and return the requests whose ``expires`` passed."""
+        """Remove and return the requests whose ``expires`` passed, and those whose oldest
+        gathered message has used half of its msg_timeout (``AGED``: their ``expires_at`` is
+        still ahead)."""
         done: list[FetchRequest] = []
         while self._expiries and self._expiries[0][0] <= now:
             _, request_id = heapq.heappop(self._expiries)
             for request in self.waiting:
                 if request.request_id == request_id:
-                    self.remove(request)
-                    done.append(request)
                     break
+            else:
+                continue  # answered already
+            if request.expires_at is None or request.expires_at > now:
+                aged_at = _aged_at(request)  # messages may have gone with their connection
+                if aged_at is None:
+                    continue  # nothing gathered any more: wait for ``expires``
+                if aged_at > now:
+                    heapq.heappush(self._expiries, (aged_at, request_id))
+                    continue
+            self.remove(request)
+            done.append(request)
         return done
 
     def next_deadline(self) -> float | None:

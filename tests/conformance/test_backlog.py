@@ -14,6 +14,7 @@ the GIL rather than the broker. The test lowers the switch interval while it mea
 from __future__ import annotations
 
 import http.client
+import statistics
 import sys
 import threading
 import time
@@ -29,6 +30,10 @@ from .wire import RawConn, http_json, http_request, split_address, unique
 BACKLOG = 300_000  # 1-byte messages: a few MPUBs to publish, a second or so to move
 MPUB_BATCH = 100_000
 MAX_LATENCY = 0.5  # seconds; nsqd answers in milliseconds, the old embedded broker froze
+#: Typical latency while the backlog moves (median), and the longest single stall tolerated: a
+#: loaded CI machine can delay one sample, a frozen broker delays all of them.
+TYPICAL_LATENCY = 0.1
+WORST_STALL = 2.0
 
 
 def _topic_stats(target: Target, topic: str) -> dict[str, Any]:
@@ -136,8 +141,12 @@ def test_a_big_backlog_moves_while_everything_else_is_served(target: Target, rel
         assert not pinger.failures, pinger.failures
         during = [latency for sent, latency in pinger.samples if started <= sent <= moved]
         assert len(during) >= 3, (len(during), moved - started)
-        assert max(during) < MAX_LATENCY, sorted(during)[-5:]
-        assert side_latencies and max(side_latencies) < MAX_LATENCY, sorted(side_latencies)[-5:]
+        assert statistics.median(during) < TYPICAL_LATENCY, sorted(during)[-5:]
+        assert max(during) < WORST_STALL, sorted(during)[-5:]
+        assert side_latencies, "no publish to another topic was timed while the backlog moved"
+        # a delivery waits for nsqd's output buffer timeout (250 ms by default), a /ping does not
+        assert statistics.median(side_latencies) < MAX_LATENCY, sorted(side_latencies)[-5:]
+        assert max(side_latencies) < WORST_STALL, sorted(side_latencies)[-5:]
         # nothing lost or doubled on the way
         (found,) = _topic_stats(target, topic)["channels"]
         assert found["message_count"] == BACKLOG

@@ -8,8 +8,7 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from transports.spark._consumer import SourceConsumer
-from transports.sync import Producer
+from transports.sync import Consumer, Producer
 
 
 def stats(server: Any, topic: str) -> dict[str, Any]:
@@ -45,20 +44,21 @@ def publish(servers: Sequence[Any], topic: str, bodies: Sequence[bytes]) -> None
 
 def drain(servers: Sequence[Any], topic: str, channel: str, idle: float = 1.0) -> list[bytes]:
     """Read and FIN everything queued on ``channel`` until it stays empty for ``idle`` s."""
-    consumer = SourceConsumer(
-        topic, channel, nsqd=[s.tcp_address for s in servers], max_in_flight=2000
-    )
-    consumer.start()
     bodies: list[bytes] = []
-    try:
+    addresses = [s.tcp_address for s in servers]
+    with Consumer(topic, channel, nsqd=addresses, max_in_flight=2000) as consumer:
+        # every nsqd has the channel once subscribed (it gets every later message)
+        wait_for(
+            lambda: sum(c.connected for c in consumer.stats().connections) == len(addresses),
+            10,
+            "subscribed to every nsqd",
+        )
         while True:
-            got = consumer.take(2000, idle, 0.01)
-            if not got:
+            message = consumer.get(timeout=idle)
+            if message is None:
                 return bodies
-            bodies += [h.message.body for h in got]
-            consumer.finish(got)
-    finally:
-        consumer.close()
+            bodies.append(message.body)
+            message.finish()
 
 
 def wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:

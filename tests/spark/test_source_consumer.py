@@ -10,18 +10,23 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from transports.spark._consumer import SourceConsumer
+from transports.spark import ReadOptions
+from transports.spark._source import SourceConsumer
 
-from .helpers import channel_stats, create_channel, publish
+from .helpers import channel_stats, create_channel, publish, wait_for
 
 pytestmark = pytest.mark.spark
+
+
+def _consumer(**options: str) -> SourceConsumer:
+    return SourceConsumer(ReadOptions.parse({"channel": "c", **options}))
 
 
 def test_dead_nsqd_in_the_list_does_not_stop_the_others(nsqd_pair: list[Any]) -> None:
     live = nsqd_pair[0]
     create_channel(live, "mixed", "c")
     publish([live], "mixed", [b"%d" % i for i in range(300)])
-    consumer = SourceConsumer("mixed", "c", nsqd=["127.0.0.1:1", live.tcp_address])
+    consumer = _consumer(topic="mixed", nsqd=f"127.0.0.1:1,{live.tcp_address}")
     consumer.start()
     try:
         got: list[Any] = []
@@ -37,14 +42,10 @@ def test_dead_nsqd_in_the_list_does_not_stop_the_others(nsqd_pair: list[Any]) ->
 
 def test_held_messages_survive_many_msg_timeouts_and_fin_after(nsqd_pair: list[Any]) -> None:
     """Held for 3.5 s with a 1 s msg_timeout: TOUCH keeps them; FIN then clears the channel."""
-    from nsq_sansio.config import Config
-
     server = nsqd_pair[1]
     create_channel(server, "held", "c")
     publish([server], "held", [b"h%d" % i for i in range(50)])
-    consumer = SourceConsumer(
-        "held", "c", nsqd=[server.tcp_address], max_in_flight=50, config=Config(msg_timeout=1.0)
-    )
+    consumer = _consumer(topic="held", nsqd=server.tcp_address, max_in_flight="50", msg_timeout="1")
     consumer.start()
     try:
         held = consumer.take(50, 2.0, 0.2)
@@ -52,16 +53,68 @@ def test_held_messages_survive_many_msg_timeouts_and_fin_after(nsqd_pair: list[A
         time.sleep(3.5)
         stats = channel_stats(server, "held", "c")
         assert stats["timeout_count"] == 0 and stats["in_flight_count"] == 50
+        assert consumer.touches >= 2 * 50
         assert consumer.finish(held) == 50
-        time.sleep(0.2)
-        stats = channel_stats(server, "held", "c")
-        assert stats["in_flight_count"] == 0 and stats["depth"] == 0
+        wait_for(lambda: channel_stats(server, "held", "c")["in_flight_count"] == 0, 5, "FIN")
+        assert channel_stats(server, "held", "c")["depth"] == 0
+    finally:
+        consumer.close()
+
+
+def test_max_in_flight_above_max_rdy_count_runs_several_consumers(
+    nsqd_pair: list[Any],
+) -> None:
+    """nsqd lets one connection hold max_rdy_count (2500) messages; a batch of 6000 from one
+    nsqd takes three consumers (three connections), all held at once."""
+    server = nsqd_pair[0]
+    create_channel(server, "wide", "c")
+    publish([server], "wide", [b"w%d" % i for i in range(6000)])
+    consumer = _consumer(topic="wide", nsqd=server.tcp_address, max_in_flight="6000")
+    consumer.start()
+    try:
+        assert consumer.consumer_count == 3
+        got: list[Any] = []
+        while len(got) < 6000:
+            batch = consumer.take(6000 - len(got), 2.0, 0.5)
+            assert batch
+            got += batch
+        assert len({m.id for m in got}) == 6000
+        assert channel_stats(server, "wide", "c")["in_flight_count"] == 6000
+        assert consumer.finish(got) == 6000
+        wait_for(lambda: channel_stats(server, "wide", "c")["in_flight_count"] == 0, 5, "FIN")
     finally:
         consumer.close()
 
 
 def test_missing_nsqd_is_a_clear_error() -> None:
-    consumer = SourceConsumer("t", "c", nsqd=["127.0.0.1:1"], connect_timeout=0.5)
+    consumer = _consumer(topic="t", nsqd="127.0.0.1:1", connect_timeout="0.5")
     with pytest.raises(Exception, match=r"could not subscribe to 't'/'c' on any nsqd"):
         consumer.start()
     consumer.close()
+
+
+def test_prefetched_messages_held_too_long_go_back_to_nsqd() -> None:
+    """Messages fetched ahead wait for the next trigger; past half of nsqd's max_msg_timeout
+    (TOUCH cannot keep them much longer) they are requeued and read fresh, never handed out
+    stale."""
+    from transports.embedded import EmbeddedNSQD, ServerThread
+
+    with ServerThread(EmbeddedNSQD(msg_timeout=1.0, max_msg_timeout=2.0)) as server:
+        create_channel(server, "ahead", "c")
+        publish([server], "ahead", [b"a%d" % i for i in range(20)])
+        consumer = _consumer(
+            topic="ahead", nsqd=server.tcp_address, max_in_flight="20", msg_timeout="1"
+        )
+        consumer.start()
+        try:
+            first = consumer.take(10, 2.0, 0.3, prefetch=10)
+            assert len(first) == 10 and consumer.finish(first) == 10
+            time.sleep(1.3)  # the 10 fetched ahead pass max_msg_timeout / 2 = 1 s
+            second = consumer.take(10, 2.0, 0.3)
+            assert len(second) == 10 and all(m.attempts == 2 for m in second)
+            assert consumer.finish(second) == 10
+            wait_for(lambda: channel_stats(server, "ahead", "c")["in_flight_count"] == 0, 5, "FIN")
+            stats = channel_stats(server, "ahead", "c")
+            assert stats["depth"] == 0 and stats["requeue_count"] == 10
+        finally:
+            consumer.close()

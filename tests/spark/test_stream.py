@@ -263,3 +263,50 @@ def test_streaming_write_publishes_every_micro_batch(
     assert len([p for p in query.recentProgress if p["numInputRows"]]) == 3
     assert message_count(nsqd_pair, topic) == 1200
     assert sorted(drain(nsqd_pair, topic, "check")) == sorted(expected)
+
+
+def test_two_queries_on_one_channel_share_the_work(
+    spark: Any, nsqd_pair: list[Any], tmp_path: Path
+) -> None:
+    """Reads scale out the NSQ way: two streaming queries (each its own consumers, as separate
+    Spark applications would be) on the same channel split its messages; together they read
+    every one, and here each exactly once."""
+    from pyspark.sql import DataFrame
+
+    topic, channel = "stream_shared", "spark"
+    publish(nsqd_pair, topic, [b"warmup"])
+    drain(nsqd_pair, topic, channel, idle=0.3)
+    bodies = [b"sh-%04d" % i for i in range(1200)]
+    publish(nsqd_pair, topic, bodies)
+    sinks: list[list[bytes]] = [[], []]
+
+    def sink(index: int) -> Any:
+        def record(batch: DataFrame, batch_id: int) -> None:
+            sinks[index].extend(bytes(r.body) for r in batch.select("body").collect())
+            time.sleep(0.1)  # some work per batch, so that neither drains it all alone
+
+        return record
+
+    queries = [
+        _source(
+            spark,
+            nsqd_pair,
+            topic,
+            channel,
+            max_in_flight="150",
+            wait_timeout="1",
+        )
+        .writeStream.foreachBatch(sink(index))
+        .option("checkpointLocation", str(tmp_path / f"ckpt{index}"))
+        .trigger(availableNow=True)
+        .start()
+        for index in range(2)
+    ]
+    for query in queries:
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+    assert all(sinks), f"a query read nothing: {[len(s) for s in sinks]}"
+    assert set(sinks[0]) | set(sinks[1]) == set(bodies), "a message was lost"
+    assert len(sinks[0]) + len(sinks[1]) == len(bodies)
+    assert _in_flight(nsqd_pair, topic, channel) == 0
+    assert _depth(nsqd_pair, topic, channel) == 0

@@ -892,6 +892,8 @@ class Producer:
     # --- stats ---------------------------------------------------------------------------------
 
     def stats(self) -> ProducerStats:
+        """A snapshot of the counters and connections. Safe to call from another thread (a
+        metrics scrape) while the event loop runs: it only reads fields and sizes."""
         return ProducerStats(
             published=self._published,
             failed=self._failed,

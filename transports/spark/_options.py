@@ -29,6 +29,16 @@ _COMMON = {
     "heartbeat_interval",
     "user_agent",
     "client_id",
+    "output_buffer_size",
+    "output_buffer_timeout",
+    "tls_v1",
+    "tls_verify",
+    "tls_ca_file",
+    "tls_ca_data",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_key_password",
+    "tls_server_name",
     "path",  # .save(path) / .load(path) pass a "path" option; rejected with a message below
     "checkpointlocation",  # writeStream passes it to the sink too; Spark's business, ignored
 }
@@ -44,6 +54,17 @@ _READ = {
     "lookupd_poll_interval",
     "partitions",
 }
+
+
+#: TLS options passed to the transports as given (file paths, PEM text, names).
+_TLS_TEXT = (
+    "tls_ca_file",
+    "tls_ca_data",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_key_password",
+    "tls_server_name",
+)
 
 
 class NSQOptionError(ValueError):
@@ -105,11 +126,32 @@ class _Common:
     lookupd: tuple[str, ...]
     connect_timeout: float
     config_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: TLS options for the transports (``tls_ca_file``...), under the transports' names.
+    tls_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def config(self, **extra: Any) -> Config:
         try:
             return Config().replace(**self.config_kwargs, **extra)
         except ConfigError as exc:
+            raise NSQOptionError(f"bad NSQ option: {exc}") from None
+
+    def client_kwargs(self, **extra: Any) -> dict[str, Any]:
+        """Keyword arguments for the blocking Producer/Consumer: ``config`` (a
+        :class:`~nsq_sansio.config.Config`), ``connect_timeout`` and the TLS options."""
+        return {
+            "config": self.config(**extra),
+            "connect_timeout": self.connect_timeout,
+            **self.tls_kwargs,
+        }
+
+    def check_client_options(self, **extra: Any) -> None:
+        """Raise NSQOptionError now (on the driver) if the transports would refuse them."""
+        from transports._common import split_options
+
+        options = {"connect_timeout": self.connect_timeout, **self.tls_kwargs}
+        try:
+            split_options(self.config(**extra), options)
+        except (ConfigError, ValueError, TypeError) as exc:
             raise NSQOptionError(f"bad NSQ option: {exc}") from None
 
 
@@ -158,12 +200,30 @@ def _common(opts: dict[str, str], allowed: set[str], role: str) -> dict[str, Any
     for name in ("user_agent", "client_id"):
         if name in opts:
             kwargs[name] = opts[name]
+    if "output_buffer_size" in opts:
+        kwargs["output_buffer_size"] = _int(opts, "output_buffer_size", 16384, -1, 1 << 30)
+    if "output_buffer_timeout" in opts:
+        kwargs["output_buffer_timeout"] = _float(opts, "output_buffer_timeout", 0.25, -1.0, 60.0)
+    tls: dict[str, Any] = {}
+    if "tls_v1" in opts:
+        kwargs["tls_v1"] = _bool(opts, "tls_v1", False)
+    if "tls_verify" in opts:
+        tls["tls_verify"] = _bool(opts, "tls_verify", True)
+    for name in _TLS_TEXT:
+        if name in opts:
+            tls[name] = opts[name]
+    if tls and kwargs.get("tls_v1") is False:
+        raise NSQOptionError(
+            f"option tls_v1=false contradicts {', '.join(sorted(tls))}: drop tls_v1 "
+            "(any tls_* option turns TLS on) or the tls_* options"
+        )
     return {
         "topic": topic,
         "nsqd": tuple(nsqd),
         "lookupd": tuple(lookupd),
         "connect_timeout": _float(opts, "connect_timeout", 5.0, 0.1, 600.0),
         "config_kwargs": kwargs,
+        "tls_kwargs": tls,
     }
 
 
@@ -197,7 +257,7 @@ class WriteOptions(_Common):
             timeout=_float(opts, "timeout", 30.0, 0.1, 3600.0),
             arrow=_bool(opts, "arrow", True),
         )
-        result.config()  # check the NSQ settings now, on the driver
+        result.check_client_options()  # check the NSQ settings now, on the driver
         return result
 
 
@@ -244,14 +304,29 @@ class ReadOptions(_Common):
             linger=_float(opts, "linger", 0.05, 0.0, 60.0),
             msg_timeout=_float(opts, "msg_timeout", 20.0, 1.0, 3600.0),
             touch_interval=None if touch is None else _float(opts, "touch_interval", 10, 0.1, 3600),
-            lookupd_poll_interval=_float(opts, "lookupd_poll_interval", 60.0, 0.1, 86400.0),
+            lookupd_poll_interval=_float(opts, "lookupd_poll_interval", 60.0, 0.1, 300.0),
             partitions=_int(opts, "partitions", 1, 1, 10_000),
         )
-        result.config()
+        result.check_client_options(**result._consumer_settings(max_in_flight))
         return result
 
-    def consumer_config(self) -> Config:
-        extra: dict[str, Any] = {"max_in_flight": self.max_in_flight}
+    def _consumer_settings(self, max_in_flight: int) -> dict[str, Any]:
+        settings: dict[str, Any] = {
+            "max_in_flight": max_in_flight,
+            # The source never gives a message up (a give-up FINs it unread) and never backs
+            # off (it only REQs when closing).
+            "max_attempts": 0,
+            "backoff_enabled": False,
+            "lookupd_poll_interval": self.lookupd_poll_interval,
+        }
         if self.msg_timeout is not None:
-            extra["msg_timeout"] = self.msg_timeout
-        return self.config(**extra)
+            settings["msg_timeout"] = self.msg_timeout
+            # Messages nsqd sent after a fetch was filled wait for the next trigger (a batch
+            # away), untouched: keep them half a msg_timeout rather than the default 1 s
+            # (after which they would be requeued, and come back with attempts + 1).
+            settings["pull_hold_timeout"] = min(self.msg_timeout / 2, 60.0)
+        return settings
+
+    def consumer_kwargs(self, max_in_flight: int) -> dict[str, Any]:
+        """Keyword arguments of one pull-mode :class:`transports.sync.Consumer` of the source."""
+        return self.client_kwargs(**self._consumer_settings(max_in_flight))

@@ -9,24 +9,27 @@ data or not, and only after the previous batch ran and its entry was written to 
 checkpoint's commit log; ``start`` is then that batch's end offset. So when
 ``latestOffset`` receives ``start = {"batch": N, ...}``, batch N is durably complete, and its
 messages are FIN'd there, before batch N+1 is taken. (``commit(end)``, which Spark calls one
-batch late and not at all on an idle stream, FINs too, idempotently.) Until then a background
-thread answers nsqd's heartbeats and TOUCHes every message held (``touch_interval``, by default
-a third of nsqd's msg_timeout), so nothing times out while Spark works or idles between
-triggers.
+batch late and not at all on an idle stream, FINs too, idempotently.) Until then the consumer
+TOUCHes every message held (``touch_interval``, by default a third of nsqd's msg_timeout), so
+nothing times out while Spark works or idles between triggers.
 
-Offsets: ``{"batch": N, "ids": {"nsqd:port": "<16-char ids concatenated>"}}``. The ids of the
-batch let a restarted query recognise redeliveries of a batch that was committed but whose FINs
-were not sent (the query stopped between its commit and the next trigger): they are FIN'd and
-dropped, never read again. A batch found in the offset log but not committed is replayed by
-Spark through ``partitions()``; the source cannot rebuild it (nsqd took the messages back), so
-it answers with no rows and the messages come again, redelivered by nsqd, in later batches.
+Offsets: ``{"batch": N, "count": n, "nsqd": {"host:port": digest}}``, where a digest is the
+count, id range and hash of the ids the batch took from that nsqd (see ``_redelivery``): a few
+hundred bytes whatever the batch size. The digest lets a restarted query recognise the
+redeliveries of a batch that was committed but whose FINs were not sent (the query stopped
+between its commit and the next trigger): they are FIN'd and dropped, never read again. A
+batch found in the offset log but not committed is replayed by Spark through
+``partitions()``; the source cannot rebuild it (nsqd took the messages back), so it answers
+with no rows and the messages come again, redelivered by nsqd, in later batches.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -46,13 +49,19 @@ from pyspark.sql.types import (
 )
 
 from nsq_sansio.frames import MESSAGE_ID_SIZE
+from transports.sync import Message
 
-from ._consumer import HeldMessage, SourceConsumer
 from ._options import ReadOptions
+from ._redelivery import RedeliveryFilter, batch_digests, digests_from_offset
+from ._source import SourceConsumer
 
 __all__ = ["SOURCE_SCHEMA", "NSQStreamReader"]
 
 _log = logging.getLogger("transports.spark.reader")
+
+#: After a restart, how long the redeliveries of the last committed batch may trickle in
+#: (since the last one) before the ones set aside are read after all (as duplicates).
+REDELIVERY_PATIENCE = 10.0
 
 SOURCE_SCHEMA = StructType(
     [
@@ -66,6 +75,15 @@ SOURCE_SCHEMA = StructType(
     ]
 )
 
+# The core's Deliver handle carries the message's fields itself (by name: its layout is the
+# core's business).
+_delivery = attrgetter("delivery")
+_address = attrgetter("address")
+_id = attrgetter("id")
+_body = attrgetter("body")
+_timestamp = attrgetter("timestamp")
+_attempts = attrgetter("attempts")
+
 
 @dataclass
 class NSQInputPartition(InputPartition):
@@ -75,20 +93,23 @@ class NSQInputPartition(InputPartition):
     batch: Any  # pyarrow.RecordBatch with SOURCE_SCHEMA's columns
 
 
-def _ids_of(messages: Sequence[HeldMessage]) -> dict[str, str]:
-    by_node: dict[str, list[str]] = {}
-    for held in messages:
-        by_node.setdefault(held.address, []).append(held.message.id.decode("ascii"))
-    return {address: "".join(ids) for address, ids in sorted(by_node.items())}
+def _redelivery_key(message: Message) -> tuple[str, bytes, int]:
+    return message.nsqd_address, message.id, message.attempts
 
 
-def _split_ids(offset: dict[str, Any]) -> set[tuple[str, bytes]]:
-    found: set[tuple[str, bytes]] = set()
-    for address, joined in (offset.get("ids") or {}).items():
-        data = joined.encode("ascii")
-        for i in range(0, len(data), MESSAGE_ID_SIZE):
-            found.add((address, data[i : i + MESSAGE_ID_SIZE]))
-    return found
+def _offset(seq: int, messages: Sequence[Message]) -> dict[str, Any]:
+    """Batch ``seq``'s end offset: its number and, per nsqd, a digest of its ids."""
+    deliveries = list(map(_delivery, messages))
+    by_link: dict[int, tuple[Any, list[bytes]]] = {}
+    for address, message_id in zip(map(_address, deliveries), map(_id, deliveries), strict=True):
+        entry = by_link.get(id(address))  # one address object per connection: cheap grouping
+        if entry is None:
+            entry = by_link[id(address)] = (address, [])
+        entry[1].append(message_id)
+    ids_by_node: dict[str, list[bytes]] = {}
+    for address, ids in by_link.values():
+        ids_by_node.setdefault(str(address), []).extend(ids)
+    return {"batch": seq, "count": len(messages), "nsqd": batch_digests(ids_by_node)}
 
 
 class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -97,10 +118,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._consumer: SourceConsumer | None = None
-        # batch number -> (start offset, messages held for it)
-        self._batches: dict[int, list[HeldMessage]] = {}
+        # batch number -> messages held for it (FIN'd once Spark committed the batch)
+        self._batches: dict[int, list[Message]] = {}
         self._replayed: set[int] = set()
-        self._committed_ids: set[tuple[str, bytes]] = set()
+        self._filter: RedeliveryFilter[Message] | None = None
         self._first_call = True
 
     def __getstate__(self) -> dict[str, Any]:  # never ship connections to executors
@@ -113,24 +134,13 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _consumer_started(self) -> SourceConsumer:
         if self._consumer is None:
-            o = self.options
-            consumer = SourceConsumer(
-                o.topic,
-                o.channel,
-                nsqd=o.nsqd,
-                lookupd=o.lookupd,
-                max_in_flight=o.max_in_flight,
-                config=o.consumer_config(),
-                connect_timeout=o.connect_timeout,
-                lookupd_poll_interval=o.lookupd_poll_interval,
-                touch_interval=o.touch_interval,
-            )
+            consumer = SourceConsumer(self.options)
             consumer.start()
             self._consumer = consumer
         return self._consumer
 
     def initialOffset(self) -> dict[str, Any]:
-        return {"batch": 0, "ids": {}}
+        return {"batch": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.options.max_messages_per_trigger)
@@ -146,42 +156,67 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         seq = int(start.get("batch", 0))
         if self._first_call:
             self._first_call = False
-            if seq not in self._replayed:
+            digests = digests_from_offset(start, MESSAGE_ID_SIZE)
+            if digests and seq not in self._replayed:
                 # Batch `seq` was committed by an earlier run: its redeliveries are dropped.
-                self._committed_ids = _split_ids(start)
+                window = (self.options.msg_timeout or 60.0) + REDELIVERY_PATIENCE
+                self._filter = RedeliveryFilter(
+                    digests,
+                    _redelivery_key,
+                    patience=REDELIVERY_PATIENCE,
+                    give_up_at=time.monotonic() + window,
+                )
         self._finish_through(seq)
         max_rows = self.options.max_messages_per_trigger
         if isinstance(limit, ReadMaxRows):
             max_rows = max(1, min(max_rows, limit.max_rows))
         elif not isinstance(limit, ReadAllAvailable):
             _log.warning("nsq source ignores read limit %r", limit)
-        taken: list[HeldMessage] = []
+        taken: list[Message] = []
         wait = self.options.wait_timeout
-        while len(taken) < max_rows:
-            got = consumer.take(max_rows - len(taken), wait, self.options.linger)
-            if not got:
+        while True:
+            room = self.options.max_in_flight - max_rows
+            if self._filter is not None:
+                room -= len(self._filter.pending())
+            prefetch = min(max_rows, room)  # fetched while Spark runs this batch
+            got = consumer.take(max_rows - len(taken), wait, self.options.linger, prefetch=prefetch)
+            arrived = bool(got)
+            if self._filter is not None:
+                got = self._sift(consumer, got)
+            taken += got
+            if taken or not arrived or len(taken) >= max_rows:
                 break
-            fresh: list[HeldMessage] = []
-            stale: list[HeldMessage] = []
-            for held in got:
-                key = (held.address, held.message.id)
-                (stale if key in self._committed_ids else fresh).append(held)
-            if stale:
-                consumer.finish(stale)  # committed in an earlier run: FIN, never read again
-                self._committed_ids.difference_update((h.address, h.message.id) for h in stale)
-            taken += fresh
-            if fresh:
-                break
-            wait = self.options.linger
+            wait = self.options.linger  # only redeliveries of a committed batch came
         if not taken:
             return start
         end = seq + 1
         self._batches[end] = taken
-        return {"batch": end, "ids": _ids_of(taken)}
+        return _offset(end, taken)
+
+    def _sift(self, consumer: SourceConsumer, got: list[Message]) -> list[Message]:
+        """After a restart: drop (FIN) the redeliveries of the committed batch; keep the rest."""
+        assert self._filter is not None
+        fresh, committed, released = self._filter.offer(got, time.monotonic())
+        if committed:
+            consumer.finish(committed)
+            _log.warning(
+                "nsq source: %d messages of a batch committed before the restart came again; "
+                "FIN'd and dropped",
+                len(committed),
+            )
+        if released:
+            _log.warning(
+                "nsq source: %d redelivered messages could not be matched to the batch "
+                "committed before the restart; they are read again (at-least-once)",
+                len(released),
+            )
+        if not self._filter.active:
+            self._filter = None
+        return fresh + released
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, last = int(start.get("batch", 0)), int(end.get("batch", 0))
-        messages: list[HeldMessage] = []
+        messages: list[Message] = []
         for seq in range(first + 1, last + 1):
             held = self._batches.get(seq)
             if held is None:
@@ -203,18 +238,25 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for i in range(0, len(messages), step)
         ]
 
-    def _record_batch(self, messages: Sequence[HeldMessage]) -> Any:
+    def _record_batch(self, messages: Sequence[Message]) -> Any:
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         n = len(messages)
+        deliveries = list(map(_delivery, messages))
+        core = deliveries
+        addresses = list(map(_address, deliveries))
+        unique = dict(zip(map(id, addresses), addresses, strict=True))  # one per connection
+        names = {key: str(address) for key, address in unique.items()}
+        timestamps = pa.array(list(map(_timestamp, core)), pa.int64())
         columns = [
-            pa.array([h.message.id.decode("ascii") for h in messages], pa.string()),
-            pa.array([h.message.body for h in messages], pa.binary()),
-            pa.array([h.message.timestamp // 1000 for h in messages], pa.timestamp("us", "UTC")),
-            pa.array([h.message.attempts for h in messages], pa.int32()),
-            pa.array([self.options.topic] * n, pa.string()),
-            pa.array([self.options.channel] * n, pa.string()),
-            pa.array([h.address for h in messages], pa.string()),
+            pa.array(list(map(_id, core)), pa.binary()).cast(pa.string()),
+            pa.array(list(map(_body, core)), pa.binary()),
+            pc.divide(timestamps, 1000).cast(pa.timestamp("us", "UTC")),
+            pa.array(list(map(_attempts, core)), pa.int32()),
+            pa.repeat(self.options.topic, n),
+            pa.repeat(self.options.channel, n),
+            pa.array(list(map(names.__getitem__, map(id, addresses))), pa.string()),
         ]
         schema = pa.schema(
             [
@@ -236,7 +278,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if sent < len(messages):
             _log.warning(
                 "nsq source: %d of %d messages of committed batches could not be FIN'd "
-                "(their connection closed): nsqd will deliver them again",
+                "(nsqd took them back: connection closed or timed out): nsqd will deliver "
+                "them again",
                 len(messages) - sent,
                 len(messages),
             )
@@ -249,7 +292,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         consumer, self._consumer = self._consumer, None
         self._batches.clear()
         if consumer is not None:
-            consumer.close(requeue=True)
+            consumer.close()
 
     # --- executors --------------------------------------------------------------------------
 

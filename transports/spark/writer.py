@@ -16,6 +16,9 @@ import decimal
 import json
 import logging
 import random
+import ssl
+import urllib.error
+import urllib.request
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,7 +33,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from ._consumer import lookup_nsqds
+from nsq_sansio.discovery import LookupdAddress, parse_lookup_response
+from nsq_sansio.errors import NSQError
+
 from ._options import NSQOptionError, WriteOptions
 
 __all__ = [
@@ -90,12 +95,53 @@ def check_write_schema(schema: StructType, serialization: str) -> None:
         )
 
 
+def lookup_nodes(
+    lookupd: Sequence[str], timeout: float, context: ssl.SSLContext | None = None
+) -> list[str]:
+    """Every nsqd TCP address the lookupd know (``GET /nodes``, answers parsed by the core),
+    unioned. Raises :class:`NSQError` when no lookupd answered; an empty list means they
+    answered with no nsqd. Called once per write, on the driver."""
+    found: dict[str, None] = {}
+    errors: list[str] = []
+    for text in lookupd:
+        address = LookupdAddress.parse(text)
+        try:
+            with urllib.request.urlopen(
+                f"{address}/nodes", timeout=timeout, context=context
+            ) as response:
+                status, body = response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            status, body = exc.code, exc.read()
+        except OSError as exc:
+            errors.append(f"{address}: {exc}")
+            continue
+        answer = parse_lookup_response(address, status, body)
+        if hasattr(answer, "error"):
+            errors.append(f"{address}: {answer.error}")
+            continue
+        for producer in answer.producers:
+            found[str(producer)] = None
+    if errors and len(errors) == len(lookupd):
+        raise NSQError("no nsqlookupd answered: " + "; ".join(errors))
+    return list(found)
+
+
+def _https_context(options: WriteOptions) -> ssl.SSLContext | None:
+    """The TLS options' context for https:// lookupd (None: urllib's default)."""
+    if not options.tls_kwargs:
+        return None
+    from transports._common import split_options
+
+    _, transport = split_options(options.config(), dict(options.tls_kwargs))
+    return transport.ssl_context()
+
+
 def resolve_nsqd(options: WriteOptions) -> tuple[str, ...]:
     """The nsqd to publish to: the given ones, plus every nsqd the lookupd know."""
     addresses = list(options.nsqd)
     if options.lookupd:
         try:
-            found = lookup_nsqds(options.lookupd, None, options.connect_timeout)
+            found = lookup_nodes(options.lookupd, options.connect_timeout, _https_context(options))
         except Exception as exc:
             if not addresses:
                 raise NSQPublishError(f"nsq sink: {exc}") from exc
@@ -156,13 +202,11 @@ class _Publisher:
         self._options = options
         order = list(nsqd)
         random.Random(partition_id).shuffle(order)  # spread partitions over the nsqd
-        config = options.config()
         self._producer = Producer(
             order,
-            config=config,
             max_pending=options.max_pending,
             timeout=options.timeout,
-            connect_timeout=options.connect_timeout,
+            **options.client_kwargs(),
         )
         self._pending: deque[tuple[Any, int]] = deque()  # (publish future, messages)
         self.partition_id = partition_id

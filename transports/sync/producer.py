@@ -356,6 +356,20 @@ class _Node:
         self.log = ConnectionLogger(_log, self.address)
 
 
+def _connection_stats(node: _Node) -> ConnectionStats:
+    conn, link = node.conn, node.link  # read once: the IO thread may replace them
+    return ConnectionStats(
+        address=node.address,
+        state=conn.state.name if conn is not None else "DISCONNECTED",
+        connected=node.ready,
+        in_flight=len(node.inflight),
+        reconnects=max(node.connects - 1, 0),
+        bytes_received=link.bytes_in if link is not None else 0,
+        bytes_sent=link.bytes_out if link is not None else 0,
+        last_error=node.last_error,
+    )
+
+
 class Producer:
     """Publish to one or several nsqd over TCP. See the module docstring."""
 
@@ -567,20 +581,10 @@ class Producer:
     # --- introspection --------------------------------------------------------------------------
 
     def stats(self) -> ProducerStats:
-        """A snapshot (plain dataclass) of the pool's state and counters."""
-        connections = tuple(
-            ConnectionStats(
-                address=n.address,
-                state=n.conn.state.name if n.conn is not None else "DISCONNECTED",
-                connected=n.ready,
-                in_flight=len(n.inflight),
-                reconnects=max(n.connects - 1, 0),
-                bytes_received=n.link.bytes_in if n.link is not None else 0,
-                bytes_sent=n.link.bytes_out if n.link is not None else 0,
-                last_error=n.last_error,
-            )
-            for n in self._nodes
-        )
+        """A snapshot (plain dataclass) of the pool's state and counters. Safe to call from
+        any thread while the IO thread runs (each connection's socket and state are read
+        once, so one replaced meanwhile cannot break it)."""
+        connections = tuple(map(_connection_stats, list(self._nodes)))
         return ProducerStats(
             published=self._published,
             failed=self._failed,
