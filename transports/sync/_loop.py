@@ -10,7 +10,8 @@ wake-up socketpair and a queue of calls handed over by other threads. Each itera
 
 Everything the owner does happens on this thread, so the sans-IO objects it drives need no
 locks (an owner that lets its callers' threads read or write a link for a while pauses the
-loop's reads of it, :meth:`IOLoop.pause_reading`, and serializes with its own lock). TLS runs through :class:`ssl.SSLObject` over memory BIOs, so the upgrade happens at exactly
+loop's reads of it, :meth:`IOLoop.pause_reading`, and serializes with its own lock). TLS
+runs through :class:`ssl.SSLObject` over memory BIOs, so the upgrade happens at exactly
 the byte the core says and bytes read past it (``trailing_data``) are fed to TLS, not lost.
 """
 
