@@ -6,8 +6,9 @@ and hands the read role to the next waiting caller; the IO thread reads only whe
 does. What must still hold: heartbeats are answered on an idle producer (the IO thread takes
 the socket back), every answer reaches its own caller under many threads (refusals included),
 each caller's deadline holds whoever reads, a leader's expiry hands the role over, answers
-nobody waits for still complete their futures, and failover works with a caller reading.
-Real-nsqd tests skip without the binaries.
+nobody waits for still complete their futures, failover works with a caller reading, and
+snappy/deflate connections (the core's codec) work with callers reading. Real-nsqd tests skip
+without the binaries.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 
 from nsq_sansio.errors import BadMessage
 from transports.real_nsq import RealNSQD, find_binaries
-from transports.sync import Producer
+from transports.sync import Consumer, Producer
 from transports.sync import producer as producer_module
 
 from ._helpers import running_nsqd, unique, wait_for
@@ -347,3 +348,55 @@ def test_failover_while_a_caller_reads_the_dead_connection_real() -> None:
             assert results == [None] * 8
             assert time.monotonic() - started < 10
         assert topic_count(second, topic) == before + 8  # the stuck ones went there too
+
+
+# --- compression: the core's codec runs on whichever thread reads or writes ------------------
+
+
+def _compressed(address: str, compression: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    topic = unique()
+    leads = LeadCounter(monkeypatch)
+    body = b"compressible " * 50
+    expected = [b"warm"] * 3 + [body + b"one %d" % i for i in range(50)]
+    expected += [body + b"t%d %d" % (t, i) for t in range(8) for i in range(50)]
+    with Producer(address, **{compression: True}) as p:
+        enter_direct(p, topic)
+        for i in range(50):
+            p.publish(topic, body + b"one %d" % i)
+
+        def caller(t: int) -> None:
+            for i in range(50):
+                p.publish(topic, body + b"t%d %d" % (t, i))
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert p.stats().published == len(expected)
+        assert leads.count >= 50  # the callers read (and decompressed) the answers
+    got: list[bytes] = []
+    with Consumer(topic, "c", nsqd=[address], max_in_flight=100, **{compression: True}) as c:
+        for msg in c:
+            got.append(msg.body)
+            msg.finish()
+            if len(got) == len(expected):
+                break
+    assert sorted(got) == sorted(expected)
+
+
+@needs_real
+@pytest.mark.parametrize("compression", ["snappy", "deflate"])
+def test_compressed_connections_read_by_callers_real(
+    compression: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with RealNSQD() as nsqd:
+        _compressed(nsqd.tcp_address, compression, monkeypatch)
+
+
+@pytest.mark.parametrize("compression", ["snappy", "deflate"])
+def test_compressed_connections_read_by_callers_embedded(
+    compression: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_nsqd() as (server, _):
+        _compressed(server.tcp_address, compression, monkeypatch)
