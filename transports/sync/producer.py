@@ -24,6 +24,9 @@ caller. The IO thread reads only when no caller does (it takes the socket back a
 idle time, so heartbeats are answered on an idle producer), and it connects, fails over,
 enforces deadlines and writes what no caller wrote. With TLS the IO thread does all the IO.
 
+``connections_per_nsqd`` (default 1) opens that many connections to each nsqd; publishes go
+round robin over all of them, each connection keeping every guarantee below.
+
 Failover: each publish goes to the next connected nsqd (round robin). When a connection dies with
 publishes unanswered, they are sent again, preferring an nsqd they were not tried on, at most
 ``len(nsqd) + 1`` times in all and only until their ``timeout``; while no nsqd is connected they
