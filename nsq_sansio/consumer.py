@@ -60,6 +60,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import groupby, repeat
 from operator import is_, itemgetter
 from typing import NamedTuple, cast
 
@@ -133,6 +134,8 @@ RDY_SETTLE_MIN = 0.25
 _new_tuple = tuple.__new__
 _id: Callable[[Deliver], bytes] = itemgetter(1)  # Deliver.id
 _attempts: Callable[[Deliver], int] = itemgetter(4)  # Deliver.attempts
+_conn_id: Callable[[Deliver], int] = itemgetter(0)  # Deliver.conn_id
+_deadline: Callable[[Deliver], float] = itemgetter(7)  # Deliver.deadline
 
 
 def _no_fin(message_id: bytes) -> None:  # pragma: no cover - never called: no message yet
@@ -361,6 +364,7 @@ class _Link:
         "head",
         "held",
         "last_message_at",
+        "live_floor",
         "marks",
         "max_msg_timeout",
         "max_rdy",
@@ -421,6 +425,10 @@ class _Link:
         self.last_message_at = -math.inf
         #: Pull mode: which link delivered last (ties of ``last_message_at`` in one read).
         self.pull_seq = 0
+        #: No message held here reaches its deadline before this (a lower bound, lowered by
+        #: each read, recomputed by a scan): until then every held message is live, so the
+        #: pull budget needs no walk over them (see ``_live_count``). -inf: scan next time.
+        self.live_floor = -math.inf
         self.rdy_at = -math.inf
         #: Messages in flight here, with the handle the user answers with: ``held`` by id,
         #: then ``queue[head:]``, the handles of the latest reads in delivery order, not put
@@ -878,7 +886,19 @@ class ConsumerCoordinator:
             # (nsqd requeues those messages), and no command may be sent.
             self._close_from_events(link, events, now)
             return
+        if now + link.msg_timeout < link.live_floor:  # what this read brings expires then
+            link.live_floor = now + link.msg_timeout
         if not (link.accepting and self._calm):
+            if (
+                self._pull
+                and link.accepting
+                and proto.in_flight_count - held == len(events)
+                and (not self._max_attempts or max(map(_attempts, events)) <= self._max_attempts)
+            ):
+                # Pull mode's hot path: a read of messages only, each new to this connection
+                # and under max_attempts (as push mode's below), handed on as one batch.
+                self._pull_receive(link, cast("list[Deliver]", events), now)
+                return
             for event in events:
                 if type(event) is Deliver:
                     self._on_message(link, event, now)
@@ -1089,7 +1109,11 @@ class ConsumerCoordinator:
         and gave a TakenBack, exactly as :meth:`finish` would, and is appended to ``refused``
         when given (so a transport can tell which of its handles came too late)."""
         finish = self.finish
-        if not self._calm:  # backoff, drain or pull: every answer has consequences
+        if not self._calm:  # backoff, drain, pull or settling: answers have consequences
+            if self._state is ConsumerState.RUNNING and self._backoff.phase is BackoffPhase.NORMAL:
+                # Pull mode, or a lowered RDY settling: each FIN frees budget, but none
+                # changes backoff, so the budget is recounted once for the whole batch.
+                return self._finish_many_running(deliveries, now, refused)
             if refused is None:
                 return sum([finish(delivery, now) for delivery in deliveries])
             done = 0
@@ -1158,6 +1182,89 @@ class ConsumerCoordinator:
         self.finished += done
         return bulk + done + others
 
+    def _finish_many_running(
+        self, deliveries: Iterable[Deliver], now: float, refused: list[Deliver] | None
+    ) -> int:
+        """finish_many while running outside backoff but not calm (pull mode, settling): the
+        FINs as :meth:`finish` sends them (runs in delivery order by position), then what
+        each answer would do to RDY, done once per connection (settling) and once overall
+        (the budget), instead of once per message."""
+        links = self._links
+        settling = self._settling
+        answered: dict[int, list[int]] = {}  # conn_id -> [FINs that count for settling]
+        done = 0
+        for conn_id, group in groupby(deliveries, _conn_id):
+            run = list(group)
+            link = links.get(conn_id)
+            if link is None:  # its connection is gone
+                for delivery in run:
+                    self._report_gone(delivery, "FIN")
+                if refused is not None:
+                    refused += run
+                continue
+            used, fins = self._finish_in_order(run, refused)
+            fin_list = run[:fins] if used else []
+            for delivery in run[used:] if used else run:
+                if self._fin_tracked(link, delivery):
+                    fin_list.append(delivery)
+                elif refused is not None:
+                    refused.append(delivery)
+            done += len(fin_list)
+            counted = answered.setdefault(conn_id, [0])
+            if conn_id in settling and fin_list:
+                # As _answered_while_settling: not those nsqd may have timed out already.
+                after = now + link.settle_delay
+                counted[0] += sum(map(after.__lt__, map(_deadline, fin_list)))
+        grant = False
+        for conn_id, (count,) in answered.items():
+            link = links[conn_id]
+            if count and conn_id in settling:
+                if link.ceiling > link.wire_rdy:
+                    link.ceiling -= min(count, link.ceiling - link.wire_rdy)
+                if link.ceiling <= link.wire_rdy:
+                    self._settled(link)
+                self._reclaim(link)
+                grant = True
+        if grant:
+            self._grant(now)
+        if self._pull:
+            for conn_id in answered:
+                link = links[conn_id]
+                if link.alloc > 0:
+                    count = self._live_in_flight(link, now) + link.alloc
+                    self._send_rdy(link, min(count, self._budget_left(link)), now)
+        return done
+
+    def _fin_tracked(self, link: _Link, delivery: Deliver) -> bool:
+        """:meth:`finish`'s FIN without what follows it (RDY, backoff): False, and a
+        TakenBack, when ``delivery`` is no longer in flight on ``link``."""
+        message_id = delivery[1]
+        queue = link.queue
+        head = link.head
+        if queue and queue[head] is delivery:
+            self._queue_answered(link, head + 1)
+        else:
+            tracked = link.tracked
+            current = tracked.pop(message_id, None)
+            if current is not delivery:  # answered, taken back, or delivered again
+                if current is not None:  # a newer delivery of that id: keep it
+                    tracked[message_id] = current
+                self._report_gone(delivery, "FIN")
+                return False
+        try:
+            link.send_fin(message_id)
+        except LocalProtocolError:  # that id was already answered in the same read
+            self._report_gone(delivery, "FIN")
+            return False
+        if not link.dirty:
+            link.dirty = True
+            self._dirty.add(link.conn_id)
+        self.finished += 1
+        if link.marks:
+            link.touched.pop(message_id, None)
+            link.seen.discard(message_id)
+        return True
+
     def _finish_in_order(
         self, batch: list[Deliver], refused: list[Deliver] | None
     ) -> tuple[int, int]:
@@ -1167,7 +1274,7 @@ class ConsumerCoordinator:
         FIN'd (a FIN refused by the connection is reported, as finish() does); (0, 0) when it
         is not that case."""
         link = self._links.get(batch[0][0])
-        if link is None or link.marks:
+        if link is None:
             return 0, 0
         queue = link.queue
         head = link.head
@@ -1196,6 +1303,12 @@ class ConsumerCoordinator:
             link.dirty = True
             self._dirty.add(link.conn_id)
         self.finished += done
+        if link.marks:  # TOUCHed or marked delivered: forget those marks too, as finish()
+            fins = ids[:done] if done < count else ids
+            if link.touched:
+                deque(map(link.touched.pop, fins, repeat(None)), maxlen=0)
+            if link.seen:
+                link.seen.difference_update(fins)
         return used, done
 
     @staticmethod
@@ -1370,6 +1483,8 @@ class ConsumerCoordinator:
             if previous is not None:  # sent again: the copy the user holds timed out on nsqd
                 link.touched.pop(message_id, None)
                 link.seen.discard(message_id)
+                if self._pull:
+                    self._forget_gathered(previous)
                 self._report_gone(previous, "TIMEOUT")
         if not proto.is_in_flight(message_id):
             return  # a copy earlier in this read was already answered: nsqd has one copy only
@@ -1389,7 +1504,7 @@ class ConsumerCoordinator:
             return
         link.tracked[message_id] = delivery
         if self._pull:
-            self._on_pull_message(link, delivery, now)
+            self._on_pull_messages(link, [delivery], now)
             return
         self._actions.append(delivery)
         self._after_messages(link, now)
@@ -1402,24 +1517,50 @@ class ConsumerCoordinator:
         if link.target and needs_refresh(link.remaining, link.rdy):
             self._send_rdy(link, min(link.target, self._budget_left(link)), now)
 
-    def _on_pull_message(self, link: _Link, delivery: Deliver, now: float) -> None:
-        self._pull_seq += 1
+    def _pull_receive(self, link: _Link, deliveries: list[Deliver], now: float) -> None:
+        """A read of fresh messages in pull mode (the checks are the caller's): tracked by
+        position as in push mode, then handed to the waiting fetches as one batch."""
+        count = len(deliveries)
+        queue = link.queue
+        if not queue:
+            link.queue = deliveries  # a new list, the decoder's, not kept elsewhere
+        else:
+            if link.head:
+                del queue[: link.head]
+                link.head = 0
+            queue += deliveries
+        self.received += count
+        link.remaining -= count
+        link.last_message_at = now
+        self._on_pull_messages(link, deliveries, now)
+
+    def _on_pull_messages(self, link: _Link, deliveries: list[Deliver], now: float) -> None:
+        """Messages (tracked already) arrived on ``link``, in order: use up its share, give
+        them to the waiting fetches (oldest first), hold the rest for the next fetch."""
+        count = len(deliveries)
+        self._pull_seq += count
         link.pull_seq = self._pull_seq
         used_up = False
-        if link.alloc > 0:
-            link.alloc -= 1
-            self._alloc_total -= 1
-            if link.alloc == 0:
+        alloc = link.alloc
+        if alloc > 0:
+            used = count if count < alloc else alloc
+            link.alloc = alloc - used
+            self._alloc_total -= used
+            if used == alloc:
                 used_up = True
                 link.target = 0
                 self._send_rdy(link, 0, now)
         fetches = self._fetches
+        given = 0
         if fetches.waiting:
-            filled = fetches.give(delivery)
-            if filled is not None:
-                self._answer_fetch(filled, FetchEnd.FILLED)
-        else:
-            fetches.buffer.append((now + self._config.pull_hold_timeout, delivery))
+            filled, given = fetches.give_many(deliveries)
+            for request in filled:
+                self._answer_fetch(request, FetchEnd.FILLED)
+        if given < count:
+            hold_until = now + self._config.pull_hold_timeout
+            fetches.buffer.extend(
+                zip(repeat(hold_until), deliveries[given:] if given else deliveries)
+            )
         if self._alloc_total > fetches.outstanding or (used_up and fetches.outstanding):
             # A link that used up its share while others may sit on empty nsqd: top it up
             # from theirs now (it is active; they keep a probe), not after an idle timeout.
@@ -1509,7 +1650,10 @@ class ConsumerCoordinator:
                 self._requeue_now(link, delivery)
 
     def _answer_fetch(self, request: FetchRequest, reason: FetchEnd) -> None:
-        messages = tuple(d for d in request.messages if self._current(d) is not None)
+        # Every message a request gathered is still ours: those of a lost connection and
+        # those nsqd delivered again leave the requests at once (_forget_pull_messages,
+        # _forget_gathered), so the answer is the gathered list as is.
+        messages = tuple(request.messages)
         if self._explicit_delivery:  # a fetch answer is in the user's hands
             for delivery in messages:
                 self._links[delivery.conn_id].seen.add(delivery.id)
@@ -1702,6 +1846,7 @@ class ConsumerCoordinator:
                     self._requeue_now(link, delivery)
         if self._pull:  # what they gathered was just requeued: the answers are empty
             for fetch in self._fetches.take_all():
+                fetch.messages = []
                 self._answer_fetch(fetch, FetchEnd.FAILED)
             self._fetches.buffer.clear()
         for link in list(self._links.values()):
@@ -1719,6 +1864,20 @@ class ConsumerCoordinator:
                 request.messages = [d for d in request.messages if d.conn_id != conn_id]
                 request.remaining += len(lost)
                 fetches.outstanding += len(lost)
+
+    def _forget_gathered(self, delivery: Deliver) -> None:
+        """nsqd delivered ``delivery``'s message again (it timed out there): a waiting request
+        that gathered the old copy loses it and waits for one more message (rare: a request
+        answers AGED long before its messages time out)."""
+        fetches = self._fetches
+        for request in fetches.waiting:
+            messages = request.messages
+            for index, gathered in enumerate(messages):
+                if gathered is delivery:
+                    del messages[index]
+                    request.remaining += 1
+                    fetches.outstanding += 1
+                    return
 
     # --- internals: drain ----------------------------------------------------------------------
 
@@ -1937,7 +2096,13 @@ class ConsumerCoordinator:
     @staticmethod
     def _live_count(link: _Link, now: float) -> tuple[int, float | None]:
         """How many messages held on ``link`` nsqd still counts in flight (deadline not
-        passed), and the earliest of their deadlines."""
+        passed), and the earliest of their deadlines (or an earlier time: a wake-up to look
+        again). Before ``link.live_floor`` no held message can have expired, so that is one
+        count, not a walk over them (the budget is recomputed after every fetch and answer)."""
+        floor = link.live_floor
+        if now < floor:
+            held = link.held_count()
+            return held, (floor if held > 0 else None)
         live = 0
         touched = link.touched
         expiry: float | None = None
@@ -1947,6 +2112,11 @@ class ConsumerCoordinator:
                 live += 1
                 if expiry is None or deadline < expiry:
                     expiry = deadline
+        # Held messages past their deadline count no more, but may still be answered (and
+        # leave): until they are gone, every look walks again. Otherwise nothing held expires
+        # before the earliest deadline; messages read later lower the floor (receive_data).
+        if live == len(link.held):
+            link.live_floor = math.inf if expiry is None else expiry
         return live, expiry
 
     def _pull_shares(

@@ -1012,7 +1012,7 @@ class Consumer:
             if action.reason is FetchEnd.FAILED and self._failure is None:
                 self._failure = self._coordinator.failure  # before the caller wakes up
             future = self._fetches.pop(action.request_id, None)
-            messages = [Message(self, d) for d in action.messages]
+            messages = list(map(Message, repeat(self), action.messages))
             self._unanswered.update(messages)
             if future is not None and not future.done():
                 future.set_result(messages)
