@@ -24,7 +24,11 @@ Rows (100-byte bodies by default):
   loop (the physical ceiling for a client that waits for each answer).
 * ``pub100``: ``PUB`` from 100 concurrent callers (tasks; threads for the blocking producer;
   greenlets for gnsq; 100 outstanding callbacks for pynsq), and the blocking producer's
-  ``publish_async`` from one thread with 100 in flight.
+  ``publish_async`` from one thread with 100 in flight; the same with
+  ``connections_per_nsqd=2``. Three ceilings: a bare socket writing 100 PUBs at once then
+  reading their answers; the same over two connections (50 each, a thread per connection);
+  and 100 threads sharing one bare socket the cheapest way (a waiting thread reads for all,
+  wakes the others: what any client made of OS threads pays).
 * ``mpub``: ``MPUB`` of 200 bodies, one at a time; Go's ``bench_writer`` (batch 200) as the
   ceiling.
 
@@ -483,7 +487,7 @@ def _bare_pub1(job: Job) -> Timing:
 # --- pub100: concurrent callers -------------------------------------------------------------
 
 
-def _anyio_concurrent(backend: str) -> Runner:
+def _anyio_concurrent(backend: str, connections: int = 1) -> Runner:
     def run(job: Job) -> Timing:
         import anyio
 
@@ -492,7 +496,7 @@ def _anyio_concurrent(backend: str) -> Runner:
         timing: list[float] = []
 
         async def main() -> None:
-            async with Producer(job.address) as p:
+            async with Producer(job.address, connections_per_nsqd=connections) as p:
                 await p.publish("warmup", b"x")
                 publish, body = p.publish, job.body
                 share, extra = divmod(job.count, job.concurrency)
@@ -517,13 +521,12 @@ row("pub100", "sansio-asyncio", "nsq-sansio asyncio, tasks")(_anyio_concurrent("
 row("pub100", "sansio-trio", "nsq-sansio trio, tasks")(_anyio_concurrent("trio"))
 
 
-@row("pub100", "sansio-blocking-threads", "nsq-sansio blocking, threads")
-def _blocking_threads(job: Job) -> Timing:
+def _blocking_threads(job: Job, connections: int) -> Timing:
     import threading
 
     from transports.sync import Producer
 
-    with Producer(job.address) as p:
+    with Producer(job.address, connections_per_nsqd=connections) as p:
         p.publish("warmup", b"x")
         publish, body = p.publish, job.body
         share, extra = divmod(job.count, job.concurrency)
@@ -548,13 +551,12 @@ def _blocking_threads(job: Job) -> Timing:
     return Timing(t0, t1, job.count)
 
 
-@row("pub100", "sansio-blocking-async", "nsq-sansio blocking, `publish_async` from one thread")
-def _blocking_pipelined(job: Job) -> Timing:
+def _blocking_pipelined(job: Job, connections: int) -> Timing:
     from collections import deque
 
     from transports.sync import Producer
 
-    with Producer(job.address) as p:
+    with Producer(job.address, connections_per_nsqd=connections) as p:
         p.publish("warmup", b"x")
         publish, body = p.publish_async, job.body
         window: deque[Any] = deque()
@@ -568,6 +570,30 @@ def _blocking_pipelined(job: Job) -> Timing:
             window.popleft().result()
         t1 = time.perf_counter()
     return Timing(t0, t1, job.count)
+
+
+row("pub100", "sansio-blocking-threads", "nsq-sansio blocking, threads")(
+    lambda job: _blocking_threads(job, 1)
+)
+row("pub100", "sansio-blocking-async", "nsq-sansio blocking, `publish_async` from one thread")(
+    lambda job: _blocking_pipelined(job, 1)
+)
+row("pub100", "sansio-asyncio-pool2", "nsq-sansio asyncio, tasks, `connections_per_nsqd=2`")(
+    _anyio_concurrent("asyncio", 2)
+)
+row("pub100", "sansio-trio-pool2", "nsq-sansio trio, tasks, `connections_per_nsqd=2`")(
+    _anyio_concurrent("trio", 2)
+)
+row(
+    "pub100",
+    "sansio-blocking-threads-pool2",
+    "nsq-sansio blocking, threads, `connections_per_nsqd=2`",
+)(lambda job: _blocking_threads(job, 2))
+row(
+    "pub100",
+    "sansio-blocking-async-pool2",
+    "nsq-sansio blocking, `publish_async`, `connections_per_nsqd=2`",
+)(lambda job: _blocking_pipelined(job, 2))
 
 
 @row("pub100", "asyncnsq", "asyncnsq 1.2.1, tasks")
@@ -628,20 +654,18 @@ def _gnsq_concurrent(job: Job) -> Timing:
     return Timing(t0, t1, job.count)
 
 
-@row("pub100", "bare-socket", "bare socket, batches of PUBs pipelined (ceiling)")
-def _bare_pipelined(job: Job) -> Timing:
-    """``concurrency`` PUBs written at once, then their answers read: what nsqd does with
-    that many in flight on one connection, with almost no client work."""
-    host, _, port = job.address.rpartition(":")
+def _bare_connection(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
     sock = socket.create_connection((host, int(port)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall(b"  V2")
-    command = b"PUB " + TOPIC.encode() + b"\n" + struct.pack(">I", len(job.body)) + job.body
-    window = job.concurrency
+    return sock
+
+
+def _bare_rounds(sock: socket.socket, command: bytes, window: int, rounds: int) -> None:
+    """``rounds`` times: write ``window`` commands at once, then read their answers."""
     batch = command * window
-    rounds = job.count // window
     answers = 10 * window
-    t0 = time.perf_counter()
     for _ in range(rounds):
         sock.sendall(batch)
         got = 0
@@ -650,9 +674,122 @@ def _bare_pipelined(job: Job) -> Timing:
             if not chunk:
                 raise RuntimeError("nsqd closed the connection")
             got += len(chunk)
+
+
+@row("pub100", "bare-socket", "bare socket, batches of PUBs pipelined (ceiling)")
+def _bare_pipelined(job: Job) -> Timing:
+    """``concurrency`` PUBs written at once, then their answers read: what nsqd does with
+    that many in flight on one connection, with almost no client work."""
+    sock = _bare_connection(job.address)
+    command = b"PUB " + TOPIC.encode() + b"\n" + struct.pack(">I", len(job.body)) + job.body
+    window = job.concurrency
+    rounds = job.count // window
+    t0 = time.perf_counter()
+    _bare_rounds(sock, command, window, rounds)
     t1 = time.perf_counter()
     sock.close()
     return Timing(t0, t1, rounds * window)
+
+
+@row("pub100", "bare-socket-2", "bare sockets, 2 connections, batches pipelined (ceiling)")
+def _bare_pipelined_two(job: Job) -> Timing:
+    """The same ``concurrency`` in flight, split over two connections (a thread each; the
+    socket calls release the GIL): what a second connection to one nsqd buys."""
+    import threading
+
+    command = b"PUB " + TOPIC.encode() + b"\n" + struct.pack(">I", len(job.body)) + job.body
+    window = max(job.concurrency // 2, 1)
+    rounds = job.count // (2 * window)
+    socks = [_bare_connection(job.address) for _ in range(2)]
+    threads = [
+        threading.Thread(target=_bare_rounds, args=(sock, command, window, rounds))
+        for sock in socks
+    ]
+    t0 = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    t1 = time.perf_counter()
+    for sock in socks:
+        sock.close()
+    return Timing(t0, t1, 2 * rounds * window)
+
+
+@row("pub100", "bare-threads", "bare socket shared by 100 threads (ceiling for threads)")
+def _bare_threads(job: Job) -> Timing:
+    """``concurrency`` threads publishing one by one over one bare socket, as cheaply as
+    threads can: a thread queues its PUB; one waiting thread at a time writes what was
+    queued, reads the answers and wakes their threads (a lock each), then hands the reading
+    to the oldest waiting thread. No parsing beyond counting 10-byte answers: the cost of
+    OS threads and the GIL, which any threaded client pays."""
+    import threading
+    from collections import deque
+
+    sock = _bare_connection(job.address)
+    command = b"PUB " + TOPIC.encode() + b"\n" + struct.pack(">I", len(job.body)) + job.body
+    lock = threading.Lock()
+    waiting: deque[Any] = deque()  # each publish's lock, in the order sent
+    queued: list[bytes] = []
+    state: dict[str, Any] = {"reader": None, "rest": 0}
+
+    def publish() -> None:
+        mine = threading.Lock()
+        mine.acquire()
+        with lock:
+            waiting.append(mine)
+            queued.append(command)
+            lead = state["reader"] is None
+            if lead:
+                state["reader"] = mine
+        if not lead:
+            mine.acquire()  # answered, or handed the reading
+            with lock:
+                if state["reader"] is not mine:
+                    return
+        while True:
+            with lock:
+                out = b"".join(queued)
+                queued.clear()
+            if out:
+                sock.sendall(out)
+            data = sock.recv(65536)
+            if not data:
+                raise RuntimeError("nsqd closed the connection")
+            total = state["rest"] + len(data)
+            answers, state["rest"] = divmod(total, 10)
+            done = False
+            with lock:
+                for _ in range(answers):
+                    answered = waiting.popleft()
+                    if answered is mine:
+                        done = True
+                    else:
+                        answered.release()
+                if done:
+                    state["reader"] = waiting[0] if waiting else None
+                    if waiting:
+                        waiting[0].release()  # its thread reads next
+                    return
+
+    share = job.count // job.concurrency
+    go = threading.Event()
+
+    def caller() -> None:
+        go.wait()
+        for _ in range(share):
+            publish()
+
+    threads = [threading.Thread(target=caller) for _ in range(job.concurrency)]
+    for thread in threads:
+        thread.start()
+    t0 = time.perf_counter()
+    go.set()
+    for thread in threads:
+        thread.join()
+    t1 = time.perf_counter()
+    sock.close()
+    return Timing(t0, t1, share * job.concurrency)
 
 
 # --- mpub: MPUB of `batch` bodies, one at a time --------------------------------------------
@@ -1071,7 +1208,9 @@ def _chosen(args: argparse.Namespace) -> list[Row]:
     wanted: list[str] = []
     for part in args.only:
         wanted.extend(ALIASES.get(part, (part,)))
-    return [r for r in ROWS if r.group in wanted or any(w in r.key for w in wanted)]
+    groups = [w for w in wanted if w in GROUPS]  # a group by its name ("pub1" is not pub100)
+    parts = [w for w in wanted if w not in GROUPS]
+    return [r for r in ROWS if r.group in groups or any(w in r.key for w in parts)]
 
 
 def _iter_best(results: dict[str, list[Result]]) -> Iterator[tuple[str, Result]]:
@@ -1140,8 +1279,24 @@ def _targets(rates: dict[str, float]) -> list[tuple[str, float, float]]:
     ratio("PUB x100 trio / asyncio", "pub100/sansio-trio", "pub100/sansio-asyncio", 0.8)
     ratio("PUB x100 blocking threads / best peer", "pub100/sansio-blocking-threads", p100, 2.0)
     ratio("PUB x100 blocking publish_async / best peer", "pub100/sansio-blocking-async", p100, 3.0)
-    for rt in ("asyncio", "trio"):
+    for rt in ("asyncio", "trio", "blocking-async"):
         ratio(f"PUB x100 {rt} / bare socket", f"pub100/sansio-{rt}", "pub100/bare-socket", 0.0)
+    ratio(
+        "PUB x100 blocking threads / bare socket shared by 100 threads",
+        "pub100/sansio-blocking-threads",
+        "pub100/bare-threads",
+        0.0,
+    )
+    ratio("bare socket 100 threads / best peer", "pub100/bare-threads", p100, 0.0)
+    ratio("bare socket / best peer", "pub100/bare-socket", p100, 0.0)
+    ratio("bare 2 connections / bare 1", "pub100/bare-socket-2", "pub100/bare-socket", 0.0)
+    for rt in ("asyncio", "trio", "blocking-threads", "blocking-async"):
+        ratio(
+            f"PUB x100 {rt}: 2 connections / 1",
+            f"pub100/sansio-{rt}-pool2",
+            f"pub100/sansio-{rt}",
+            0.0,
+        )
     p1 = _best_peer(rates, "pub1")
     for rt in ("asyncio", "trio", "blocking"):
         ratio(f"PUB one by one {rt} / best peer", f"pub1/sansio-{rt}", p1, 1.3)

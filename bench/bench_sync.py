@@ -8,6 +8,18 @@ and prints its own numbers, with pynsq's Reader for comparison when it is instal
 
     python bench/bench_sync.py                 # 200k messages per runner
     python bench/bench_sync.py -n 500000 --max-in-flight 2500
+
+``--pipeline`` measures the blocking consumer's Python work per message on one thread, with no
+socket and no thread hand-off: 64 KiB chunks of message frames fed to ``Consumer.on_data``
+(decode, coordinator, the ``Message`` wrappers), ``for msg in c: msg.finish()``, then
+``write_pending`` (the answers taken back, FIN bytes made). It prints microseconds per message
+(best of ``--repeat``, process time); ``--once`` runs it ``--passes`` times without timing,
+for a profiler. Instructions per message, repeatable on a shared machine: run ``--pipeline
+--once -n 20000`` under ``valgrind --tool=callgrind`` with ``--passes 1`` and ``--passes 3``
+and divide the difference of the totals by 40000 (start-up and building the frames cancel
+out)::
+
+    python bench/bench_sync.py --pipeline      # us/msg
 """
 
 from __future__ import annotations
@@ -174,13 +186,79 @@ def measure(name: str, count: int, max_in_flight: int) -> tuple[float, dict[str,
         return float(lines[-1].split()[1]), query_stats(address)
 
 
+def pipeline(chunks: list[bytes]) -> int:
+    """The blocking consumer's per-message work on this thread (see the module docstring):
+    a subscribed connection set up by hand, the IO loop's writes collected, no wake-ups."""
+    from nsq_sansio.frames import encode_frame
+    from transports.sync import Consumer
+    from transports.sync._loop import Link
+
+    c = Consumer(TOPIC, CHANNEL, nsqd=["127.0.0.1:4150"], max_in_flight=2500)
+    coordinator = c._coordinator
+    coordinator.start(0.0)
+    conn_id = coordinator.take_actions()[0].conn_id  # type: ignore[attr-defined]
+    coordinator.connection_made(conn_id, 0.0)
+    coordinator.receive_data(conn_id, encode_frame(0, b'{"max_rdy_count": 2500}'), 0.0)
+    coordinator.receive_data(conn_id, encode_frame(0, b"OK"), 0.0)
+    coordinator.pending_data()
+    coordinator.take_actions()
+    link = Link(conn_id, "127.0.0.1", 4150)
+    c._links[conn_id] = link
+    written: list[bytes] = []
+    c._loop.write = lambda _link, data: written.append(data)  # type: ignore[method-assign]
+    c._loop._wake_pending = True  # wake() does nothing while this is set
+    c._started = True
+    messages = iter(c)
+    ready = c._ready
+    count = 0
+    for chunk in chunks:
+        c.on_data(link, chunk, 1.0)
+        for _ in range(len(ready)):
+            next(messages).finish()
+            count += 1
+        c.write_pending()
+    fins = sum(data.count(b"FIN ") for data in written)
+    assert fins == count, f"{fins} FINs for {count} messages"
+    return count
+
+
+def _pipeline_main(count: int, repeat: int, once: bool, passes: int) -> None:
+    import gc
+    import platform
+
+    from bench_coordinator import build_chunks
+
+    chunks = build_chunks(count, 100)
+    if once:
+        for _ in range(passes):
+            pipeline(chunks)
+        return
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        start = time.process_time()
+        done = pipeline(chunks)
+        best = min(best, (time.process_time() - start) / done)
+    print(
+        f"blocking consumer pipeline, {count} messages of 100 bytes, one thread, best of "
+        f"{repeat}; Python {platform.python_version()}: {best * 1e6:.3f} us/msg"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--count", type=int, default=200_000)
     parser.add_argument("--max-in-flight", type=int, default=2500)
     parser.add_argument("--only", nargs="*")
+    parser.add_argument("--pipeline", action="store_true", help="the one-thread pipeline")
+    parser.add_argument("--once", action="store_true", help="--pipeline: one run, no timing")
+    parser.add_argument("--repeat", type=int, default=7, help="--pipeline: best of")
+    parser.add_argument("--passes", type=int, default=1, help="--pipeline --once: runs")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.pipeline:
+        _pipeline_main(args.count, args.repeat, args.once, args.passes)
+        return
     if args.child:
         name, address, count, mif = args.child
         _child(name, address, int(count), int(mif))

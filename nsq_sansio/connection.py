@@ -83,6 +83,9 @@ _S = ConnectionState
 _HEADER = struct.Struct(">II")
 _SIZE = struct.Struct(">I")
 _MESSAGE_HEADER = struct.Struct(">qH")
+#: A frame header and a message header (timestamp, attempts) in one unpack.
+_FRAME_AND_MESSAGE_HEADER = struct.Struct(">IIqH16s")
+_new_tuple = tuple.__new__
 _PUBLISH_STATES = frozenset({_S.READY, _S.SUBSCRIBING, _S.SUBSCRIBED})
 _MESSAGE_STATES = frozenset({_S.SUBSCRIBED, _S.CLOSING})
 #: Topics whose PUB header a connection keeps (a producer usually has a handful).
@@ -104,6 +107,7 @@ class ClientConnection:
 
     __slots__ = (
         "_accepts_messages",
+        "_as",
         "_auth_secret",
         "_awaiting",
         "_close_wait_received",
@@ -165,6 +169,8 @@ class ClientConnection:
         self._pending = bytearray()
         self._pending_need = 8
         self._accepts_messages = False
+        #: Set by :meth:`_receive_as` for one call: the type and fields of message handles.
+        self._as: tuple[type, int, object, float, float] | None = None
         self._out: list[bytes] = [frames.MAGIC_V2, frames.encode_identify(fields)]
         self._out_plain: bytes = b""
         self._codec: Codec | None = None
@@ -266,6 +272,25 @@ class ClientConnection:
             self._decompress_and_process(data, events)
         return events
 
+    def _receive_as(
+        self,
+        handle_type: type,
+        conn_id: int,
+        address: object,
+        data: bytes,
+        now: float,
+        msg_timeout: float,
+    ) -> list[Any]:
+        """:meth:`receive_data` for the consumer coordinator: each message frame comes as
+        ``handle_type((conn_id, id, body, timestamp, attempts, address, now, now +
+        msg_timeout))`` (its ``Deliver``) instead of a :class:`Message`, built by the decoder
+        itself (one object per message, not two)."""
+        self._as = (handle_type, conn_id, address, now, now + msg_timeout)
+        try:
+            return self.receive_data(data, now)
+        finally:
+            self._as = None
+
     def handle_timer(self, now: float) -> list[Event]:
         """Close a connection that has been silent for two heartbeat intervals and more."""
         events: list[Event] = []
@@ -327,6 +352,34 @@ class ClientConnection:
             self._settle("finish()", message_id)  # raises the precise error
         self._out.append(b"FIN " + message_id + b"\n")
 
+    def finish_many(self, message_ids: Sequence[bytes]) -> None:
+        """``FIN`` each id, in order: :meth:`finish` on each, in one call (the FIN lines are
+        joined in C). All or nothing: when one id is not in flight (or comes twice), nothing
+        is sent and the error :meth:`finish` would raise for it is raised."""
+        if type(message_ids) is not list and type(message_ids) is not tuple:
+            message_ids = list(message_ids)
+        in_flight = self._in_flight
+        try:
+            if in_flight.issuperset(message_ids):
+                before = len(in_flight)
+                in_flight.difference_update(message_ids)
+                if before - len(in_flight) == len(message_ids):
+                    if message_ids:
+                        self._out.append(b"FIN " + b"\nFIN ".join(message_ids) + b"\n")
+                    return
+                in_flight.update(message_ids)  # an id came twice: put them back
+        except TypeError:  # an unhashable id: finish() says what is wrong with it
+            pass
+        seen: set[bytes] = set()
+        for message_id in message_ids:  # find the one finish() refuses, and raise its error
+            if not isinstance(message_id, bytes) or message_id not in in_flight:
+                self._settle("finish()", message_id)
+            if message_id in seen:
+                raise self._not_in_flight("finish()", message_id)
+            seen.add(message_id)
+        for message_id in message_ids:  # pragma: no cover - not reached (one was refused)
+            self.finish(message_id)
+
     def requeue(self, message_id: bytes, delay: float = 0.0) -> None:
         """``REQ``: hand the message back, to be delivered again after ``delay`` seconds."""
         delay_ms = _milliseconds("requeue() delay", delay)
@@ -343,7 +396,8 @@ class ClientConnection:
 
     def publish(self, topic: str, body: bytes) -> int:
         """``PUB``; returns the request id its answer will carry."""
-        if self._state not in _PUBLISH_STATES:
+        state = self._state
+        if state is not _S.READY and state not in _PUBLISH_STATES:  # READY: no enum hash
             self._require("publish()", _PUBLISH_STATES)
         header = self._pub_headers.get(topic)
         if header is None or type(body) is not bytes or not body or len(body) > _MAX_BODY:
@@ -454,7 +508,9 @@ class ClientConnection:
         """Decode every complete frame (the hot path).
 
         The working buffer is an immutable ``bytes``, so each body is one slice (one copy).
-        An unfinished frame waits in the ``_pending`` bytearray until it is complete.
+        An unfinished frame waits in the ``_pending`` bytearray until it is complete. A
+        message frame takes one ``unpack_from`` (frame and message headers together) and no
+        Python-level constructor; RDY left is counted down once per read.
         """
         pending = self._pending
         if pending:
@@ -464,33 +520,72 @@ class ClientConnection:
             data = bytes(pending)
             pending.clear()
         end = len(data)
+        last = end - 34  # a message frame's headers start at or before this
         pos = 0
         limit = self._max_frame_size
+        unpack_frame = _FRAME_AND_MESSAGE_HEADER.unpack_from
         unpack_header = _HEADER.unpack_from
-        unpack_message = _MESSAGE_HEADER.unpack_from
-        in_flight = self._in_flight
+        add = self._in_flight.add
         append = events.append
+        new = _new_tuple
+        handle = self._as
+        mark = len(events)  # events[mark:] are messages not counted against RDY yet
         try:
-            while end - pos >= 8:
+            while True:
+                # The hot loops: complete message frames, while messages may come (2 is the
+                # message frame type; -1 matches nothing). Anything else breaks out.
+                deliverable = 2 if self._accepts_messages else -1
+                if handle is None:
+                    while pos <= last:
+                        size, frame_type, timestamp, attempts, message_id = unpack_frame(data, pos)
+                        stop = pos + 4 + size
+                        if stop > end or frame_type != deliverable or size < 30 or size > limit:
+                            break
+                        add(message_id)
+                        append(
+                            new(Message, (message_id, data[pos + 34 : stop], timestamp, attempts))
+                        )
+                        pos = stop
+                else:
+                    handle_type, conn_id, address, received_at, deadline = handle
+                    while pos <= last:
+                        size, frame_type, timestamp, attempts, message_id = unpack_frame(data, pos)
+                        stop = pos + 4 + size
+                        if stop > end or frame_type != deliverable or size < 30 or size > limit:
+                            break
+                        add(message_id)
+                        append(
+                            new(
+                                handle_type,
+                                (
+                                    conn_id,
+                                    message_id,
+                                    data[pos + 34 : stop],
+                                    timestamp,
+                                    attempts,
+                                    address,
+                                    received_at,
+                                    deadline,
+                                ),
+                            )
+                        )
+                        pos = stop
+                if end - pos < 8:
+                    break
                 size, frame_type = unpack_header(data, pos)
+                stop = pos + 4 + size
+                # Anything else, in the order the checks matter: a bad size, an unfinished
+                # frame, a bad message frame, a response or an error.
                 if size < 4 or size > limit:
                     frames.check_frame_size(size, limit)
-                stop = pos + 4 + size
                 if stop > end:
                     break
                 if frame_type == 2:
                     if size < 30:
                         raise ProtocolError(f"message frame of {size} bytes is too short")
-                    if not self._accepts_messages:
-                        raise ProtocolError(f"message received in state {self._state.name}")
-                    timestamp, attempts = unpack_message(data, pos + 8)
-                    message_id = data[pos + 18 : pos + 34]
-                    in_flight.add(message_id)
-                    if self._rdy_remaining:
-                        self._rdy_remaining -= 1
-                    append(Message(message_id, data[pos + 34 : stop], timestamp, attempts))
-                    pos = stop
-                    continue
+                    raise ProtocolError(f"message received in state {self._state.name}")
+                if len(events) > mark:
+                    self._count_received(len(events) - mark)
                 payload = data[pos + 8 : stop]
                 pos = stop
                 if frame_type == 0:
@@ -501,6 +596,9 @@ class ClientConnection:
                     raise ProtocolError(f"unknown frame type {frame_type}")
                 if self._switch or self._state is _S.CLOSED:
                     break
+                mark = len(events)
+            if len(events) > mark:
+                self._count_received(len(events) - mark)
             if self._state is _S.CLOSED:
                 return
             if end - pos >= 4 and not self._switch:
@@ -517,6 +615,11 @@ class ClientConnection:
             self._pending_need = need
         if self._switch:
             self._apply_switch(events)
+
+    def _count_received(self, count: int) -> None:
+        """``count`` messages arrived: RDY left goes down by as many (not below 0)."""
+        left = self._rdy_remaining - count
+        self._rdy_remaining = left if left > 0 else 0
 
     def _apply_switch(self, events: list[Event]) -> None:
         self._switch = False

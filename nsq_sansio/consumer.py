@@ -60,7 +60,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import groupby, repeat
 from operator import is_, itemgetter
 from typing import NamedTuple, cast
 
@@ -132,12 +132,17 @@ RDY_SETTLE_MIN = 0.25
 
 
 _new_tuple = tuple.__new__
-_message_id: Callable[[Message], bytes] = itemgetter(0)  # Message.id
-_message: Callable[[Deliver], Message] = itemgetter(1)  # Deliver.message
-_attempts: Callable[[Message], int] = itemgetter(3)  # Message.attempts
+_id: Callable[[Deliver], bytes] = itemgetter(1)  # Deliver.id
+_attempts: Callable[[Deliver], int] = itemgetter(4)  # Deliver.attempts
+_conn_id: Callable[[Deliver], int] = itemgetter(0)  # Deliver.conn_id
+_deadline: Callable[[Deliver], float] = itemgetter(7)  # Deliver.deadline
 
 
 def _no_fin(message_id: bytes) -> None:  # pragma: no cover - never called: no message yet
+    raise LocalProtocolError("FIN on a connection that is not set up")
+
+
+def _no_fin_many(message_ids: list[bytes]) -> None:  # pragma: no cover - as _no_fin
     raise LocalProtocolError("FIN on a connection that is not set up")
 
 
@@ -185,32 +190,50 @@ class CloseHTTPRequest:
     request_id: int
 
 
-class Deliver(NamedTuple):
-    """A message for the user, and the handle to answer it with (finish/requeue/touch).
-
-    ``deadline`` is when nsqd times it out if nothing is sent (``received_at + msg_timeout``);
-    :meth:`ConsumerCoordinator.deadline` gives the current one after TOUCHes. A ``NamedTuple``
-    (immutable) rather than a frozen dataclass because one is built per message on the hot
-    path, like :class:`~nsq_sansio.events.Message`. Handles are compared by identity.
-    """
-
+class _DeliverFields(NamedTuple):
     conn_id: int
-    message: Message
+    id: bytes
+    body: bytes
+    timestamp: int
+    attempts: int
     address: NSQDAddress
     received_at: float
     deadline: float
 
-    @property
-    def id(self) -> bytes:
-        return self.message.id
+
+class Deliver(_DeliverFields):
+    """A message for the user, and the handle to answer it with (finish/requeue/touch).
+
+    ``Deliver(conn_id, message, address, received_at, deadline)``; the message's own fields
+    (``id``, ``body``, ``timestamp``, ``attempts``) are fields of the handle, and
+    :attr:`message` builds the :class:`~nsq_sansio.events.Message` when asked: one object per
+    message on the hot path, built by the connection's decoder itself. Read the fields by
+    name (the tuple's layout is not part of the API). ``deadline`` is when nsqd times it out
+    if nothing is sent (``received_at + msg_timeout``); :meth:`ConsumerCoordinator.deadline`
+    gives the current one after TOUCHes. A ``NamedTuple`` (immutable) rather than a frozen
+    dataclass because one is built per message. Handles are compared by identity.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        conn_id: int,
+        message: Message,
+        address: NSQDAddress,
+        received_at: float,
+        deadline: float,
+    ) -> Deliver:
+        return _new_tuple(cls, (conn_id, *message, address, received_at, deadline))
+
+    def __getnewargs__(self) -> tuple[int, Message, NSQDAddress, float, float]:
+        """The constructor's arguments (copy and pickle call ``__new__`` with them)."""
+        return self[0], self.message, self[5], self[6], self[7]
 
     @property
-    def body(self) -> bytes:
-        return self.message.body
-
-    @property
-    def attempts(self) -> int:
-        return self.message.attempts
+    def message(self) -> Message:
+        """The message as the connection reports it (a new, equal object on each access)."""
+        return _new_tuple(Message, self[1:5])
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +364,7 @@ class _Link:
         "head",
         "held",
         "last_message_at",
+        "live_floor",
         "marks",
         "max_msg_timeout",
         "max_rdy",
@@ -356,6 +380,7 @@ class _Link:
         "remaining",
         "seen",
         "send_fin",
+        "send_fins",
         "settle_at",
         "settle_delay",
         "target",
@@ -400,6 +425,10 @@ class _Link:
         self.last_message_at = -math.inf
         #: Pull mode: which link delivered last (ties of ``last_message_at`` in one read).
         self.pull_seq = 0
+        #: No message held here reaches its deadline before this (a lower bound, lowered by
+        #: each read, recomputed by a scan): until then every held message is live, so the
+        #: pull budget needs no walk over them (see ``_live_count``). -inf: scan next time.
+        self.live_floor = -math.inf
         self.rdy_at = -math.inf
         #: Messages in flight here, with the handle the user answers with: ``held`` by id,
         #: then ``queue[head:]``, the handles of the latest reads in delivery order, not put
@@ -416,6 +445,8 @@ class _Link:
         self.marks = False
         #: ``proto.finish``, bound once the connection exists.
         self.send_fin: Callable[[bytes], None] = _no_fin
+        #: ``proto.finish_many``: FIN a list of ids, all or nothing.
+        self.send_fins: Callable[[list[bytes]], None] = _no_fin_many
         #: Subscribed and the consumer running: messages go to the user (the hot-path test).
         self.accepting = False
         #: True only while conn_id is in the coordinator's ``_dirty`` (spares finish() a set
@@ -428,7 +459,7 @@ class _Link:
         queue = self.queue
         if queue:
             rest = queue[self.head :] if self.head else queue
-            self.held.update(zip(map(_message_id, map(_message, rest)), rest, strict=True))
+            self.held.update(zip(map(_id, rest), rest, strict=True))
             self.queue = []
             self.head = 0
         return self.held
@@ -550,6 +581,9 @@ class ConsumerCoordinator:
         }
 
     # --- introspection -------------------------------------------------------------------------
+    # These only read (containers are copied in one C-level step before they are walked), so
+    # a transport may call them from another thread (a metrics scrape) while its own thread
+    # drives the coordinator: they never raise for that; a figure may be a moment old.
 
     @property
     def state(self) -> ConsumerState:
@@ -589,10 +623,11 @@ class ConsumerCoordinator:
         link = self._links.get(conn_id)
         if link is None:
             return None
-        return link.phase, link.rdy, link.held_count()
+        return link.phase, link.rdy, max(link.held_count(), 0)
 
     def in_flight_count(self) -> int:
-        return sum(link.held_count() for link in self._links.values())
+        """Messages in flight on every connection (handed out, not answered yet)."""
+        return sum(max(link.held_count(), 0) for link in list(self._links.values()))
 
     def known_nodes(self) -> frozenset[NSQDAddress]:
         """nsqd addresses known from configuration and from lookupd (union)."""
@@ -613,7 +648,7 @@ class ConsumerCoordinator:
         link = self._current(delivery)
         if link is None:
             return None
-        return link.touched.get(delivery.message.id, delivery.deadline)
+        return link.touched.get(delivery.id, delivery.deadline)
 
     def max_deadline(self, delivery: Deliver) -> float | None:
         """The furthest TOUCH can push the deadline (received + the server's max_msg_timeout)."""
@@ -630,7 +665,7 @@ class ConsumerCoordinator:
         link = self._current(delivery)
         if link is None:
             return None
-        deadline = link.touched.get(delivery.message.id, delivery.deadline)
+        deadline = link.touched.get(delivery.id, delivery.deadline)
         if deadline >= delivery.received_at + link.max_msg_timeout:
             return None
         return deadline - link.msg_timeout / 2
@@ -790,7 +825,7 @@ class ConsumerCoordinator:
         if self._explicit_delivery:
             for link in self._links.values():
                 for delivery in list(link.tracked.values()):
-                    if delivery.message.id not in link.seen:
+                    if delivery.id not in link.seen:
                         self._requeue_now(link, delivery)
         for link in list(self._links.values()):
             self._maybe_close_drained(link, now)
@@ -807,6 +842,7 @@ class ConsumerCoordinator:
         link.connected_at = now
         link.proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
         link.send_fin = link.proto.finish
+        link.send_fins = link.proto.finish_many
         self._dirty.add(conn_id)
 
     def connection_failed(
@@ -840,7 +876,8 @@ class ConsumerCoordinator:
             return
         proto = link.proto
         held = proto.in_flight_count
-        events = proto.receive_data(data, now)
+        # Message frames come as Deliver handles, built by the decoder.
+        events = proto._receive_as(Deliver, conn_id, link.address, data, now, link.msg_timeout)
         self._dirty.add(conn_id)
         if not events:
             return
@@ -849,10 +886,21 @@ class ConsumerCoordinator:
             # (nsqd requeues those messages), and no command may be sent.
             self._close_from_events(link, events, now)
             return
-        message_type = Message
+        if now + link.msg_timeout < link.live_floor:  # what this read brings expires then
+            link.live_floor = now + link.msg_timeout
         if not (link.accepting and self._calm):
+            if (
+                self._pull
+                and link.accepting
+                and proto.in_flight_count - held == len(events)
+                and (not self._max_attempts or max(map(_attempts, events)) <= self._max_attempts)
+            ):
+                # Pull mode's hot path: a read of messages only, each new to this connection
+                # and under max_attempts (as push mode's below), handed on as one batch.
+                self._pull_receive(link, cast("list[Deliver]", events), now)
+                return
             for event in events:
-                if type(event) is message_type:
+                if type(event) is Deliver:
                     self._on_message(link, event, now)
                 else:
                     self._on_event(link, event, now)
@@ -861,28 +909,16 @@ class ConsumerCoordinator:
             return
         count = len(events)
         max_attempts = self._max_attempts
-        messages = cast("list[Message]", events)  # if the test below passes
+        deliveries = cast("list[Deliver]", events)  # if the test below passes
         if proto.in_flight_count - held == count and (
-            not max_attempts or max(map(_attempts, messages)) <= max_attempts
+            not max_attempts or max(map(_attempts, deliveries)) <= max_attempts
         ):
             # The hot path: a subscribed push connection outside backoff and drain, and a read
             # of messages only. The connection's in-flight set grew by one per event, so every
-            # event is a Message with an id new to this connection (none is held here: what is
+            # event is a Deliver with an id new to this connection (none is held here: what is
             # tracked is in flight there), and none is over max_attempts. No per-message
-            # Python loop: the handles, the tracking and the actions are built in C.
-            deliveries = list(
-                map(
-                    _new_tuple,
-                    repeat(Deliver),
-                    zip(
-                        repeat(conn_id),
-                        messages,
-                        repeat(link.address),
-                        repeat(now),
-                        repeat(now + link.msg_timeout),
-                    ),
-                )
-            )
+            # Python loop: the decoder built the handles; the read's list is the actions and
+            # the tracking.
             self._actions += deliveries
             queue = link.queue  # tracked from here, by position (see _Link)
             if not queue:
@@ -900,22 +936,18 @@ class ConsumerCoordinator:
         # Mixed reads (a heartbeat, a message sent again, one over max_attempts), one by one.
         tracked = link.tracked
         append = self._actions.append
-        make = _new_tuple
-        address = link.address
-        deadline = now + link.msg_timeout
         attempts_limit = self._max_attempts or 0xFFFF
         setdefault = tracked.setdefault
         count = 0
         for event in events:
-            if type(event) is message_type:
-                if event[3] > attempts_limit:
+            if type(event) is Deliver:
+                if event[4] > attempts_limit:
                     self._on_message(link, event, now)
                     continue
-                delivery = make(Deliver, (conn_id, event, address, now, deadline))
-                if setdefault(event[0], delivery) is not delivery:  # nsqd resent a held id
+                if setdefault(event[1], event) is not event:  # nsqd resent a held id
                     self._on_message(link, event, now)
                     continue
-                append(delivery)
+                append(event)
                 count += 1
             else:
                 self._on_event(link, event, now)
@@ -1021,7 +1053,7 @@ class ConsumerCoordinator:
         if link is not None:
             self._explicit_delivery = True
             link.marks = True
-            link.seen.add(delivery.message.id)
+            link.seen.add(delivery.id)
 
     def finish(self, delivery: Deliver, now: float) -> bool:
         """FIN: the message was handled. False (and a TakenBack) if it was no longer ours."""
@@ -1030,7 +1062,7 @@ class ConsumerCoordinator:
         except KeyError:  # its connection is gone
             self._report_gone(delivery, "FIN")
             return False
-        message_id = delivery[1][0]
+        message_id = delivery[1]
         queue = link.queue
         head = link.head
         if queue and queue[head] is delivery:  # answered in delivery order
@@ -1063,21 +1095,40 @@ class ConsumerCoordinator:
             self._after_answer(link, Outcome.SUCCESS, now, delivery)
         return True
 
-    def finish_many(self, deliveries: Iterable[Deliver], now: float) -> int:
+    def finish_many(
+        self,
+        deliveries: Iterable[Deliver],
+        now: float,
+        *,
+        refused: list[Deliver] | None = None,
+    ) -> int:
         """FIN every delivery, in order: the same as :meth:`finish` on each, for a transport
         that collects its users' answers (one call, one lookup per run of deliveries from the
         same connection; deliveries answered in the order they arrived are checked by position,
         with no dict work). Returns how many were FIN'd; each of the others was no longer ours
-        and gave a TakenBack, exactly as :meth:`finish` would."""
+        and gave a TakenBack, exactly as :meth:`finish` would, and is appended to ``refused``
+        when given (so a transport can tell which of its handles came too late)."""
         finish = self.finish
-        if not self._calm:  # backoff, drain or pull: every answer has consequences
-            return sum([finish(delivery, now) for delivery in deliveries])
+        if not self._calm:  # backoff, drain, pull or settling: answers have consequences
+            if self._state is ConsumerState.RUNNING and self._backoff.phase is BackoffPhase.NORMAL:
+                # Pull mode, or a lowered RDY settling: each FIN frees budget, but none
+                # changes backoff, so the budget is recounted once for the whole batch.
+                return self._finish_many_running(deliveries, now, refused)
+            if refused is None:
+                return sum([finish(delivery, now) for delivery in deliveries])
+            done = 0
+            for delivery in deliveries:
+                if finish(delivery, now):
+                    done += 1
+                else:
+                    refused.append(delivery)
+            return done
         # Outside backoff a FIN only forgets the message: no per-answer decision to make.
         # Deliveries answered in the order they came are checked against the link's queue.
         links = self._links
         bulk = 0
         if type(deliveries) is list and deliveries:
-            used, bulk = self._finish_in_order(deliveries)  # all of it, or a first part
+            used, bulk = self._finish_in_order(deliveries, refused)  # all, or a first part
             if used == len(deliveries):
                 return bulk
             if used:
@@ -1110,30 +1161,120 @@ class ConsumerCoordinator:
             if head < size and queue[head] is delivery:
                 head += 1
                 try:
-                    send_fin(delivery[1][0])
+                    send_fin(delivery[1])
                 except LocalProtocolError:  # that id was already answered in the same read
                     self._report_gone(delivery, "FIN")
+                    if refused is not None:
+                        refused.append(delivery)
                     continue
                 done += 1
                 continue
             if link is not None:  # out of order: finish() looks it up (and moves the queue)
                 self._queue_answered(link, head)
                 link = None
-            others += finish(delivery, now)
+            if finish(delivery, now):
+                others += 1
+            elif refused is not None:
+                refused.append(delivery)
             conn_id = 0
         if link is not None:
             self._queue_answered(link, head)
         self.finished += done
         return bulk + done + others
 
-    def _finish_in_order(self, batch: list[Deliver]) -> tuple[int, int]:
+    def _finish_many_running(
+        self, deliveries: Iterable[Deliver], now: float, refused: list[Deliver] | None
+    ) -> int:
+        """finish_many while running outside backoff but not calm (pull mode, settling): the
+        FINs as :meth:`finish` sends them (runs in delivery order by position), then what
+        each answer would do to RDY, done once per connection (settling) and once overall
+        (the budget), instead of once per message."""
+        links = self._links
+        settling = self._settling
+        answered: dict[int, list[int]] = {}  # conn_id -> [FINs that count for settling]
+        done = 0
+        for conn_id, group in groupby(deliveries, _conn_id):
+            run = list(group)
+            link = links.get(conn_id)
+            if link is None:  # its connection is gone
+                for delivery in run:
+                    self._report_gone(delivery, "FIN")
+                if refused is not None:
+                    refused += run
+                continue
+            used, fins = self._finish_in_order(run, refused)
+            fin_list = run[:fins] if used else []
+            for delivery in run[used:] if used else run:
+                if self._fin_tracked(link, delivery):
+                    fin_list.append(delivery)
+                elif refused is not None:
+                    refused.append(delivery)
+            done += len(fin_list)
+            counted = answered.setdefault(conn_id, [0])
+            if conn_id in settling and fin_list:
+                # As _answered_while_settling: not those nsqd may have timed out already.
+                after = now + link.settle_delay
+                counted[0] += sum(map(after.__lt__, map(_deadline, fin_list)))
+        grant = False
+        for conn_id, (count,) in answered.items():
+            link = links[conn_id]
+            if count and conn_id in settling:
+                if link.ceiling > link.wire_rdy:
+                    link.ceiling -= min(count, link.ceiling - link.wire_rdy)
+                if link.ceiling <= link.wire_rdy:
+                    self._settled(link)
+                self._reclaim(link)
+                grant = True
+        if grant:
+            self._grant(now)
+        if self._pull:
+            for conn_id in answered:
+                link = links[conn_id]
+                if link.alloc > 0:
+                    count = self._live_in_flight(link, now) + link.alloc
+                    self._send_rdy(link, min(count, self._budget_left(link)), now)
+        return done
+
+    def _fin_tracked(self, link: _Link, delivery: Deliver) -> bool:
+        """:meth:`finish`'s FIN without what follows it (RDY, backoff): False, and a
+        TakenBack, when ``delivery`` is no longer in flight on ``link``."""
+        message_id = delivery[1]
+        queue = link.queue
+        head = link.head
+        if queue and queue[head] is delivery:
+            self._queue_answered(link, head + 1)
+        else:
+            tracked = link.tracked
+            current = tracked.pop(message_id, None)
+            if current is not delivery:  # answered, taken back, or delivered again
+                if current is not None:  # a newer delivery of that id: keep it
+                    tracked[message_id] = current
+                self._report_gone(delivery, "FIN")
+                return False
+        try:
+            link.send_fin(message_id)
+        except LocalProtocolError:  # that id was already answered in the same read
+            self._report_gone(delivery, "FIN")
+            return False
+        if not link.dirty:
+            link.dirty = True
+            self._dirty.add(link.conn_id)
+        self.finished += 1
+        if link.marks:
+            link.touched.pop(message_id, None)
+            link.seen.discard(message_id)
+        return True
+
+    def _finish_in_order(
+        self, batch: list[Deliver], refused: list[Deliver] | None
+    ) -> tuple[int, int]:
         """finish_many's common case without a Python loop: every delivery of ``batch`` is the
         next in its connection's queue (one read, answered in the order it came). Returns how
         many deliveries from the start of ``batch`` were answered, and how many of those were
         FIN'd (a FIN refused by the connection is reported, as finish() does); (0, 0) when it
         is not that case."""
         link = self._links.get(batch[0][0])
-        if link is None or link.marks:
+        if link is None:
             return 0, 0
         queue = link.queue
         head = link.head
@@ -1143,19 +1284,31 @@ class ConsumerCoordinator:
         window = queue[head : head + count] if head or count < len(queue) else queue
         if not all(map(is_, batch, window)):
             return 0, 0
-        ids = iter(list(map(_message_id, map(_message, batch))))
+        ids = list(map(_id, batch))
         used = done = count
         try:
-            deque(map(link.send_fin, ids), maxlen=0)
-        except LocalProtocolError:  # that id was already answered in the same read
-            done = count - len(list(ids)) - 1
-            used = done + 1
-            self._report_gone(batch[done], "FIN")
+            link.send_fins(ids)  # all or nothing
+        except LocalProtocolError:  # one id was already answered in the same read
+            rest = iter(ids)
+            try:
+                deque(map(link.send_fin, rest), maxlen=0)
+            except LocalProtocolError:
+                done = count - len(list(rest)) - 1
+                used = done + 1
+                self._report_gone(batch[done], "FIN")
+                if refused is not None:
+                    refused.append(batch[done])
         self._queue_answered(link, head + used)
         if not link.dirty:
             link.dirty = True
             self._dirty.add(link.conn_id)
         self.finished += done
+        if link.marks:  # TOUCHed or marked delivered: forget those marks too, as finish()
+            fins = ids[:done] if done < count else ids
+            if link.touched:
+                deque(map(link.touched.pop, fins, repeat(None)), maxlen=0)
+            if link.seen:
+                link.seen.difference_update(fins)
         return used, done
 
     @staticmethod
@@ -1184,14 +1337,14 @@ class ConsumerCoordinator:
             return False
         assert link.proto is not None
         if delay is None:
-            delay = self.requeue_delay(delivery.message.attempts, link.conn_id)
+            delay = self.requeue_delay(delivery.attempts, link.conn_id)
         else:
             # nsqd clamps REQ to its --max-req-timeout; we clamp to what the wire can carry.
             delay = min(delay, MAX_COMMAND_DELAY)
             if link.max_req_timeout is not None:
                 delay = min(delay, link.max_req_timeout)
         self._emit_rdy(link)
-        message_id = delivery.message.id
+        message_id = delivery.id
         if not link.proto.is_in_flight(message_id):  # already answered in the same read
             self._report_gone(delivery, "REQ")
             return False
@@ -1221,14 +1374,14 @@ class ConsumerCoordinator:
             self._report_gone(delivery, "TOUCH")
             return None
         try:
-            link.proto.touch(delivery.message.id)
+            link.proto.touch(delivery.id)
         except LocalProtocolError:  # that id was already answered in the same read
             self._report_gone(delivery, "TOUCH")
             return None
         self._dirty.add(link.conn_id)
         deadline = min(now + link.msg_timeout, delivery.received_at + link.max_msg_timeout)
         link.marks = True
-        link.touched[delivery.message.id] = deadline
+        link.touched[delivery.id] = deadline
         return deadline
 
     def set_max_in_flight(self, max_in_flight: int, now: float) -> None:
@@ -1270,7 +1423,7 @@ class ConsumerCoordinator:
             link = self._current(delivery)
             if link is None:
                 continue
-            if link.touched.get(delivery.message.id, delivery.deadline) <= now:
+            if link.touched.get(delivery.id, delivery.deadline) <= now:
                 continue  # nsqd timed it out already: a stale copy, it will come again
             request.messages.append(delivery)
             request.remaining -= 1
@@ -1304,7 +1457,7 @@ class ConsumerCoordinator:
                     for delivery in gathered:
                         link = self._links.get(delivery.conn_id)
                         if link is not None:
-                            link.seen.discard(delivery.message.id)
+                            link.seen.discard(delivery.id)
                     break
         hold_until = now + self._config.pull_hold_timeout
         buffer = self._fetches.buffer
@@ -1316,7 +1469,7 @@ class ConsumerCoordinator:
 
     # --- internals: messages -------------------------------------------------------------------
 
-    def _on_message(self, link: _Link, message: Message, now: float) -> None:
+    def _on_message(self, link: _Link, delivery: Deliver, now: float) -> None:
         """One message arrived on ``link`` (every case; the common one is inlined in
         :meth:`receive_data`)."""
         link.remaining -= 1
@@ -1324,34 +1477,34 @@ class ConsumerCoordinator:
         self.received += 1
         proto = link.proto
         assert proto is not None
+        message_id = delivery.id
         if link.tracked:
-            previous = link.tracked.pop(message.id, None)
+            previous = link.tracked.pop(message_id, None)
             if previous is not None:  # sent again: the copy the user holds timed out on nsqd
-                link.touched.pop(message.id, None)
-                link.seen.discard(message.id)
+                link.touched.pop(message_id, None)
+                link.seen.discard(message_id)
+                if self._pull:
+                    self._forget_gathered(previous)
                 self._report_gone(previous, "TIMEOUT")
-        if not proto.is_in_flight(message.id):
+        if not proto.is_in_flight(message_id):
             return  # a copy earlier in this read was already answered: nsqd has one copy only
         if not link.accepting:
             self._emit_rdy(link)  # RDY 0 goes before the REQ
-            proto.requeue(message.id, 0.0)  # draining: give it to another consumer at once
+            proto.requeue(message_id, 0.0)  # draining: give it to another consumer at once
             self.requeued += 1
             return
         max_attempts = self._max_attempts
-        if max_attempts and message.attempts > max_attempts:
-            proto.finish(message.id)
+        if max_attempts and delivery.attempts > max_attempts:
+            proto.finish(message_id)
             self.given_up += 1
-            self._actions.append(GiveUp(link.conn_id, link.address, message))
+            self._actions.append(GiveUp(link.conn_id, link.address, delivery.message))
             if self._backoff.record(Outcome.NEUTRAL, now):
                 self._recalm()
                 self._rebalance(now)
             return
-        delivery = _new_tuple(
-            Deliver, (link.conn_id, message, link.address, now, now + link.msg_timeout)
-        )
-        link.tracked[message.id] = delivery
+        link.tracked[message_id] = delivery
         if self._pull:
-            self._on_pull_message(link, delivery, now)
+            self._on_pull_messages(link, [delivery], now)
             return
         self._actions.append(delivery)
         self._after_messages(link, now)
@@ -1364,24 +1517,50 @@ class ConsumerCoordinator:
         if link.target and needs_refresh(link.remaining, link.rdy):
             self._send_rdy(link, min(link.target, self._budget_left(link)), now)
 
-    def _on_pull_message(self, link: _Link, delivery: Deliver, now: float) -> None:
-        self._pull_seq += 1
+    def _pull_receive(self, link: _Link, deliveries: list[Deliver], now: float) -> None:
+        """A read of fresh messages in pull mode (the checks are the caller's): tracked by
+        position as in push mode, then handed to the waiting fetches as one batch."""
+        count = len(deliveries)
+        queue = link.queue
+        if not queue:
+            link.queue = deliveries  # a new list, the decoder's, not kept elsewhere
+        else:
+            if link.head:
+                del queue[: link.head]
+                link.head = 0
+            queue += deliveries
+        self.received += count
+        link.remaining -= count
+        link.last_message_at = now
+        self._on_pull_messages(link, deliveries, now)
+
+    def _on_pull_messages(self, link: _Link, deliveries: list[Deliver], now: float) -> None:
+        """Messages (tracked already) arrived on ``link``, in order: use up its share, give
+        them to the waiting fetches (oldest first), hold the rest for the next fetch."""
+        count = len(deliveries)
+        self._pull_seq += count
         link.pull_seq = self._pull_seq
         used_up = False
-        if link.alloc > 0:
-            link.alloc -= 1
-            self._alloc_total -= 1
-            if link.alloc == 0:
+        alloc = link.alloc
+        if alloc > 0:
+            used = count if count < alloc else alloc
+            link.alloc = alloc - used
+            self._alloc_total -= used
+            if used == alloc:
                 used_up = True
                 link.target = 0
                 self._send_rdy(link, 0, now)
         fetches = self._fetches
+        given = 0
         if fetches.waiting:
-            filled = fetches.give(delivery)
-            if filled is not None:
-                self._answer_fetch(filled, FetchEnd.FILLED)
-        else:
-            fetches.buffer.append((now + self._config.pull_hold_timeout, delivery))
+            filled, given = fetches.give_many(deliveries)
+            for request in filled:
+                self._answer_fetch(request, FetchEnd.FILLED)
+        if given < count:
+            hold_until = now + self._config.pull_hold_timeout
+            fetches.buffer.extend(
+                zip(repeat(hold_until), deliveries[given:] if given else deliveries)
+            )
         if self._alloc_total > fetches.outstanding or (used_up and fetches.outstanding):
             # A link that used up its share while others may sit on empty nsqd: top it up
             # from theirs now (it is active; they keep a probe), not after an idle timeout.
@@ -1390,19 +1569,19 @@ class ConsumerCoordinator:
     def _current(self, delivery: Deliver) -> _Link | None:
         """The link of a delivery that is still in flight here, else None."""
         link = self._links.get(delivery.conn_id)
-        if link is None or link.tracked.get(delivery.message.id) is not delivery:
+        if link is None or link.tracked.get(delivery.id) is not delivery:
             return None
         return link
 
     def _settle(self, delivery: Deliver, command: str) -> _Link | None:
         """Forget a delivery about to be answered; None (and a TakenBack) if not ours."""
         link = self._links.get(delivery.conn_id)
-        if link is not None and link.tracked.get(delivery.message.id) is delivery:
-            del link.tracked[delivery.message.id]
+        if link is not None and link.tracked.get(delivery.id) is delivery:
+            del link.tracked[delivery.id]
             if link.touched:
-                link.touched.pop(delivery.message.id, None)
+                link.touched.pop(delivery.id, None)
             if link.seen:
-                link.seen.discard(delivery.message.id)
+                link.seen.discard(delivery.id)
             self._dirty.add(link.conn_id)
             return link
         self._report_gone(delivery, command)
@@ -1414,10 +1593,10 @@ class ConsumerCoordinator:
             TakenBack(
                 delivery.conn_id,
                 delivery.address,
-                delivery.message.id,
+                delivery.id,
                 command,
                 MessageGone(
-                    f"{command} for message {delivery.message.id!r} from {delivery.address}: "
+                    f"{command} for message {delivery.id!r} from {delivery.address}: "
                     "it is no longer in flight on this consumer (connection closed, requeued "
                     "by drain, or delivered again after timing out)"
                 ),
@@ -1450,7 +1629,7 @@ class ConsumerCoordinator:
             self._check_drained()
 
     def _requeue_now(self, link: _Link, delivery: Deliver) -> None:
-        message_id = delivery.message.id
+        message_id = delivery.id
         del link.tracked[message_id]
         link.touched.pop(message_id, None)
         link.seen.discard(message_id)
@@ -1471,16 +1650,19 @@ class ConsumerCoordinator:
                 self._requeue_now(link, delivery)
 
     def _answer_fetch(self, request: FetchRequest, reason: FetchEnd) -> None:
-        messages = tuple(d for d in request.messages if self._current(d) is not None)
+        # Every message a request gathered is still ours: those of a lost connection and
+        # those nsqd delivered again leave the requests at once (_forget_pull_messages,
+        # _forget_gathered), so the answer is the gathered list as is.
+        messages = tuple(request.messages)
         if self._explicit_delivery:  # a fetch answer is in the user's hands
             for delivery in messages:
-                self._links[delivery.conn_id].seen.add(delivery.message.id)
+                self._links[delivery.conn_id].seen.add(delivery.id)
         self._actions.append(FetchResult(request.request_id, messages, reason))
 
     # --- internals: connection events ----------------------------------------------------------
 
     def _on_event(self, link: _Link, event: object, now: float) -> None:
-        if isinstance(event, Message):
+        if isinstance(event, Deliver):
             self._on_message(link, event, now)
         elif isinstance(event, MessageTakenBack):
             # FIN/REQ: already forgotten here. TOUCH: the user still holds it; their FIN/REQ
@@ -1664,6 +1846,7 @@ class ConsumerCoordinator:
                     self._requeue_now(link, delivery)
         if self._pull:  # what they gathered was just requeued: the answers are empty
             for fetch in self._fetches.take_all():
+                fetch.messages = []
                 self._answer_fetch(fetch, FetchEnd.FAILED)
             self._fetches.buffer.clear()
         for link in list(self._links.values()):
@@ -1681,6 +1864,20 @@ class ConsumerCoordinator:
                 request.messages = [d for d in request.messages if d.conn_id != conn_id]
                 request.remaining += len(lost)
                 fetches.outstanding += len(lost)
+
+    def _forget_gathered(self, delivery: Deliver) -> None:
+        """nsqd delivered ``delivery``'s message again (it timed out there): a waiting request
+        that gathered the old copy loses it and waits for one more message (rare: a request
+        answers AGED long before its messages time out)."""
+        fetches = self._fetches
+        for request in fetches.waiting:
+            messages = request.messages
+            for index, gathered in enumerate(messages):
+                if gathered is delivery:
+                    del messages[index]
+                    request.remaining += 1
+                    fetches.outstanding += 1
+                    return
 
     # --- internals: drain ----------------------------------------------------------------------
 
@@ -1899,7 +2096,13 @@ class ConsumerCoordinator:
     @staticmethod
     def _live_count(link: _Link, now: float) -> tuple[int, float | None]:
         """How many messages held on ``link`` nsqd still counts in flight (deadline not
-        passed), and the earliest of their deadlines."""
+        passed), and the earliest of their deadlines (or an earlier time: a wake-up to look
+        again). Before ``link.live_floor`` no held message can have expired, so that is one
+        count, not a walk over them (the budget is recomputed after every fetch and answer)."""
+        floor = link.live_floor
+        if now < floor:
+            held = link.held_count()
+            return held, (floor if held > 0 else None)
         live = 0
         touched = link.touched
         expiry: float | None = None
@@ -1909,6 +2112,11 @@ class ConsumerCoordinator:
                 live += 1
                 if expiry is None or deadline < expiry:
                     expiry = deadline
+        # Held messages past their deadline count no more, but may still be answered (and
+        # leave): until they are gone, every look walks again. Otherwise nothing held expires
+        # before the earliest deadline; messages read later lower the floor (receive_data).
+        if live == len(link.held):
+            link.live_floor = math.inf if expiry is None else expiry
         return live, expiry
 
     def _pull_shares(

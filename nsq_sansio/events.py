@@ -156,9 +156,12 @@ class Heartbeat:
     """nsqd sent ``_heartbeat_``; the connection already queued the ``NOP`` that answers it."""
 
 
-@dataclass(frozen=True, slots=True)
-class PublishAcknowledged:
-    """The publish with this ``request_id`` was accepted by nsqd."""
+class PublishAcknowledged(NamedTuple):
+    """The publish with this ``request_id`` was accepted by nsqd.
+
+    A ``NamedTuple`` like :class:`Message`: one is built for every publish answered, on the
+    publish path's hottest line.
+    """
 
     request_id: int
 

@@ -108,6 +108,33 @@ class FetchQueue:
             heapq.heappush(self._expiries, (_half_life(delivery), request.request_id))
         return None
 
+    def give_many(self, deliveries: list[Deliver]) -> tuple[list[FetchRequest], int]:
+        """Hand messages, in order, to the waiting requests, oldest first (as :meth:`give` on
+        each, a slice per request): returns the requests that filled, and how many messages
+        were given (the rest found no waiting request)."""
+        waiting = self.waiting
+        filled: list[FetchRequest] = []
+        count = len(deliveries)
+        given = 0
+        while given < count and waiting:
+            request = waiting[0]
+            take = min(request.remaining, count - given)
+            first = not request.messages
+            if take == count:
+                request.messages += deliveries
+            else:
+                request.messages += deliveries[given : given + take]
+            request.remaining -= take
+            self.outstanding -= take
+            if request.remaining <= 0:
+                waiting.popleft()
+                filled.append(request)
+            elif first:  # its oldest message: the request ages from here
+                aged_at = _half_life(deliveries[given])
+                heapq.heappush(self._expiries, (aged_at, request.request_id))
+            given += take
+        return filled, given
+
     def remove(self, request: FetchRequest) -> None:
         self.waiting.remove(request)
         self.outstanding -= request.remaining

@@ -49,6 +49,7 @@ __all__ = [
     "build_mpub_request",
     "build_pub_request",
     "build_ssl_context",
+    "check_connections_per_nsqd",
     "format_address",
     "make_config",
     "parse_address",
@@ -62,6 +63,22 @@ DEFAULT_HTTP_PORT = 4151
 DEFAULT_LOOKUPD_HTTP_PORT = 4161
 #: How much a transport asks the socket for per read.
 READ_SIZE = 64 * 1024
+
+
+#: The most TCP connections a producer opens to one nsqd (``connections_per_nsqd``).
+MAX_CONNECTIONS_PER_NSQD = 64
+
+
+def check_connections_per_nsqd(value: object) -> None:
+    """A producer's ``connections_per_nsqd``: an int from 1 to 64 (ConfigError otherwise)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 1 <= value <= MAX_CONNECTIONS_PER_NSQD
+    ):
+        raise ConfigError(
+            f"connections_per_nsqd={value!r} must be an int from 1 to {MAX_CONNECTIONS_PER_NSQD}"
+        )
 
 
 # --- addresses -----------------------------------------------------------------------------

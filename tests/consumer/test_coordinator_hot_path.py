@@ -3,6 +3,8 @@ batched answer ``finish_many``: same results as the one-by-one paths, in every o
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 import pytest
@@ -20,6 +22,7 @@ from nsq_sansio.consumer import (
     TakenBack,
 )
 from nsq_sansio.errors import LocalProtocolError
+from nsq_sansio.events import Message
 from nsq_sansio.frames import HEARTBEAT, encode_frame, encode_message_frame
 
 TS = 1_700_000_000_000_000_000
@@ -126,19 +129,46 @@ def test_rdy_is_refreshed_by_a_big_read() -> None:
     assert c.total_rdy <= c.max_in_flight
 
 
+def test_a_handle_keeps_its_constructor_fields_copy_and_pickle() -> None:
+    """Deliver(conn_id, message, address, received_at, deadline) builds the same handle the
+    decoder builds (fields by name; .message equal to the message), and copy/pickle give an
+    equal Deliver back."""
+    c, (one, _) = coordinator()
+    c.receive_data(one, msg(7, attempts=3, body=b"seven"), 5.0)
+    [d] = delivered(c.take_actions())
+    m = Message(b"%016x" % 7, b"seven", TS + 7, 3)
+    made = Deliver(one, m, d.address, 5.0, 65.0)
+    assert made == d and type(made) is Deliver and made is not d
+    assert (d.id, d.body, d.timestamp, d.attempts) == (m.id, m.body, m.timestamp, m.attempts)
+    assert d.message == m and type(d.message) is Message
+    for again in (copy.copy(d), copy.deepcopy(d), pickle.loads(pickle.dumps(d))):
+        assert again == d and type(again) is Deliver
+
+
 # --- finish_many: exactly finish() on each ----------------------------------------------------
 
 
-def answer_all(c: ConsumerCoordinator, ds: list[Deliver], batched: bool, now: float) -> int:
+def answer_all_refused(
+    c: ConsumerCoordinator, ds: list[Deliver], batched: bool, now: float
+) -> tuple[int, list[tuple[int, bytes, int, float]]]:
+    """The count, and the handles that were no longer ours, in order (by what they hold)."""
     if batched:
-        return c.finish_many(ds, now)
-    return sum(c.finish(d, now) for d in ds)
+        refused: list[Deliver] = []
+        count = c.finish_many(ds, now, refused=refused)
+    else:
+        results = [c.finish(d, now) for d in ds]
+        count = sum(results)
+        refused = [d for d, ok in zip(ds, results, strict=True) if not ok]
+    return count, [(d.conn_id, d.id, d.attempts, d.received_at) for d in refused]
 
 
 def outcome(c: ConsumerCoordinator, actions: list[Action]) -> object:
     gone = [(a.conn_id, a.message_id, a.command) for a in actions if isinstance(a, TakenBack)]
-    assert all(isinstance(a.error, MessageGone) for a in actions if isinstance(a, TakenBack)
-               and a.command == "FIN")
+    assert all(
+        isinstance(a.error, MessageGone)
+        for a in actions
+        if isinstance(a, TakenBack) and a.command == "FIN"
+    )
     return (
         gone,
         sorted(c.pending_data()),
@@ -159,7 +189,7 @@ def test_finish_many_counts_and_reports_like_finish(batched: bool) -> None:
     c.pending_data()
     c.touch(ds[1], 2.0)  # a link with marks
     batch = [ds[0], ds[5], ds[1], ds[0], ds[6], ds[9]]  # interleaved, one answered twice
-    assert answer_all(c, batch, batched, 3.0) == 5
+    assert answer_all_refused(c, batch, batched, 3.0) == (5, [(one, ds[0].id, 1, 1.0)])
     actions = c.take_actions()
     gone = [a for a in actions if isinstance(a, TakenBack)]
     assert [(g.message_id, g.command) for g in gone] == [(ds[0].id, "FIN")]
@@ -201,9 +231,11 @@ def test_finish_many_is_finish_on_each(
         batch = [held[key] for key in plan if key in held]
         if stale:
             batch.append(held[(0, 8)])
-        answered = answer_all(c, batch, batched, 3.0)
+        answered = answer_all_refused(c, batch, batched, 3.0)
         results.append((answered, outcome(c, c.take_actions())))
     assert results[0] == results[1]
+    (count, refused), _ = results[1]
+    assert len(refused) == len(batch) - count  # refused= names each handle not FIN'd
 
 
 # --- the handle queue: any order of answers against a model ------------------------------------
@@ -262,9 +294,7 @@ def test_answers_in_any_order_match_a_model(ops: list[tuple[object, ...]]) -> No
         assert c.in_flight_count() == len(current)
         assert all(c.deadline(d) is not None for d in current.values())
     out = b"".join(data for _, data in c.pending_data())
-    assert sorted(line[4:] for line in out.split(b"\n") if line.startswith(b"FIN ")) == sorted(
-        fins
-    )
+    assert sorted(line[4:] for line in out.split(b"\n") if line.startswith(b"FIN ")) == sorted(fins)
     assert c.stats["finished"] == len(fins)
     for d in issued:
         if current.get((d.conn_id, d.id)) is not d:
@@ -301,8 +331,16 @@ def test_finish_many_in_order_when_the_connection_refuses_one() -> None:
             raise LocalProtocolError("already answered in the same read")
         send_fin(message_id)
 
+    def refuse_all(message_ids: list[bytes]) -> None:  # all or nothing, as finish_many
+        if ds[2].id in message_ids:
+            raise LocalProtocolError("already answered in the same read")
+        link.proto.finish_many(message_ids)
+
     link.send_fin = refuse_third
-    assert c.finish_many(ds, 2.0) == 5  # as finish() on each: the third is reported
+    link.send_fins = refuse_all
+    refused: list[Deliver] = []
+    assert c.finish_many(ds, 2.0, refused=refused) == 5  # as finish() on each: the third
+    assert refused == [ds[2]] and refused[0] is ds[2]  # ...is reported, and named
     gone = [a for a in c.take_actions() if isinstance(a, TakenBack)]
     assert [(g.message_id, g.command) for g in gone] == [(ds[2].id, "FIN")]
     assert c.in_flight_count() == 0 and c.stats["finished"] == 5

@@ -7,6 +7,8 @@ import tracemalloc
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nsq_sansio import (
     ClientConnection,
@@ -515,6 +517,53 @@ def test_late_answer_errors_are_non_fatal_and_tied_to_the_message(
     assert (event.error.code, event.error.text, event.error.fatal) == (code, text, False)
     assert conn.state is S.SUBSCRIBED and conn.is_in_flight(MID2)
     conn.finish(MID2)  # still usable
+
+
+def _finish_each(conn: ClientConnection, ids: list[object]) -> object:
+    """finish() on each id until one is refused: (error type and text) or None."""
+    for message_id in ids:
+        try:
+            conn.finish(message_id)  # type: ignore[arg-type]
+        except LocalProtocolError as exc:
+            return (type(exc), str(exc))
+    return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    picks=st.lists(st.one_of(st.integers(0, 7), st.sampled_from(["short", "text", "list"]))),
+    state=st.sampled_from(["SUBSCRIBED", "CLOSING", "READY"]),
+)
+def test_finish_many_is_all_or_nothing_finish_on_each(picks: list[object], state: str) -> None:
+    """finish_many(ids) writes what finish() on each writes when every id is in flight once;
+    otherwise it writes nothing, keeps every id in flight, and raises what finish() raises
+    for the first id it refuses."""
+    mids = [b"%016d" % i for i in range(8)]
+    odd = {"short": b"abc", "text": "0" * 16, "list": [1]}
+    ids = [mids[p] if isinstance(p, int) else odd[str(p)] for p in picks]
+
+    def fresh() -> ClientConnection:
+        conn = ready_conn() if state == "READY" else subscribed_conn()
+        if state != "READY":
+            conn.receive_data(b"".join(message(m) for m in mids[:6]))  # 6 and 7: never sent
+        if state == "CLOSING":
+            conn.close()
+        conn.data_to_send()
+        return conn
+
+    each = fresh()
+    expected = _finish_each(each, ids)
+    many = fresh()
+    if expected is None:
+        many.finish_many(ids)  # type: ignore[arg-type]
+        assert many.data_to_send() == each.data_to_send()
+        assert many.in_flight == each.in_flight
+        return
+    before = many.in_flight
+    with pytest.raises(LocalProtocolError) as raised:
+        many.finish_many(ids)  # type: ignore[arg-type]
+    assert (type(raised.value), str(raised.value)) == expected
+    assert many.data_to_send() == b"" and many.in_flight == before
 
 
 def test_late_answer_error_without_an_id_still_reported() -> None:

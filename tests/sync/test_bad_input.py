@@ -222,6 +222,50 @@ def test_failing_user_action_on_io_thread_is_reported_not_fatal(
     assert ch is not None and ch["in_flight_count"] == 0 and ch["depth"] == 0
 
 
+def test_failing_fin_batch_on_io_thread_is_logged_once_and_answerable_again(
+    nsqd: Pair, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FINs are taken back by the IO thread in batches: a batch that fails there (a core call
+    made to fail) is logged once, and each of its messages can be answered again."""
+    server, runner = nsqd
+    topic = unique()
+    publish(server, topic, 3)
+    caplog.set_level(logging.ERROR, logger="nsq_sansio.sync")
+    with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=3) as consumer:
+        coordinator = consumer._coordinator
+        held = [take(consumer) for _ in range(3)]
+
+        def boom(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("injected failure")
+
+        monkeypatch.setattr(coordinator, "finish_many", boom)
+        paused, resume = threading.Event(), threading.Event()
+
+        def pause() -> None:
+            paused.set()
+            resume.wait(10)
+
+        consumer._loop.call_soon(pause)  # the IO thread waits: the three FINs make one batch
+        assert paused.wait(10)
+        assert all(msg.finish() for msg in held)
+        resume.set()
+        wait_for(
+            lambda: not any(msg.responded for msg in held), what="the failed FINs to be undone"
+        )
+        monkeypatch.undo()
+        assert_io_alive(consumer)
+        failures = [r for r in caplog.records if "failed on the IO thread" in r.getMessage()]
+        assert len(failures) == 1 and "3 messages" in failures[0].getMessage()
+        assert all(msg.finish() for msg in held)
+        assert not any(msg.taken_back for msg in held)
+        wait_for(
+            lambda: (channel_stats(runner, topic, "c") or {}).get("in_flight_count") == 0,
+            what="nsqd to see the FINs",
+        )
+    ch = channel_stats(runner, topic, "c")
+    assert ch is not None and ch["depth"] == 0 and ch["requeue_count"] == 0
+
+
 def topic_message_count(runner: ServerThread[EmbeddedNSQD], topic: str) -> int:
     server = runner.server
 

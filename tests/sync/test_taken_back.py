@@ -62,3 +62,28 @@ def test_only_the_copies_nsqd_took_back_are_taken_back(broker: Broker) -> None:
         assert first.taken_back and second.taken_back
         assert consumer.stats().finished == 1
     assert channel["depth"] == 0 and channel["timeout_count"] == 2
+
+
+def test_a_fin_refused_in_a_batch_marks_only_its_own_message() -> None:
+    """FINs are taken back in batches (one finish_many call): one the coordinator refuses
+    (here its handle was answered behind the transport's back, the way a race would) sets
+    ``taken_back`` on that message only; the others of the batch are FIN'd."""
+    with running_nsqd() as (server, runner):
+        topic = unique()
+        with Producer(server.tcp_address) as p:
+            p.multi_publish(topic, [b"a", b"b", b"c"])
+        with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=3) as consumer:
+            held = [consumer.get(timeout=10) for _ in range(3)]
+            assert all(m is not None for m in held)
+            first, second, third = held  # type: ignore[misc]
+            answered = consumer._call(
+                lambda: consumer._coordinator.finish(second.delivery, 0.0)
+            ).result(10)
+            assert answered  # the core FIN'd it; the transport was not told
+            assert first.finish() and second.finish() and third.finish()
+            wait_for(lambda: second.taken_back, what="the refused FIN to be reported")
+            assert not first.taken_back and not third.taken_back
+            wait_for(lambda: consumer.stats().finished == 3, what="three FINs")
+            assert consumer.stats().taken_back == 1
+        ch = channel_stats(runner, topic, "c")
+        assert ch is not None and ch["in_flight_count"] == 0 and ch["depth"] == 0

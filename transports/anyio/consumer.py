@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from itertools import repeat
+from operator import is_
 from time import monotonic
 from types import TracebackType
 from typing import Any
@@ -132,21 +134,21 @@ class Message:
     @property
     def id(self) -> bytes:
         """16 ASCII hex bytes."""
-        return self._delivery.message.id
+        return self._delivery.id
 
     @property
     def body(self) -> bytes:
-        return self._delivery.message.body
+        return self._delivery.body
 
     @property
     def attempts(self) -> int:
         """1 on the first delivery."""
-        return self._delivery.message.attempts
+        return self._delivery.attempts
 
     @property
     def timestamp(self) -> int:
         """When it was published, in nanoseconds since the epoch."""
-        return self._delivery.message.timestamp
+        return self._delivery.timestamp
 
     def __repr__(self) -> str:
         return (
@@ -262,11 +264,11 @@ class Message:
                 if new is None:
                     return
                 if new >= limit:
-                    event = KeepaliveExpired(delivery.message.id, delivery.address, new)
+                    event = KeepaliveExpired(delivery.id, delivery.address, new)
                     consumer._log_for(delivery.address).warning(
                         "message %s: keepalive reached nsqd's max_msg_timeout; it will be taken "
                         "back in %.1fs unless answered",
-                        delivery.message.id.decode(),
+                        delivery.id.decode(),
                         new - monotonic(),
                     )
                     consumer._emit(event)
@@ -695,11 +697,15 @@ class Consumer:
     # --- stats ---------------------------------------------------------------------------------
 
     def stats(self) -> ConsumerStats:
-        """A snapshot: totals, RDY, backoff, reconnects and one entry per connection."""
+        """A snapshot: totals, RDY, backoff, reconnects and one entry per connection.
+
+        Safe to call from another thread (a metrics scrape) while the event loop runs: it
+        reads copies taken in one step each, never a collection the loop is changing, so
+        it never raises; each figure is one the consumer had during the call."""
         coord = self._coord
         counters = coord.stats
         connections = []
-        for conn in self._conns.values():
+        for conn in list(self._conns.values()):  # one C-level copy: the loop may add/remove
             info = coord.link_info(conn.conn_id)
             phase, rdy, in_flight = info if info is not None else (None, 0, 0)
             connections.append(
@@ -825,13 +831,17 @@ class Consumer:
         if actions:
             inbox = self._inbox
             other = False
-            for action in actions:
-                if type(action) is Deliver:
-                    inbox.append(action)
-                    delivered += 1
-                else:
-                    other = True
-                    self._act(action)
+            if all(map(is_, map(type, actions), repeat(Deliver))):  # a read of messages only
+                inbox.extend(actions)  # type: ignore[arg-type]
+                delivered = len(actions)
+            else:
+                for action in actions:
+                    if type(action) is Deliver:
+                        inbox.append(action)
+                        delivered += 1
+                    else:
+                        other = True
+                        self._act(action)
             if delivered and self._waiters:
                 self._wake_one()
             if other:

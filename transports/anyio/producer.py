@@ -61,6 +61,7 @@ from transports._common import (
     HTTPPublishClient,
     ProducerStats,
     PubResponse,
+    check_connections_per_nsqd,
     format_address,
     parse_address,
     parse_http_url,
@@ -86,6 +87,8 @@ _SOCKET_ERRORS = (
 PublishObserver = Callable[[str, int, float, "BaseException | None"], None]
 
 _PUB, _MPUB, _DPUB = 0, 1, 2
+#: ``errors`` of a publish until it has one (no list per publish); never appended to.
+_NO_ERRORS: list[BaseException] = []
 _TRIO_ABORT_SUCCEEDED: Any = None  # trio.lowlevel.Abort.SUCCEEDED, once a producer runs on trio
 _wait_writable: Callable[[socket.socket], Any] = getattr(
     anyio, "wait_writable", anyio.wait_socket_writable
@@ -208,6 +211,8 @@ class Producer:
     ``tls_ca_file=...``). ``timeout`` bounds one publish (waiting for the answer included).
     ``publish_observer(topic, messages, seconds, error)``, if given, is called once per
     PUB/MPUB/DPUB when it completes (for metrics; it must not block).
+    ``connections_per_nsqd`` opens that many connections to each nsqd and spreads the
+    publishes over them (see docs/producers.md for when it helps).
     """
 
     def __init__(
@@ -219,6 +224,7 @@ class Producer:
         timeout: float = 30.0,
         logger: logging.Logger | None = None,
         publish_observer: PublishObserver | None = None,
+        connections_per_nsqd: int = 1,
         **options: Any,
     ) -> None:
         addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
@@ -228,15 +234,20 @@ class Producer:
             raise ValueError(f"max_pending={max_pending!r} must be >= 1")
         if not timeout > 0 or timeout == float("inf"):
             raise ValueError(f"timeout={timeout!r} must be a finite number of seconds > 0")
+        check_connections_per_nsqd(connections_per_nsqd)
         self._config, self._options = split_options(config, options)
         self._identify = self._config.identify_body()
         self._logger = logger or _log
+        #: One node per connection: ``connections_per_nsqd`` for each nsqd address.
         self._nodes = []
         for address in addresses:
             host, port = parse_address(address, DEFAULT_TCP_PORT)
-            self._nodes.append(
-                _Node(host, port, ConnectionLogger(self._logger, format_address(host, port)))
-            )
+            for _ in range(connections_per_nsqd):
+                self._nodes.append(
+                    _Node(host, port, ConnectionLogger(self._logger, format_address(host, port)))
+                )
+        #: Distinct nsqd (failover tries each once, plus one resend after a reconnect).
+        self._nsqd_count = len({node.address for node in self._nodes})
         self._timeout = timeout
         self._free = max_pending
         self._slot_waiters: deque[anyio.Event] = deque()
@@ -248,6 +259,7 @@ class Producer:
         self._loop: Any = None  # the asyncio loop (None on trio)
         self._current_task: Any = None  # trio.lowlevel's, on trio
         self._wait_rescheduled: Any = None
+        self._wait_readable: Any = None  # trio.lowlevel's, on trio
         self._reschedule: Any = None
         self._value: Any = None
         self._closed = False
@@ -270,6 +282,7 @@ class Producer:
             _TRIO_ABORT_SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
             self._current_task = trio.lowlevel.current_task
             self._wait_rescheduled = trio.lowlevel.wait_task_rescheduled
+            self._wait_readable = trio.lowlevel.wait_readable
             self._reschedule = trio.lowlevel.reschedule
             self._value = outcome.Value
         else:
@@ -336,13 +349,26 @@ class Producer:
         self._valid_topics.add(topic)
 
     def _candidates(self) -> list[_Node]:
+        """One connection per nsqd (a connected one first), starting at the next in turn:
+        those up (or not known to be down) first, then the rest as a last resort."""
         start = next(self._rr) % len(self._nodes)
         ordered = self._nodes[start:] + self._nodes[:start]
         now = monotonic()
-        # Nodes that are up (or not known to be down) first; then the rest, as a last resort.
-        return [n for n in ordered if n.down_until <= now] + [
-            n for n in ordered if n.down_until > now
+        best: dict[str, _Node] = {}
+        for n in ordered:
+            other = best.get(n.address)
+            if other is None or (other.down_until > now, not other.ready) > (
+                n.down_until > now,
+                not n.ready,
+            ):
+                best[n.address] = n
+        return [n for n in best.values() if n.down_until <= now] + [
+            n for n in best.values() if n.down_until > now
         ]
+
+    def _others(self, node: _Node) -> list[_Node]:
+        """Failover targets after ``node`` failed: one connection of every other nsqd."""
+        return [n for n in self._candidates() if n.address != node.address]
 
     async def _request(self, kind: int, topic: str, payload: Any, count: int) -> None:
         """Send the request, failing over to other nodes while connections break, and wait
@@ -368,8 +394,11 @@ class Producer:
         try:
             nodes = self._nodes
             node = nodes[0] if len(nodes) == 1 else nodes[next(self._rr) % len(nodes)]
-            candidates = [node] if node.ready else self._candidates()
-            errors: list[BaseException] = []
+            if node.ready or (node.connects == 0 and node.down_until <= start):
+                candidates = [node]  # up, or never tried: connect it (a pool spreads out)
+            else:
+                candidates = self._candidates()
+            errors: list[BaseException] = _NO_ERRORS  # a list of its own on the first one
             sent = 0
             i = 0
             while i < len(candidates):
@@ -386,9 +415,11 @@ class Producer:
                         self._failed += 1
                         raise  # the configuration's fault: no other node will take it either
                     except (NSQError, TimeoutError) as exc:
+                        if errors is _NO_ERRORS:
+                            errors = []
                         errors.append(exc)
-                        if len(candidates) == 1 and len(nodes) > 1:
-                            candidates = [node, *(n for n in self._candidates() if n is not node)]
+                        if len(candidates) == 1 and self._nsqd_count > 1:
+                            candidates = [node, *self._others(node)]
                         continue
                 try:
                     if kind == _PUB:
@@ -403,13 +434,16 @@ class Producer:
                         raise  # the arguments are wrong, not the connection
                     # The connection died and its task has not yet been told: treat as lost.
                     self._disconnect(node, ConnectionLost("connection closed"), node.generation)
+                    if errors is _NO_ERRORS:
+                        errors = []
                     errors.append(ConnectionLost(f"{node.address}: connection closed"))
-                    if i >= len(candidates) and sent <= len(nodes):
+                    if i >= len(candidates) and sent <= self._nsqd_count:
                         candidates.append(node)
                     continue
+                if call.done:  # a resend: the last attempt's outcome is not this one's
+                    call.done = False
+                    call.result = None
                 sent += 1
-                call.done = False
-                call.result = None
                 node.pending[request_id] = call
                 self._send_soon(node, proto)
                 # Park until the reader, the timer or a disconnect resolves the call.
@@ -440,10 +474,12 @@ class Producer:
                     self._retried += 1
                     candidates.append(node)  # nsqd never read it: the same node again
                     continue
+                if errors is _NO_ERRORS:
+                    errors = []
                 errors.append(error)
-                if len(candidates) == 1 and len(nodes) > 1:
-                    candidates = [node, *(n for n in self._candidates() if n is not node)]
-                if i >= len(candidates) and sent <= len(nodes):
+                if len(candidates) == 1 and self._nsqd_count > 1:
+                    candidates = [node, *self._others(node)]
+                if i >= len(candidates) and sent <= self._nsqd_count:
                     # The connection died with this publish unanswered, maybe not the node
                     # (nsqd closes it after a fatal error for another publish pipelined
                     # before ours, which it then never read): send it again after a
@@ -702,12 +738,34 @@ class Producer:
         generation: int,
     ) -> None:
         """Read until the connection closes (TLS, or trio: a task reading the stream)."""
+        sock = node.sock
+        if sock is not None and self._wait_readable is not None:
+            await self._read_socket(node, sock, proto, generation)
+            return
         receive = stream.receive
         while True:
             try:
                 data = await receive(READ_SIZE)
             except anyio.EndOfStream:
                 data = b""
+            if self._feed(node, proto, generation, data):
+                return
+
+    async def _read_socket(
+        self, node: _Node, sock: socket.socket, proto: ClientConnection, generation: int
+    ) -> None:
+        """trio, plain TCP: wait for the socket to be readable, then read it (no failed read
+        first, none of the stream's layers)."""
+        wait_readable = self._wait_readable
+        recv = sock.recv
+        while True:
+            await wait_readable(sock)
+            try:
+                data = recv(READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                raise ConnectionLost(str(exc)) from exc
             if self._feed(node, proto, generation, data):
                 return
 
@@ -834,6 +892,8 @@ class Producer:
     # --- stats ---------------------------------------------------------------------------------
 
     def stats(self) -> ProducerStats:
+        """A snapshot of the counters and connections. Safe to call from another thread (a
+        metrics scrape) while the event loop runs: it only reads fields and sizes."""
         return ProducerStats(
             published=self._published,
             failed=self._failed,

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -75,13 +75,14 @@ SOURCE_SCHEMA = StructType(
     ]
 )
 
+# The core's Deliver handle carries the message's fields itself (by name: its layout is the
+# core's business).
 _delivery = attrgetter("delivery")
-_message = itemgetter(1)
-_address = itemgetter(2)
-_id = itemgetter(0)
-_body = itemgetter(1)
-_timestamp = itemgetter(2)
-_attempts = itemgetter(3)
+_address = attrgetter("address")
+_id = attrgetter("id")
+_body = attrgetter("body")
+_timestamp = attrgetter("timestamp")
+_attempts = attrgetter("attempts")
 
 
 @dataclass
@@ -100,11 +101,11 @@ def _offset(seq: int, messages: Sequence[Message]) -> dict[str, Any]:
     """Batch ``seq``'s end offset: its number and, per nsqd, a digest of its ids."""
     deliveries = list(map(_delivery, messages))
     by_link: dict[int, tuple[Any, list[bytes]]] = {}
-    for address, message in zip(map(_address, deliveries), map(_message, deliveries), strict=True):
+    for address, message_id in zip(map(_address, deliveries), map(_id, deliveries), strict=True):
         entry = by_link.get(id(address))  # one address object per connection: cheap grouping
         if entry is None:
             entry = by_link[id(address)] = (address, [])
-        entry[1].append(message[0])
+        entry[1].append(message_id)
     ids_by_node: dict[str, list[bytes]] = {}
     for address, ids in by_link.values():
         ids_by_node.setdefault(str(address), []).extend(ids)
@@ -243,7 +244,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         n = len(messages)
         deliveries = list(map(_delivery, messages))
-        core = list(map(_message, deliveries))
+        core = deliveries
         addresses = list(map(_address, deliveries))
         unique = dict(zip(map(id, addresses), addresses, strict=True))  # one per connection
         names = {key: str(address) for key, address in unique.items()}

@@ -9,7 +9,9 @@ wake-up socketpair and a queue of calls handed over by other threads. Each itera
 4. lets the owner write what it has to send (``write_pending``, which calls :meth:`IOLoop.write`).
 
 Everything the owner does happens on this thread, so the sans-IO objects it drives need no
-locks. TLS runs through :class:`ssl.SSLObject` over memory BIOs, so the upgrade happens at exactly
+locks (an owner that lets its callers' threads read or write a link for a while pauses the
+loop's reads of it, :meth:`IOLoop.pause_reading`, and serializes with its own lock). TLS
+runs through :class:`ssl.SSLObject` over memory BIOs, so the upgrade happens at exactly
 the byte the core says and bytes read past it (``trailing_data``) are fed to TLS, not lost.
 """
 
@@ -91,6 +93,7 @@ class Link:
         "_interest",
         "_outgoing",
         "_plain",
+        "_reads_paused",
         "_ssl",
         "address",
         "bytes_in",
@@ -123,6 +126,7 @@ class Link:
         self._outgoing: ssl.MemoryBIO | None = None
         self._plain = bytearray()  # written during the TLS handshake, sent after it
         self._interest = 0
+        self._reads_paused = False
 
     @property
     def tls(self) -> bool:
@@ -358,6 +362,19 @@ class IOLoop:
             link.out += memoryview(data)[sent:]
             self._set_interest(link, _READ | _WRITE)
 
+    def pause_reading(self, link: Link) -> None:
+        """Stop watching ``link`` for reads (loop thread): an owner whose callers read the socket
+        themselves for a while (a duplicate descriptor) so the loop does not wake for it.
+        Writes queued on the link still go out."""
+        link._reads_paused = True
+        self._set_interest(link, link._interest)
+
+    def resume_reading(self, link: Link) -> None:
+        """Watch ``link`` for reads again (loop thread)."""
+        if link._reads_paused:
+            link._reads_paused = False
+            self._set_interest(link, _READ | _WRITE if link.out else _READ)
+
     @property
     def links(self) -> list[Link]:
         return list(self._links.values())
@@ -427,9 +444,16 @@ class IOLoop:
                 self._deliver_error(link, TimeoutError(f"connect to {link.address} timed out"))
 
     def _set_interest(self, link: Link, interest: int) -> None:
+        if link._reads_paused:
+            interest &= ~_READ
         if link._interest != interest and link.sock is not None and not link.closed:
+            if not interest:  # paused and nothing to write: not watched at all
+                self._selector.unregister(link.sock)
+            elif not link._interest:
+                self._selector.register(link.sock, interest, link)
+            else:
+                self._selector.modify(link.sock, interest, link)
             link._interest = interest
-            self._selector.modify(link.sock, interest, link)
 
     def _on_writable(self, link: Link, now: float) -> None:
         if link._connecting:
@@ -473,6 +497,8 @@ class IOLoop:
         self._set_interest(link, _READ | _WRITE if link.out else _READ)
 
     def _on_readable(self, link: Link, now: float) -> None:
+        if link._reads_paused:  # paused after select() returned: the owner reads it now
+            return
         sock = link.sock
         assert sock is not None
         try:

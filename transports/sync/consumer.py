@@ -34,6 +34,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, is_
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -132,19 +134,19 @@ class Message:
 
     @property
     def id(self) -> bytes:
-        return self._delivery.message.id
+        return self._delivery.id
 
     @property
     def body(self) -> bytes:
-        return self._delivery.message.body
+        return self._delivery.body
 
     @property
     def timestamp(self) -> int:
-        return self._delivery.message.timestamp
+        return self._delivery.timestamp
 
     @property
     def attempts(self) -> int:
-        return self._delivery.message.attempts
+        return self._delivery.attempts
 
     @property
     def nsqd_address(self) -> str:
@@ -177,7 +179,7 @@ class Message:
             return False
         self._responded = True
         consumer = self._consumer
-        consumer._posted.append((_FIN, self, None))
+        consumer._posted.append(self)  # a bare message is a FIN (the hot path: no tuple)
         loop = consumer._loop
         if not loop._wake_pending:
             loop.wake()
@@ -235,6 +237,10 @@ class Message:
             f"<Message id={self.id.decode(errors='replace')} attempts={self.attempts} "
             f"from={self.nsqd_address} body={len(self.body)}B>"
         )
+
+
+_popleft = deque.popleft
+_delivery_of = attrgetter("_delivery")
 
 
 class _HTTPKey:
@@ -310,8 +316,9 @@ class Consumer:
         self._ready: deque[Message] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._sleepers = 0
-        # Answers from user code, taken by the IO thread.
-        self._posted: deque[tuple[int, Message, Any]] = deque()
+        # Answers from user code, taken by the IO thread: a Message is its FIN, anything
+        # else an (op, message, argument) tuple.
+        self._posted: deque[Message | tuple[int, Message, Any]] = deque()
         # Messages handed to user code and not answered yet (IO thread only).
         self._unanswered: set[Message] = set()
         self._keepalives: list[tuple[float, int, _Keepalive]] = []
@@ -618,7 +625,9 @@ class Consumer:
                 done.result(5.0)
 
     def stats(self) -> ConsumerStats:
-        """A snapshot (plain frozen dataclass), taken on the IO thread when it runs."""
+        """A snapshot (plain frozen dataclass), taken on the IO thread when it runs. Safe to
+        call from any thread (a metrics scrape): when the IO thread does not answer within 5
+        seconds it is read from here, from copies taken in one step each, so it never raises."""
         if self._started and not self._closed and not self._loop.in_loop_thread():
             future = self._call(self._snapshot)
             with contextlib.suppress(TimeoutError):
@@ -768,45 +777,76 @@ class Consumer:
     # --- IO thread: internals -----------------------------------------------------------------
 
     def _take_answers(self, now: float) -> None:
-        coordinator = self._coordinator
+        """Carry out the answers user code posted, in order; runs of FINs in one
+        :meth:`ConsumerCoordinator.finish_many` call."""
         posted = self._posted
-        unanswered = self._unanswered
-        keepalives = self._keepalive_of
-        finish = coordinator.finish
-        discard = unanswered.discard
-        popleft = posted.popleft
         while posted:
-            op, message = -1, None
-            try:
-                while posted:
-                    op, message, arg = popleft()
-                    if op == _FIN:  # the hot path
-                        discard(message)
-                        if not finish(message._delivery, now):
-                            message.taken_back = True
-                        if keepalives:
-                            self._stop_keepalive(message)
-                        continue
-                    delivery = message._delivery
-                    if op == _REQ:
-                        unanswered.discard(message)
-                        delay, backoff = arg
-                        if not coordinator.requeue(delivery, now, delay, backoff=backoff):
-                            message.taken_back = True
-                        if keepalives:
-                            self._stop_keepalive(message)
-                    elif op == _TOUCH:
-                        if coordinator.touch(delivery, now) is None:
-                            message.taken_back = True
-                    elif op == _KEEPALIVE_ON:
-                        if message not in self._keepalive_of and not message._responded:
-                            entry = _Keepalive(message)
-                            self._keepalive_of[message] = entry
-                            self._keepalive_tick(entry, now)
-                    elif op == _KEEPALIVE_OFF:
-                        self._stop_keepalive(message)
-            except Exception:  # never fatal to the IO thread; the next answers still go
-                self._answer_failed(op, message)
+            # Only this thread pops, so len() items are there: taken without a Python loop.
+            items = list(map(_popleft, repeat(posted, len(posted))))
+            if all(map(is_, map(type, items), repeat(Message))):  # FINs only: the hot path
+                self._finish_batch(items, now)  # type: ignore[arg-type]
+                continue
+            run: list[Message] = []
+            for item in items:
+                if type(item) is Message:
+                    run.append(item)
+                    continue
+                if run:
+                    self._finish_batch(run, now)
+                    run = []
+                op, message, arg = item  # type: ignore[misc]
+                try:
+                    self._answer(op, message, arg, now)
+                except Exception:  # never fatal to the IO thread; the next answers still go
+                    self._answer_failed(op, message)
+            if run:
+                self._finish_batch(run, now)
+
+    def _finish_batch(self, messages: list[Message], now: float) -> None:
+        """FIN ``messages`` (answered by user code, in that order) in one coordinator call;
+        those no longer ours are marked taken back (the coordinator reported them)."""
+        refused: list[Deliver] = []
+        try:
+            self._coordinator.finish_many(list(map(_delivery_of, messages)), now, refused=refused)
+        except Exception:  # a bug: never fatal to the IO thread (see _answer_failed)
+            _log.exception("FIN of %d messages failed on the IO thread", len(messages))
+            deadline = self._coordinator.deadline
+            for message in messages:
+                if deadline(message._delivery) is not None:  # still ours: may be answered again
+                    message._responded = False
+                else:
+                    self._unanswered.discard(message)
+            return
+        self._unanswered.difference_update(messages)
+        if refused:
+            late = set(map(id, refused))
+            for message in messages:
+                if id(message._delivery) in late:
+                    message.taken_back = True
+        if self._keepalive_of:
+            for message in messages:
+                self._stop_keepalive(message)
+
+    def _answer(self, op: int, message: Message, arg: Any, now: float) -> None:
+        """One answer other than FIN (REQ, TOUCH, keepalive on/off)."""
+        coordinator = self._coordinator
+        delivery = message._delivery
+        if op == _REQ:
+            self._unanswered.discard(message)
+            delay, backoff = arg
+            if not coordinator.requeue(delivery, now, delay, backoff=backoff):
+                message.taken_back = True
+            self._stop_keepalive(message)
+        elif op == _TOUCH:
+            if coordinator.touch(delivery, now) is None:
+                message.taken_back = True
+        elif op == _KEEPALIVE_ON:
+            if message not in self._keepalive_of and not message._responded:
+                entry = _Keepalive(message)
+                self._keepalive_of[message] = entry
+                self._keepalive_tick(entry, now)
+        elif op == _KEEPALIVE_OFF:
+            self._stop_keepalive(message)
 
     def _answer_failed(self, op: int, message: Message | None) -> None:
         """An answer from user code raised on the IO thread (arguments are checked in the
@@ -852,11 +892,11 @@ class Consumer:
             return
         if not message._keepalive_warned:
             message._keepalive_warned = True
-            self._emit(KeepaliveExpired(delivery.message.id, delivery.address, limit))
+            self._emit(KeepaliveExpired(delivery.id, delivery.address, limit))
             self._logger(delivery.conn_id, str(delivery.address)).warning(
                 "keepalive: message %s reaches nsqd's max_msg_timeout in %.1fs; nsqd "
                 "will take it back and redeliver it (TOUCH cannot extend it further)",
-                delivery.message.id.decode(errors="replace"),
+                delivery.id.decode(errors="replace"),
                 max(limit - now, 0.0),
             )
         self._stop_keepalive(message)
@@ -897,14 +937,16 @@ class Consumer:
         actions = self._coordinator.take_actions()
         if not actions:
             return
-        delivered: list[Message] = []
-        for action in actions:
-            kind = type(action)
-            if kind is Deliver:
-                message = Message(self, action)  # type: ignore[arg-type]
-                delivered.append(message)
-                continue
-            self._act(action, delivered)
+        delivered: list[Message]
+        if all(map(is_, map(type, actions), repeat(Deliver))):  # a read of messages only
+            delivered = list(map(Message, repeat(self), actions))  # type: ignore[arg-type]
+        else:
+            delivered = []
+            for action in actions:
+                if type(action) is Deliver:
+                    delivered.append(Message(self, action))
+                else:
+                    self._act(action, delivered)
         if delivered:
             self._unanswered.update(delivered)
             # Under the lock a user thread checks the queue with before it sleeps: no lost
@@ -970,7 +1012,7 @@ class Consumer:
             if action.reason is FetchEnd.FAILED and self._failure is None:
                 self._failure = self._coordinator.failure  # before the caller wakes up
             future = self._fetches.pop(action.request_id, None)
-            messages = [Message(self, d) for d in action.messages]
+            messages = list(map(Message, repeat(self), action.messages))
             self._unanswered.update(messages)
             if future is not None and not future.done():
                 future.set_result(messages)
