@@ -130,7 +130,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.mode.partition(":")[0] not in MODES:
         parser.error(f"--mode must be one of {', '.join(MODES)} (anyio modes may end :trio)")
-    from transports.real_nsq import RealNSQD, find_binaries, tool
+    from transports.testing.real_nsq import RealNSQD, find_binaries, tool
 
     folder = find_binaries(args.nsqd_bin)
     if folder is None:

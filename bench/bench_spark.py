@@ -92,7 +92,7 @@ def main() -> None:
         from transports.testing.real_nsq import RealNSQD, find_binaries
 
         if find_binaries() is None:
-            raise SystemExit("no real nsqd binaries (see transports/real_nsq.py)")
+            raise SystemExit("no real nsqd binaries (see transports/testing/real_nsq.py)")
         # Everything in memory: the benchmark measures the client, not nsqd's disk queue.
         real = RealNSQD(["--mem-queue-size=5000000", *args.nsqd_arg]).start()
         args.nsqd = real.tcp_address

@@ -12,7 +12,7 @@ import pytest
 from nsq_sansio.errors import ConfigError
 from transports.anyio import Consumer, Producer
 from transports.embedded import EmbeddedNSQD
-from transports.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import RealNSQD, find_binaries
 
 pytestmark = pytest.mark.anyio
 

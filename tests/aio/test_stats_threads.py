@@ -13,7 +13,7 @@ import pytest
 
 from transports.anyio import Consumer, Producer
 from transports.embedded import EmbeddedNSQD
-from transports.real_nsq import free_port
+from transports.testing.real_nsq import free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from nsq_sansio.errors import BadMessage
-from transports.real_nsq import RealNSQD, find_binaries
 from transports.sync import Consumer, Producer
 from transports.sync import producer as producer_module
+from transports.testing.real_nsq import RealNSQD, find_binaries
 
 from ._helpers import running_nsqd, unique, wait_for
 

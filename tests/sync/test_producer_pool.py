@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from nsq_sansio.errors import ConfigError
-from transports.real_nsq import RealNSQD, find_binaries
 from transports.sync import Consumer, Producer
+from transports.testing.real_nsq import RealNSQD, find_binaries
 
 from ._helpers import running_nsqd, unique, wait_for
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.real_nsq import free_port
 from transports.sync import Consumer, Producer
+from transports.testing.real_nsq import free_port
 
 from ._helpers import unique
 
