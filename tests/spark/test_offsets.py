@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from transports.spark._redelivery import (
     batch_digests,
     digests_from_offset,
 )
-from transports.spark.reader import _offset
+from transports.spark.reader import _Nodes, _offset, _record_batch
 from transports.sync import Message
 
 pytestmark = pytest.mark.spark
@@ -48,6 +49,39 @@ def test_an_offset_entry_is_a_few_hundred_bytes_at_any_batch_size(rows: int) -> 
     assert back["batch"] == 7 and back["count"] == rows
     digests = digests_from_offset(back, 16)
     assert sum(d.count for d in digests.values()) == rows
+
+
+def test_rows_and_digests_name_each_message_s_nsqd_over_many_connections() -> None:
+    # 40 connections (one address object each) to two nsqd, messages interleaved.
+    links = [NSQDAddress(f"10.0.0.{1 + i % 2}", 4150) for i in range(40)]
+    deliveries = [
+        Deliver(
+            i % 40,
+            CoreMessage(b"%016x" % i, b"b%d" % i, 5_000_123 * i, 1 + i % 3),
+            links[i % 40],
+            0.0,
+            60.0,
+        )
+        for i in range(1000)
+    ]
+    nodes = _Nodes(deliveries)
+    assert nodes.names == ["10.0.0.1:4150", "10.0.0.2:4150"]
+    rows = _record_batch(deliveries, nodes.names, nodes.codes, "t", "c").to_pylist()
+    assert [r["nsqd"] for r in rows] == [str(d.address) for d in deliveries]
+    assert [r["id"].encode() for r in rows] == [d.id for d in deliveries]
+    assert [r["body"] for r in rows] == [d.body for d in deliveries]
+    assert [r["attempts"] for r in rows] == [d.attempts for d in deliveries]
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert [(r["timestamp"] - epoch) // timedelta(microseconds=1) for r in rows] == [
+        d.timestamp // 1000 for d in deliveries
+    ]
+    digests = digests_from_offset(_offset(1, [Message(None, d) for d in deliveries]), 16)  # type: ignore[arg-type]
+    assert digests == {
+        "10.0.0.1:4150": NodeDigest.of([d.id for d in deliveries[0::2]]),
+        "10.0.0.2:4150": NodeDigest.of([d.id for d in deliveries[1::2]]),
+    }
+    one = _Nodes(deliveries[0::2])  # one nsqd over 20 connections: no per-row codes
+    assert one.names == ["10.0.0.1:4150"] and one.codes is None
 
 
 def test_an_old_offset_with_every_id_is_read_as_digests() -> None:

@@ -31,8 +31,12 @@ T = TypeVar("T")
 
 
 def _hash(ids: Iterable[bytes]) -> str:
+    return _hash_sorted(sorted(ids))
+
+
+def _hash_sorted(ids: list[bytes]) -> str:
     # Ids have a fixed size (16 bytes), so the concatenation is unambiguous.
-    return hashlib.blake2b(b"".join(sorted(ids)), digest_size=16).hexdigest()
+    return hashlib.blake2b(b"".join(ids), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +50,8 @@ class NodeDigest:
 
     @classmethod
     def of(cls, ids: Sequence[bytes]) -> NodeDigest:
-        return cls(len(ids), min(ids), max(ids), _hash(ids))
+        ordered = sorted(ids)  # one sort gives the range and the hash
+        return cls(len(ordered), ordered[0], ordered[-1], _hash_sorted(ordered))
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -97,19 +97,102 @@ def _redelivery_key(message: Message) -> tuple[str, bytes, int]:
     return message.nsqd_address, message.id, message.attempts
 
 
+class _Nodes:
+    """Which nsqd each message of a batch came from, without a Python loop over the batch
+    when they all came from one nsqd (the common case, however many connections)."""
+
+    __slots__ = ("codes", "names")
+
+    def __init__(self, deliveries: Sequence[Any]) -> None:
+        addresses = list(map(_address, deliveries))
+        # One address object per connection: a handful, however large the batch.
+        objects = dict(zip(map(id, addresses), addresses, strict=True))
+        spelled = {key: str(address) for key, address in objects.items()}
+        #: The nsqd addresses, sorted.
+        self.names: list[str] = sorted(set(spelled.values()))
+        #: Each message's index in :attr:`names`; None when there is one name.
+        self.codes: list[int] | None = None
+        if len(self.names) > 1:
+            index = {key: self.names.index(name) for key, name in spelled.items()}
+            self.codes = list(map(index.__getitem__, map(id, addresses)))
+
+    def ids_by_node(self, ids: list[bytes]) -> dict[str, list[bytes]]:
+        if self.codes is None:
+            return {self.names[0]: ids} if ids else {}
+        groups: list[list[bytes]] = [[] for _ in self.names]
+        appends = [group.append for group in groups]
+        for code, message_id in zip(self.codes, ids, strict=True):
+            appends[code](message_id)
+        return dict(zip(self.names, groups, strict=True))
+
+
 def _offset(seq: int, messages: Sequence[Message]) -> dict[str, Any]:
     """Batch ``seq``'s end offset: its number and, per nsqd, a digest of its ids."""
     deliveries = list(map(_delivery, messages))
-    by_link: dict[int, tuple[Any, list[bytes]]] = {}
-    for address, message_id in zip(map(_address, deliveries), map(_id, deliveries), strict=True):
-        entry = by_link.get(id(address))  # one address object per connection: cheap grouping
-        if entry is None:
-            entry = by_link[id(address)] = (address, [])
-        entry[1].append(message_id)
-    ids_by_node: dict[str, list[bytes]] = {}
-    for address, ids in by_link.values():
-        ids_by_node.setdefault(str(address), []).extend(ids)
-    return {"batch": seq, "count": len(messages), "nsqd": batch_digests(ids_by_node)}
+    ids = list(map(_id, deliveries))
+    return _offset_of(seq, ids, _Nodes(deliveries))
+
+
+def _offset_of(seq: int, ids: list[bytes], nodes: _Nodes) -> dict[str, Any]:
+    return {"batch": seq, "count": len(ids), "nsqd": batch_digests(nodes.ids_by_node(ids))}
+
+
+@dataclass
+class _Held:
+    """A batch taken from nsqd, waiting for Spark's commit (then FIN'd)."""
+
+    messages: list[Message]
+    deliveries: list[Any]
+    nodes: _Nodes
+
+
+def _record_batch(
+    deliveries: Sequence[Any],
+    names: list[str],
+    codes: Sequence[int] | None,
+    topic: str,
+    channel: str,
+) -> Any:
+    """Messages as one Arrow record batch of SOURCE_SCHEMA, built column by column (``names``
+    and ``codes``: their nsqd, as in :class:`_Nodes`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(deliveries)
+    timestamps = pa.array(list(map(_timestamp, deliveries)), pa.int64())
+    if codes is None:
+        node_column = pa.repeat(names[0], n) if n else pa.array([], pa.string())
+    else:
+        node_column = pa.array(names, pa.string()).take(pa.array(codes, pa.int32()))
+    columns = [
+        pa.array(list(map(_id, deliveries)), pa.binary()).cast(pa.string()),
+        pa.array(list(map(_body, deliveries)), pa.binary()),
+        pc.divide(timestamps, 1000).cast(pa.timestamp("us", "UTC")),
+        pa.array(list(map(_attempts, deliveries)), pa.int32()),
+        pa.repeat(topic, n),
+        pa.repeat(channel, n),
+        node_column,
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=_arrow_schema())
+
+
+def _arrow_schema() -> Any:
+    global _ARROW_SCHEMA
+    if _ARROW_SCHEMA is None:
+        import pyarrow as pa
+
+        types = [pa.string(), pa.binary(), pa.timestamp("us", "UTC"), pa.int32()]
+        types += [pa.string()] * 3
+        _ARROW_SCHEMA = pa.schema(
+            [
+                pa.field(name, kind, nullable=False)
+                for name, kind in zip(SOURCE_SCHEMA.fieldNames(), types, strict=True)
+            ]
+        )
+    return _ARROW_SCHEMA
+
+
+_ARROW_SCHEMA: Any = None
 
 
 class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -119,7 +202,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._consumer: SourceConsumer | None = None
         # batch number -> messages held for it (FIN'd once Spark committed the batch)
-        self._batches: dict[int, list[Message]] = {}
+        self._batches: dict[int, _Held] = {}
         self._replayed: set[int] = set()
         self._filter: RedeliveryFilter[Message] | None = None
         self._first_call = True
@@ -190,8 +273,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not taken:
             return start
         end = seq + 1
-        self._batches[end] = taken
-        return _offset(end, taken)
+        deliveries = list(map(_delivery, taken))
+        nodes = _Nodes(deliveries)
+        self._batches[end] = _Held(taken, deliveries, nodes)
+        return _offset_of(end, list(map(_id, deliveries)), nodes)
 
     def _sift(self, consumer: SourceConsumer, got: list[Message]) -> list[Message]:
         """After a restart: drop (FIN) the redeliveries of the committed batch; keep the rest."""
@@ -216,10 +301,10 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, last = int(start.get("batch", 0)), int(end.get("batch", 0))
-        messages: list[Message] = []
+        held: list[_Held] = []
         for seq in range(first + 1, last + 1):
-            held = self._batches.get(seq)
-            if held is None:
+            batch = self._batches.get(seq)
+            if batch is None:
                 # Replay of a batch from an earlier run: nsqd redelivers its messages instead.
                 self._replayed.add(seq)
                 _log.warning(
@@ -228,43 +313,35 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     seq,
                 )
                 continue
-            messages += held
-        if not messages:
+            if batch.messages:
+                held.append(batch)
+        if not held:
             return []
-        count = min(self.options.partitions, len(messages))
-        step = -(-len(messages) // count)
-        return [
-            NSQInputPartition(self._record_batch(messages[i : i + step]))
-            for i in range(0, len(messages), step)
-        ]
-
-    def _record_batch(self, messages: Sequence[Message]) -> Any:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        n = len(messages)
-        deliveries = list(map(_delivery, messages))
-        core = deliveries
-        addresses = list(map(_address, deliveries))
-        unique = dict(zip(map(id, addresses), addresses, strict=True))  # one per connection
-        names = {key: str(address) for key, address in unique.items()}
-        timestamps = pa.array(list(map(_timestamp, core)), pa.int64())
-        columns = [
-            pa.array(list(map(_id, core)), pa.binary()).cast(pa.string()),
-            pa.array(list(map(_body, core)), pa.binary()),
-            pc.divide(timestamps, 1000).cast(pa.timestamp("us", "UTC")),
-            pa.array(list(map(_attempts, core)), pa.int32()),
-            pa.repeat(self.options.topic, n),
-            pa.repeat(self.options.channel, n),
-            pa.array(list(map(names.__getitem__, map(id, addresses))), pa.string()),
-        ]
-        schema = pa.schema(
-            [
-                pa.field(name, column.type, nullable=False)
-                for name, column in zip(SOURCE_SCHEMA.fieldNames(), columns, strict=True)
-            ]
+        if len(held) == 1:
+            deliveries, nodes = held[0].deliveries, held[0].nodes
+        else:  # Spark asked for several batches at once: one list, one set of names
+            deliveries = [d for batch in held for d in batch.deliveries]
+            nodes = _Nodes(deliveries)
+        count = min(self.options.partitions, len(deliveries))
+        step = -(-len(deliveries) // count)
+        topic, channel, names, codes = (
+            self.options.topic,
+            self.options.channel,
+            nodes.names,
+            nodes.codes,
         )
-        return pa.RecordBatch.from_arrays(columns, schema=schema)
+        return [
+            NSQInputPartition(
+                _record_batch(
+                    deliveries[i : i + step],
+                    names,
+                    None if codes is None else codes[i : i + step],
+                    topic,
+                    channel,
+                )
+            )
+            for i in range(0, len(deliveries), step)
+        ]
 
     def commit(self, end: dict[str, Any]) -> None:
         self._finish_through(int(end.get("batch", 0)))
@@ -273,7 +350,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         done = [n for n in self._batches if n <= seq]
         if not done or self._consumer is None:
             return
-        messages = [held for n in sorted(done) for held in self._batches.pop(n)]
+        messages = [held for n in sorted(done) for held in self._batches.pop(n).messages]
         sent = self._consumer.finish(messages)
         if sent < len(messages):
             _log.warning(
