@@ -82,6 +82,39 @@ def test_available_now_reads_exactly_the_published_set(
     assert _depth(nsqd_pair, topic, channel) == 0
 
 
+def test_available_now_stops_once_a_batch_did_not_fill(
+    spark: Any, nsqd_pair: list[Any], tmp_path: Path
+) -> None:
+    # The first batch (500 < 1000) shows the channel ran dry: the run ends after one more
+    # linger-long look, not after the 60 s wait_timeout of an empty trigger.
+    topic, channel = "stream_dry", "spark"
+    bodies = [b"dry-%04d" % i for i in range(500)]
+    publish(nsqd_pair, topic, [b"warmup"])
+    drain(nsqd_pair, topic, channel, idle=0.3)
+    publish(nsqd_pair, topic, bodies)
+    df = _source(
+        spark,
+        nsqd_pair,
+        topic,
+        channel,
+        max_in_flight="1000",
+        wait_timeout="60",
+        linger="0.3",
+    )
+    query = (
+        df.writeStream.format("memory")
+        .queryName("dry")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(40), "availableNow waited wait_timeout after a partial batch"
+    assert query.exception() is None
+    got = [bytes(r.body) for r in spark.sql("select body from dry").collect()]
+    assert sorted(got) == bodies
+    assert _in_flight(nsqd_pair, topic, channel) == 0
+
+
 def test_idle_stream_fins_its_last_batch_and_touches_held_messages(
     spark: Any, nsqd_pair: list[Any], tmp_path: Path
 ) -> None:

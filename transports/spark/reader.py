@@ -206,6 +206,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._replayed: set[int] = set()
         self._filter: RedeliveryFilter[Message] | None = None
         self._first_call = True
+        self._available_now = False
+        self._ran_dry = False  # the last batch closed before it was full
 
     def __getstate__(self) -> dict[str, Any]:  # never ship connections to executors
         return {"options": self.options}
@@ -229,10 +231,13 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_messages_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """availableNow on a queue: read until the channel stays empty for ``wait_timeout``.
+        """availableNow on a queue: read what is there, then stop.
 
         A queue has no "latest offset" to stop at: ``latestOffset`` returning its ``start``
-        (nothing arrived within ``wait_timeout``) is what ends the run, as Spark expects."""
+        (nothing arrived within ``wait_timeout``) is what ends the run, as Spark expects. After
+        a batch that did not fill (the channel ran dry within ``linger``), the next trigger
+        waits only ``linger``: what was available has been read."""
+        self._available_now = True
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         consumer = self._consumer_started()
@@ -257,6 +262,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             _log.warning("nsq source ignores read limit %r", limit)
         taken: list[Message] = []
         wait = self.options.wait_timeout
+        if self._available_now and self._ran_dry:
+            wait = self.options.linger
         while True:
             room = self.options.max_in_flight - max_rows
             if self._filter is not None:
@@ -270,6 +277,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if taken or not arrived or len(taken) >= max_rows:
                 break
             wait = self.options.linger  # only redeliveries of a committed batch came
+        self._ran_dry = len(taken) < max_rows
         if not taken:
             return start
         end = seq + 1
