@@ -1,17 +1,24 @@
 """Spark data source throughput: batch write of 100-byte rows, then a streaming read of them.
 
 Spark runs ``local[N]``. Prints rows/s for the batch write with the Arrow writer and the row
-writer, and for a streaming read (``availableNow``, noop sink) of what was written, with
-Spark's own split of the micro-batches' time (latestOffset = reading from nsqd, addBatch =
-shipping the Arrow batches to the executors and reading them there, walCommit/commitOffsets =
-the checkpoint).
+writer, and for streaming reads (``availableNow``, noop sink) of freshly written rows: an
+untimed warm-up read first (the first streaming query runs on a cold JVM, about twice Spark's
+CPU per row), then ``--repeat`` timed reads, each with Spark's own split of the micro-batches'
+time (latestOffset = reading from nsqd and FIN of the previous batch, addBatch = shipping the
+Arrow batches to the executors and reading them there, walCommit/commitOffsets = the
+checkpoint) and the CPU seconds each process used (the source's driver process is the one
+shown as ``?``: it has exited when the read ends). ``--reference`` then measures, on the same
+nsqd, Go's ``bench_reader``, the blocking consumer (push, and pull ``fetch(2500)``) and the
+source's reader driven by a plain loop instead of Spark.
 
+    python bench/bench_spark.py --real --only read --reference   # the issue's measurement
     python bench/bench_spark.py --real               # a real nsqd 1.3.0 (../shared/reference)
     python bench/bench_spark.py --nsqd host:4150     # an nsqd already running
     python bench/bench_spark.py                      # the embedded nsqd, in its own process
 
-    [--rows 1000000] [--read-rows 1000000] [--max-in-flight 100000] [--linger 1.0]
-    [--read-partitions 1] [--partitions 4] [--master local[2]] [--only write|read]
+    [--rows 1000000] [--read-rows 1000000] [--max-in-flight 100000] [--per-trigger N]
+    [--linger 1.0] [--read-partitions N] [--repeat 2] [--warmup-rows 200000]
+    [--partitions 4] [--master local[2]] [--only write|read] [--nsqd-arg=--max-rdy-count=...]
 """
 
 from __future__ import annotations
@@ -255,7 +262,7 @@ def main() -> None:
     parser.add_argument(
         "--per-trigger", type=int, default=None, help="max_messages_per_trigger (max-in-flight)"
     )
-    parser.add_argument("--linger", type=float, default=None, help="linger (the source's default)")
+    parser.add_argument("--linger", type=float, default=1.0, help="linger (100,000 fill in ~0.3 s)")
     parser.add_argument(
         "--read-partitions", type=int, default=None, help="partitions (the source's default)"
     )
