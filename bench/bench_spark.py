@@ -30,6 +30,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -101,6 +102,8 @@ def _process_name(argv: list[bytes]) -> str:
     text = [a.decode(errors="replace") for a in argv if a]
     if not text:
         return "?"
+    if "python_streaming_source_runner" in text[-1]:
+        return "source (driver)"
     if "java" in text[0]:
         return "JVM"
     if "nsqd" in text[0]:
@@ -132,6 +135,9 @@ def _fill(nsqd: str, http: str, topic: str, rows: int) -> None:
     with Producer(nsqd=[nsqd]) as producer:
         for start in range(0, rows, 5000):
             producer.multi_publish(topic, [body] * min(5000, rows - start))
+    deadline = time.monotonic() + 30  # nsqd copies the topic's messages to its channels
+    while _depth(http, topic, "ref") < rows and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _depth(http, topic, "ref") == rows
 
 
@@ -385,11 +391,22 @@ def main() -> None:
         if os.environ.get("BENCH_MARK"):  # MARK: lets an external CPU sampler split the phases
             Path(os.environ["BENCH_MARK"]).touch()
         cpu_before = _tree_cpu(os.getpid())
+        cpu_after = dict(cpu_before)
+        done = threading.Event()
+
+        def sample() -> None:  # the source's process exits with the query: sample it alive
+            while not done.wait(0.1):
+                cpu_after.update(_tree_cpu(os.getpid()))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         started = time.perf_counter()
         running = query.start()
         running.awaitTermination()
         elapsed = time.perf_counter() - started
-        cpu_after = _tree_cpu(os.getpid())
+        done.set()
+        sampler.join()
+        cpu_after.update(_tree_cpu(os.getpid()))
         progress = [p for p in running.recentProgress if p["numInputRows"]]
         read = sum(p["numInputRows"] for p in progress)
         busy = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
