@@ -394,9 +394,13 @@ def main() -> None:
         cpu_after = dict(cpu_before)
         done = threading.Event()
 
+        def merge() -> None:  # a process that just exited has no name any more: keep it
+            for pid, (name, seconds) in _tree_cpu(os.getpid()).items():
+                cpu_after[pid] = (cpu_after.get(pid, (name, 0.0))[0], seconds)
+
         def sample() -> None:  # the source's process exits with the query: sample it alive
             while not done.wait(0.1):
-                cpu_after.update(_tree_cpu(os.getpid()))
+                merge()
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -406,7 +410,7 @@ def main() -> None:
         elapsed = time.perf_counter() - started
         done.set()
         sampler.join()
-        cpu_after.update(_tree_cpu(os.getpid()))
+        merge()
         progress = [p for p in running.recentProgress if p["numInputRows"]]
         read = sum(p["numInputRows"] for p in progress)
         busy = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
