@@ -3,6 +3,7 @@ reading their state (``/stats``) the way the tests need it."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -126,7 +127,8 @@ def paused(nsqd: RealNSQD) -> Iterator[None]:
         _wait_stopped(nsqd.pid)
         yield
     finally:
-        os.kill(nsqd.pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # killed meanwhile
+            os.kill(nsqd.pid, signal.SIGCONT)
 
 
 def _wait_stopped(pid: int) -> None:
