@@ -121,14 +121,15 @@ def require_real_binaries() -> None:
 @contextmanager
 def paused(nsqd: RealNSQD) -> Iterator[None]:
     """SIGSTOP the real nsqd: connections stay up, nothing is answered until SIGCONT."""
-    assert nsqd.pid is not None
-    os.kill(nsqd.pid, signal.SIGSTOP)
+    pid = nsqd.pid  # kept: a kill() inside the block clears nsqd.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
     try:
-        _wait_stopped(nsqd.pid)
+        _wait_stopped(pid)
         yield
     finally:
         with contextlib.suppress(ProcessLookupError):  # killed meanwhile
-            os.kill(nsqd.pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
 
 
 def _wait_stopped(pid: int) -> None:
