@@ -24,7 +24,6 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from itertools import repeat
 from operator import is_
 from time import monotonic
@@ -64,6 +63,8 @@ from transports._common import (
     TransportOptions,
     split_options,
 )
+from transports._common.arguments import check_seconds
+from transports._common.message import KeepaliveExpired, MessageBase
 
 from ._net import connect, start_tls
 
@@ -94,77 +95,19 @@ def _only(raised: BaseException, error: BaseException) -> bool:
     return True
 
 
-def _check_seconds(what: str, value: object) -> None:
-    """Raise (in the caller) for a duration that is not a finite number >= 0."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (value >= 0 and math.isfinite(value))
-    ):
-        raise LocalProtocolError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class KeepaliveExpired:
-    """``msg.keepalive()`` reached the server's ``max_msg_timeout``: TOUCH cannot extend the
-    message any further and nsqd will take it back (give it to another consumer) at
-    ``deadline`` (monotonic seconds). Reported to ``on_event`` and logged as a warning."""
-
-    message_id: bytes
-    address: NSQDAddress
-    deadline: float
-
-
-class Message:
+class Message(MessageBase):
     """A message handed to user code, and the way to answer it.
 
+    What it is (``id``, ``body``, ``attempts``, ``address``...) is :class:`MessageBase`'s.
     ``finish()`` / ``requeue(delay=None, backoff=True)`` answer it once (later calls return
     False); ``touch()`` extends its timeout; ``keepalive()`` touches while a block runs.
     Answers return False when the message was no longer ours (its connection closed, or nsqd
     had already taken it back); that is also reported as a ``TakenBack`` event.
     """
 
-    __slots__ = ("_consumer", "_delivery", "answered")
+    __slots__ = ()
 
-    def __init__(self, consumer: Consumer, delivery: Deliver) -> None:
-        self._consumer = consumer
-        self._delivery = delivery
-        self.answered = False
-
-    @property
-    def id(self) -> bytes:
-        """16 ASCII hex bytes."""
-        return self._delivery.id
-
-    @property
-    def body(self) -> bytes:
-        return self._delivery.body
-
-    @property
-    def attempts(self) -> int:
-        """1 on the first delivery."""
-        return self._delivery.attempts
-
-    @property
-    def timestamp(self) -> int:
-        """When it was published, in nanoseconds since the epoch."""
-        return self._delivery.timestamp
-
-    def __repr__(self) -> str:
-        return (
-            f"<Message id={self.id.decode()} attempts={self.attempts} "
-            f"from {self._delivery.address} {len(self.body)} bytes>"
-        )
-
-    @property
-    def address(self) -> str:
-        """The nsqd this message came from."""
-        return str(self._delivery.address)
-
-    @property
-    def delivery(self) -> Deliver:
-        """The coordinator's handle (for the low-level API)."""
-        return self._delivery
+    _consumer: Consumer
 
     @property
     def deadline(self) -> float | None:
@@ -194,7 +137,7 @@ class Message:
         """REQ without awaiting; see :meth:`requeue`. A bad ``delay`` raises
         LocalProtocolError and leaves the message unanswered (it can still be answered)."""
         if delay is not None:
-            _check_seconds("requeue delay", delay)
+            check_seconds("requeue delay", delay)
         if self.answered:
             return False
         consumer = self._consumer
@@ -494,7 +437,7 @@ class Consumer:
         requeued, handlers still running may answer for up to ``timeout`` seconds (default
         ``drain_timeout``); then whatever is left is requeued and every connection closed."""
         if timeout is not None:
-            _check_seconds("drain timeout", timeout)
+            check_seconds("drain timeout", timeout)
         if self._tg is None:
             raise LocalProtocolError("drain() before the consumer was started")
         if self._coord.state is ConsumerState.RUNNING:
@@ -676,7 +619,7 @@ class Consumer:
     ) -> AsyncIterator[None]:
         """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start :meth:`drain`."""
         if timeout is not None:
-            _check_seconds("drain timeout", timeout)  # here, not later in the signal task
+            check_seconds("drain timeout", timeout)  # here, not later in the signal task
         scope = anyio.CancelScope()
         self._spawn(self._signal_loop, scope, signals or _default_signals(), timeout)
         try:

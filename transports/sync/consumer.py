@@ -33,7 +33,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter, is_
 from types import TracebackType
@@ -58,7 +57,7 @@ from nsq_sansio.consumer import (
     StartTLS,
     TakenBack,
 )
-from nsq_sansio.discovery import LookupdAddress, NSQDAddress
+from nsq_sansio.discovery import LookupdAddress
 from nsq_sansio.errors import ConfigError, LocalProtocolError, NSQError
 from nsq_sansio.events import Message as CoreMessage
 from transports._common import (
@@ -67,8 +66,9 @@ from transports._common import (
     ConsumerStats,
     split_options,
 )
+from transports._common.arguments import check_seconds
+from transports._common.message import KeepaliveExpired, MessageBase
 
-from ._args import check_seconds
 from ._loop import IOLoop, Link
 
 __all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message"]
@@ -87,97 +87,42 @@ _KEEPALIVE_ON = 3
 _KEEPALIVE_OFF = 4
 
 
-@dataclass(frozen=True, slots=True)
-class KeepaliveExpired:
-    """``msg.keepalive()`` reached the server's ``max_msg_timeout``: TOUCH cannot extend the
-    message any further and nsqd will take it back (give it to another consumer) at
-    ``deadline`` (monotonic seconds). Reported to ``on_event`` and logged as a warning."""
-
-    message_id: bytes
-    address: NSQDAddress
-    deadline: float
-
-
 #: ``on_event`` receives the coordinator's reports (ConnectionUp, Disconnected, GiveUp,
 #: TakenBack, LookupdFailed) and KeepaliveExpired, on the IO thread: it must not block.
 EventCallback = Callable[[object], None]
 
 
-class Message:
+class Message(MessageBase):
     """A message handed to user code, and the way to answer it.
 
-    ``id``, ``body``, ``timestamp`` (ns since the epoch), ``attempts``, ``nsqd_address``.
-    Answer once with :meth:`finish` or :meth:`requeue` (they return True when this call answered
-    it, False when it had been answered already); :meth:`touch` asks for more time and
-    :meth:`keepalive` touches for you while a long job runs. Answers are thread-safe and never
-    block: they are handed to the IO thread. An answer that comes too late (the connection
-    closed, or nsqd timed the message out) sets :attr:`taken_back` and is reported as a
+    What it is (``id``, ``body``, ``timestamp``, ``attempts``, ``nsqd_address``...) is
+    :class:`MessageBase`'s. Answer once with :meth:`finish` or :meth:`requeue` (they return
+    True when this call answered it, False when it had been answered already); :meth:`touch`
+    asks for more time and :meth:`keepalive` touches for you while a long job runs. Answers
+    are thread-safe and never block: they are handed to the IO thread. An answer that comes
+    too late (the connection closed, or nsqd timed the message out) sets :attr:`taken_back`
+    and is reported as a
     ``TakenBack`` event, never raised.
     """
 
-    __slots__ = (
-        "_consumer",
-        "_delivery",
-        "_keepalive_warned",
-        "_responded",
-        "taken_back",
-    )
+    __slots__ = ("_keepalive_warned", "taken_back")
+
+    _consumer: Consumer
 
     def __init__(self, consumer: Consumer, delivery: Deliver) -> None:
         self._consumer = consumer
         self._delivery = delivery
-        self._responded = False
+        self.answered = False
         self._keepalive_warned = False
         #: Set when nsqd no longer holds this message for us (timed out, connection lost...):
         #: an answer sent now is useless, another consumer may get the message.
         self.taken_back = False
 
-    @property
-    def id(self) -> bytes:
-        return self._delivery.id
-
-    @property
-    def body(self) -> bytes:
-        return self._delivery.body
-
-    @property
-    def timestamp(self) -> int:
-        return self._delivery.timestamp
-
-    @property
-    def attempts(self) -> int:
-        return self._delivery.attempts
-
-    @property
-    def nsqd_address(self) -> str:
-        """``host:port`` of the nsqd that sent the message."""
-        return str(self._delivery.address)
-
-    @property
-    def address(self) -> str:
-        """Same as :attr:`nsqd_address` (the name the async transport uses)."""
-        return str(self._delivery.address)
-
-    @property
-    def delivery(self) -> Deliver:
-        """The core's handle for this message."""
-        return self._delivery
-
-    @property
-    def responded(self) -> bool:
-        """True once finish() or requeue() was called."""
-        return self._responded
-
-    @property
-    def received_at(self) -> float:
-        """``time.monotonic()`` when the message arrived."""
-        return self._delivery.received_at
-
     def finish(self) -> bool:
         """``FIN``: the message was handled and is forgotten by nsqd."""
-        if self._responded:
+        if self.answered:
             return False
-        self._responded = True
+        self.answered = True
         consumer = self._consumer
         consumer._posted.append(self)  # a bare message is a FIN (the hot path: no tuple)
         loop = consumer._loop
@@ -192,9 +137,9 @@ class Message:
         number) raises LocalProtocolError here and leaves the message unanswered."""
         if delay is not None:
             check_seconds("requeue delay", delay)
-        if self._responded:
+        if self.answered:
             return False
-        self._responded = True
+        self.answered = True
         self._consumer._post(_REQ, self, (delay, backoff))
         return True
 
@@ -209,7 +154,7 @@ class Message:
     def touch(self) -> bool:
         """``TOUCH``: reset nsqd's timeout for this message (up to its max_msg_timeout).
         False when the message was answered already (nothing is sent)."""
-        if self._responded:
+        if self.answered:
             return False
         self._consumer._post(_TOUCH, self, None)
         return True
@@ -231,12 +176,6 @@ class Message:
     def keepalive_expiring(self) -> bool:
         """keepalive() reached the server's max_msg_timeout: the message will be taken back."""
         return self._keepalive_warned
-
-    def __repr__(self) -> str:
-        return (
-            f"<Message id={self.id.decode(errors='replace')} attempts={self.attempts} "
-            f"from={self.nsqd_address} body={len(self.body)}B>"
-        )
 
 
 _popleft = deque.popleft
@@ -533,10 +472,10 @@ class Consumer:
                     handler(message)
                 except Exception:
                     _log.exception("handler failed for %r; requeueing it", message)
-                    if not message._responded:
+                    if not message.answered:
                         message.requeue()
                 else:
-                    if not message._responded:
+                    if not message.answered:
                         message.finish()
 
         workers = [
@@ -813,7 +752,7 @@ class Consumer:
             deadline = self._coordinator.deadline
             for message in messages:
                 if deadline(message._delivery) is not None:  # still ours: may be answered again
-                    message._responded = False
+                    message.answered = False
                 else:
                     self._unanswered.discard(message)
             return
@@ -841,7 +780,7 @@ class Consumer:
             if coordinator.touch(delivery, now) is None:
                 message.taken_back = True
         elif op == _KEEPALIVE_ON:
-            if message not in self._keepalive_of and not message._responded:
+            if message not in self._keepalive_of and not message.answered:
                 entry = _Keepalive(message)
                 self._keepalive_of[message] = entry
                 self._keepalive_tick(entry, now)
@@ -855,7 +794,7 @@ class Consumer:
         if message is None or op not in (_FIN, _REQ):
             return
         if self._coordinator.deadline(message._delivery) is not None:
-            message._responded = False
+            message.answered = False
             self._unanswered.add(message)
 
     def _stop_keepalive(self, message: Message) -> None:

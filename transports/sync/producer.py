@@ -85,8 +85,8 @@ from transports._common import (
     parse_address,
     split_options,
 )
+from transports._common.arguments import check_seconds
 
-from ._args import check_seconds
 from ._loop import IOLoop, Link
 
 __all__ = ["NoNSQDAvailable", "Producer", "PublishFuture"]
