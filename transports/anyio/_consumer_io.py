@@ -10,7 +10,6 @@ the connection (the coordinator decides about reconnecting), never the consumer.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Awaitable, Callable
 from time import monotonic
 from typing import TYPE_CHECKING, Any
@@ -23,18 +22,12 @@ from nsq_sansio.discovery import LookupdAddress, NSQDAddress
 from nsq_sansio.errors import ConnectionLost, NSQError
 from transports._common import READ_SIZE, ConnectionLogger, TransportOptions
 
-from ._net import connect, start_tls
+from ._net import SOCKET_ERRORS, connect, start_tls
 
 __all__ = ["ConsumerConnections"]
 
-_SOCKET_ERRORS = (
-    OSError,
-    ssl.SSLError,
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-    ConnectionLost,
-)
+#: What ends a connection's tasks quietly (anything else is logged with its traceback).
+_SOCKET_ERRORS = (*SOCKET_ERRORS, ConnectionLost)
 
 
 class Conn:
