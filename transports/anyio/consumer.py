@@ -11,7 +11,9 @@ Tasks (all inside the consumer's task group; none outlive ``async with``):
 * one per lookupd request;
 * the pump: timers, and flushing what user code decided (FIN/REQ/TOUCH/fetch/drain).
 
-User code never runs in those tasks, so a slow handler never delays heartbeats.
+User code never runs in those tasks, so a slow handler never delays heartbeats. The tasks
+that own sockets are in ``_consumer_io.py``, the :class:`Message` user code answers in
+``message.py``.
 """
 
 from __future__ import annotations

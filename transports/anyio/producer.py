@@ -1,4 +1,4 @@
-"""anyio producers: TCP (a pool over several nsqd, pipelined) and HTTP (``/pub``, ``/mpub``).
+"""The anyio TCP producer: a pool over several nsqd, pipelined (HTTP: ``http.py``).
 
 :class:`Producer` keeps one connection per nsqd, opened on first use. Publishes go round-robin
 over the nodes that are up; many are in flight on one connection at once and their answers
@@ -13,6 +13,7 @@ Cost per publish: no cancel scope and no :class:`anyio.Event`. A waiting publish
 cheapest primitive of the running loop (an asyncio future, or trio's
 ``wait_task_rescheduled``); one writer task per connection sends everything queued since it last
 ran in one write; one timer task enforces every publish's deadline and the heartbeat checks.
+The connections themselves (handshake, reads, writes, teardown) are in ``_producer_io.py``.
 """
 
 from __future__ import annotations
