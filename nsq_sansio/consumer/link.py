@@ -107,7 +107,7 @@ class Link:
         self.rdy_refresh = False
         #: The most messages this connection can still come to hold without a further raise:
         #: at least ``wire_rdy``; after a lowered RDY, what nsqd may have sent under the old
-        #: one (see :meth:`ConsumerCoordinator._budget_left`). ``claim`` is
+        #: one (see ``_budget_left`` in :mod:`~nsq_sansio.consumer.rdy_bound`). ``claim`` is
         #: ``max(ceiling, rdy)``, this connection's part of ``max_in_flight``.
         self.ceiling = 0
         self.claim = 0
