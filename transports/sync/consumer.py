@@ -13,9 +13,10 @@
 
 Threads: one IO thread (``nsq-sync-consumer``) owns every socket, reads, feeds the coordinator,
 writes its output and sleeps until its next deadline; heartbeats are answered there, whatever user
-code does. Messages reach user code through a queue that never holds more than
-``max_in_flight`` (the broker cannot send more than RDY allows). ``finish``/``requeue``/``touch``
-are handed back to the IO thread through a lock-free deque and a wake-up socket.
+code does. User code never holds more than ``max_in_flight`` messages: the coordinator gives a
+connection RDY only from the budget not already in flight on the others (a joining nsqd
+included), and nsqd sends no more than RDY allows. ``finish``/``requeue``/``touch`` are handed
+back to the IO thread through a lock-free deque and a wake-up socket.
 
 Leaving the ``with`` block (or :meth:`Consumer.close`) requeues every message not answered yet,
 sends CLS, closes the sockets and joins every thread this consumer started.
