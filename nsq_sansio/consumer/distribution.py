@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..rdy import even_shares
 from .actions import Deliver
-from .link import Link
+from .link import RDY_SETTLE_MIN, Link
 from .rdy_bound import RdyBound
 from .shares import pick_holders, pull_shares
 from .state import ConsumerState
@@ -48,6 +48,9 @@ class RdyDistribution(RdyBound):
                 links, wanted, now, exclude, caps, self._config.low_rdy_idle_timeout, self._rng
             )
             self._alloc_total = sum(allocs)
+            if 0 in allocs and self._fetches.waiting and self._rotate_at is None:
+                # fewer RDY than connections: a holder that delivers nothing passes it on
+                self._rotate_at = now + 2 * RDY_SETTLE_MIN
             targets = []
             for link, alloc, n in zip(links, allocs, live, strict=True):
                 link.alloc = alloc

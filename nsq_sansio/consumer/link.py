@@ -62,6 +62,7 @@ class Link:
         "conn_id",
         "connected_at",
         "dirty",
+        "dry_at",
         "handshake_deadline",
         "head",
         "held",
@@ -125,6 +126,10 @@ class Link:
         self.max_msg_timeout = 900.0
         self.max_req_timeout: float | None = None
         self.last_message_at = -math.inf
+        #: Pull mode: when this link last passed its scarce RDY on because it delivered
+        #: nothing while a fetch waited (not active again until it delivers; the links that
+        #: ran dry longest ago are tried first). -inf: never.
+        self.dry_at = -math.inf
         #: Pull mode: which link delivered last (ties of ``last_message_at`` in one read).
         self.pull_seq = 0
         #: No message held here reaches its deadline before this (a lower bound, lowered by

@@ -160,7 +160,39 @@ class PullMode(RdyDistribution):
             expired = fetch.expires_at is not None and fetch.expires_at <= now
             self._answer_fetch(fetch, FetchEnd.EXPIRED if expired else FetchEnd.AGED)
         self._flush_buffer(now)
+        if self._rotate_at is not None and now >= self._rotate_at:
+            self._rotate_at = None
+            self._pass_dry_rdy_on(now)
         self._rebalance(now)
+
+    def _pass_dry_rdy_on(self, now: float) -> None:
+        """Fewer RDY than connections while a fetch waits: a holder that delivered nothing
+        for twice its settle time (so nsqd had its RDY and nothing to send) passes the RDY
+        on, to the connections that never ran dry first, then to the longest dry. Without
+        this a fetch waited for ``low_rdy_idle_timeout`` plus the redistribution period
+        (10-15 s) while messages sat on another nsqd."""
+        links = self._subscribed()
+        if not self._fetches.waiting or all(link.alloc for link in links):
+            return
+        released: set[int] = set()
+        soonest: float | None = None
+        for link in links:
+            if not link.alloc or not link.wire_rdy:
+                continue
+            due = max(link.last_message_at, link.rdy_at) + 2 * link.settle_delay
+            if due <= now:
+                released.add(link.conn_id)
+                link.dry_at = now
+                link.target = 0
+                self._alloc_total -= link.alloc
+                link.alloc = 0
+                self._send_rdy(link, 0, now)
+            elif soonest is None or due < soonest:
+                soonest = due
+        if released:
+            self._rebalance(now, frozenset(released))
+        elif soonest is not None:
+            self._rotate_at = soonest
 
     def _answer_fetch(self, request: FetchRequest, reason: FetchEnd) -> None:
         # Every message a request gathered is still ours: those of a lost connection and

@@ -13,8 +13,9 @@ functions decide *who* gets it, as per-link targets:
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..rdy import even_shares
 from .link import Link
@@ -33,7 +34,8 @@ def pull_shares(
 ) -> list[int]:
     """Pull mode: spread the outstanding fetch budget (``wanted``) over ``links``.
 
-    Links that delivered within ``low_rdy_idle_timeout`` are *active*: they get the
+    Links that delivered within ``low_rdy_idle_timeout`` (and did not run dry since, see
+    ``Link.dry_at``) are *active*: they get the
     budget, while every idle link keeps a probe of 1 (so messages that show up on any
     nsqd are still found; a probe that delivers makes its link active). With no active
     link (or all of them active) the budget is spread evenly. With fewer RDY than links,
@@ -48,7 +50,8 @@ def pull_shares(
     active = [
         i
         for i in usable
-        if links[i].last_message_at > recent_after and links[i].conn_id not in exclude
+        if links[i].last_message_at > max(recent_after, links[i].dry_at)
+        and links[i].conn_id not in exclude
     ]
     active.sort(key=lambda i: (links[i].last_message_at, links[i].pull_seq), reverse=True)
     if wanted < len(usable):
@@ -104,7 +107,18 @@ def pick_holders(
         free += [
             i for i, link in enumerate(links) if i not in held and i not in free and caps[i] > 0
         ]
-    chosen = held + rng.sample(free, min(len(free), count - len(held)))
+    need = min(len(free), count - len(held))
+    fresh = [i for i in free if links[i].dry_at == -math.inf]
+    if len(fresh) == len(free):
+        chosen = held + rng.sample(free, need)
+    else:  # pull mode passed RDY on from some: never dry ones first, then the longest dry
+        picked = rng.sample(fresh, min(len(fresh), need))
+        dry = sorted((i for i in free if links[i].dry_at != -math.inf), key=_dry_at(links))
+        chosen = held + picked + dry[: need - len(picked)]
     for i in chosen:
         shares[i] = 1
     return shares
+
+
+def _dry_at(links: list[Link]) -> Callable[[int], float]:
+    return lambda i: links[i].dry_at

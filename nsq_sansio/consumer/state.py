@@ -108,6 +108,9 @@ class CoordinatorState:
         self._alloc_total = 0
         self._fetches = FetchQueue()
         self._next_redistribute: float | None = None
+        #: Pull mode with fewer RDY than connections while a fetch waits: when to check
+        #: whether a holder that delivers nothing should pass its RDY on.
+        self._rotate_at: float | None = None
         self._drain_deadline: float | None = None
         #: Pull mode: the next deadline of a held message (the budget grows when it passes).
         self._next_expiry: float | None = None
@@ -261,6 +264,8 @@ class CoordinatorState:
                     candidates.append(pull)
                 if self._next_expiry is not None and self._fetches.waiting:
                     candidates.append(self._next_expiry)
+                if self._rotate_at is not None and self._fetches.waiting:
+                    candidates.append(self._rotate_at)
         elif self._state is ConsumerState.DRAINING and self._drain_deadline is not None:
             candidates.append(self._drain_deadline)
         for link in self._links.values():
