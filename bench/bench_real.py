@@ -52,7 +52,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -329,71 +329,108 @@ def _gnsq_consume(job: Job) -> Timing:
     return counter.timing()
 
 
-# --- pub1: one publish at a time ------------------------------------------------------------
+# --- publishing: one warm-up outside the timed part, then a timed loop -----------------------
+
+#: A timed publishing loop: publishes with the producer/writer, returns how many messages.
+AsyncLoop = Callable[[Any, Job], Awaitable[int]]
+Loop = Callable[[Any, Job], int]
 
 
-def _anyio_pub1(backend: str) -> Runner:
+def _anyio_publisher(backend: str, loop: AsyncLoop, connections: int = 1) -> Runner:
+    """A runner timing ``loop`` with an anyio Producer on ``backend``."""
+
     def run(job: Job) -> Timing:
         import anyio
 
         from transports.anyio import Producer
 
         timing: list[float] = []
+        counted: list[int] = []
 
         async def main() -> None:
-            async with Producer(job.address) as p:
+            async with Producer(job.address, connections_per_nsqd=connections) as p:
                 await p.publish("warmup", b"x")  # connect outside the timed part
-                publish, body = p.publish, job.body
                 timing.append(time.perf_counter())
-                for _ in range(job.count):
-                    await publish(TOPIC, body)
+                counted.append(await loop(p, job))
                 timing.append(time.perf_counter())
 
         anyio.run(main, backend=backend)
-        return Timing(timing[0], timing[1], job.count)
+        return Timing(timing[0], timing[1], counted[0])
 
     return run
 
 
-row("pub1", "sansio-asyncio", "nsq-sansio asyncio")(_anyio_pub1("asyncio"))
-row("pub1", "sansio-trio", "nsq-sansio trio")(_anyio_pub1("trio"))
+def _blocking_publisher(loop: Loop, connections: int = 1) -> Runner:
+    """A runner timing ``loop`` with a blocking Producer."""
+
+    def run(job: Job) -> Timing:
+        from transports.sync import Producer
+
+        with Producer(job.address, connections_per_nsqd=connections) as p:
+            p.publish("warmup", b"x")
+            t0 = time.perf_counter()
+            count = loop(p, job)
+            t1 = time.perf_counter()
+        return Timing(t0, t1, count)
+
+    return run
 
 
-@row("pub1", "sansio-blocking", "nsq-sansio blocking")
-def _blocking_pub1(job: Job) -> Timing:
-    from transports.sync import Producer
+def _asyncnsq_publisher(loop: AsyncLoop) -> Runner:
+    """A runner timing ``loop`` with an asyncnsq writer."""
 
-    with Producer(job.address) as p:
-        p.publish("warmup", b"x")
-        publish, body = p.publish, job.body
-        t0 = time.perf_counter()
-        for _ in range(job.count):
-            publish(TOPIC, body)
-        t1 = time.perf_counter()
-    return Timing(t0, t1, job.count)
+    def run(job: Job) -> Timing:
+        import asyncio
+
+        from asyncnsq import create_writer
+
+        timing: list[float] = []
+        counted: list[int] = []
+
+        async def main() -> None:
+            host, _, port = job.address.rpartition(":")
+            writer = await create_writer(host=host, port=int(port))
+            await writer.pub("warmup", b"x")
+            timing.append(time.perf_counter())
+            counted.append(await loop(writer, job))
+            timing.append(time.perf_counter())
+            writer.close()
+
+        asyncio.run(main())
+        return Timing(timing[0], timing[1], counted[0])
+
+    return run
 
 
-@row("pub1", "asyncnsq", "asyncnsq 1.2.1")
-def _asyncnsq_pub1(job: Job) -> Timing:
-    import asyncio
+# --- pub1: one publish at a time ------------------------------------------------------------
 
-    from asyncnsq import create_writer
 
-    timing: list[float] = []
+async def _pub1_async(p: Any, job: Job) -> int:
+    """``await p.publish`` one by one (an anyio Producer)."""
+    publish, body = p.publish, job.body
+    for _ in range(job.count):
+        await publish(TOPIC, body)
+    return job.count
 
-    async def main() -> None:
-        host, _, port = job.address.rpartition(":")
-        writer = await create_writer(host=host, port=int(port))
-        await writer.pub("warmup", b"x")
-        pub, body = writer.pub, job.body
-        timing.append(time.perf_counter())
-        for _ in range(job.count):
-            await pub(TOPIC, body)
-        timing.append(time.perf_counter())
-        writer.close()
 
-    asyncio.run(main())
-    return Timing(timing[0], timing[1], job.count)
+def _pub1_blocking(p: Any, job: Job) -> int:
+    publish, body = p.publish, job.body
+    for _ in range(job.count):
+        publish(TOPIC, body)
+    return job.count
+
+
+async def _pub1_asyncnsq(writer: Any, job: Job) -> int:
+    pub, body = writer.pub, job.body
+    for _ in range(job.count):
+        await pub(TOPIC, body)
+    return job.count
+
+
+row("pub1", "sansio-asyncio", "nsq-sansio asyncio")(_anyio_publisher("asyncio", _pub1_async))
+row("pub1", "sansio-trio", "nsq-sansio trio")(_anyio_publisher("trio", _pub1_async))
+row("pub1", "sansio-blocking", "nsq-sansio blocking")(_blocking_publisher(_pub1_blocking))
+row("pub1", "asyncnsq", "asyncnsq 1.2.1")(_asyncnsq_publisher(_pub1_asyncnsq))
 
 
 def _pynsq_publish(job: Job, callers: int, batch: int) -> Timing:
@@ -487,34 +524,25 @@ def _bare_pub1(job: Job) -> Timing:
 # --- pub100: concurrent callers -------------------------------------------------------------
 
 
+async def _concurrent_tasks(p: Any, job: Job) -> int:
+    """``job.concurrency`` tasks publishing their share one by one (an anyio Producer)."""
+    import anyio
+
+    publish, body = p.publish, job.body
+    share, extra = divmod(job.count, job.concurrency)
+
+    async def caller(n: int) -> None:
+        for _ in range(n):
+            await publish(TOPIC, body)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(job.concurrency):
+            tg.start_soon(caller, share + (i < extra))
+    return job.count
+
+
 def _anyio_concurrent(backend: str, connections: int = 1) -> Runner:
-    def run(job: Job) -> Timing:
-        import anyio
-
-        from transports.anyio import Producer
-
-        timing: list[float] = []
-
-        async def main() -> None:
-            async with Producer(job.address, connections_per_nsqd=connections) as p:
-                await p.publish("warmup", b"x")
-                publish, body = p.publish, job.body
-                share, extra = divmod(job.count, job.concurrency)
-
-                async def caller(n: int) -> None:
-                    for _ in range(n):
-                        await publish(TOPIC, body)
-
-                timing.append(time.perf_counter())
-                async with anyio.create_task_group() as tg:
-                    for i in range(job.concurrency):
-                        tg.start_soon(caller, share + (i < extra))
-                timing.append(time.perf_counter())
-
-        anyio.run(main, backend=backend)
-        return Timing(timing[0], timing[1], job.count)
-
-    return run
+    return _anyio_publisher(backend, _concurrent_tasks, connections)
 
 
 row("pub100", "sansio-asyncio", "nsq-sansio asyncio, tasks")(_anyio_concurrent("asyncio"))
@@ -795,70 +823,33 @@ def _bare_threads(job: Job) -> Timing:
 # --- mpub: MPUB of `batch` bodies, one at a time --------------------------------------------
 
 
-def _anyio_mpub(backend: str) -> Runner:
-    def run(job: Job) -> Timing:
-        import anyio
-
-        from transports.anyio import Producer
-
-        timing: list[float] = []
-
-        async def main() -> None:
-            async with Producer(job.address) as p:
-                await p.publish("warmup", b"x")
-                bodies = [job.body] * job.batch
-                mpub = p.multi_publish
-                timing.append(time.perf_counter())
-                for _ in range(job.count // job.batch):
-                    await mpub(TOPIC, bodies)
-                timing.append(time.perf_counter())
-
-        anyio.run(main, backend=backend)
-        return Timing(timing[0], timing[1], job.count // job.batch * job.batch)
-
-    return run
+async def _mpub_async(p: Any, job: Job) -> int:
+    bodies = [job.body] * job.batch
+    mpub = p.multi_publish
+    for _ in range(job.count // job.batch):
+        await mpub(TOPIC, bodies)
+    return job.count // job.batch * job.batch
 
 
-row("mpub", "sansio-asyncio", "nsq-sansio asyncio")(_anyio_mpub("asyncio"))
-row("mpub", "sansio-trio", "nsq-sansio trio")(_anyio_mpub("trio"))
+def _mpub_blocking(p: Any, job: Job) -> int:
+    bodies = [job.body] * job.batch
+    mpub = p.multi_publish
+    for _ in range(job.count // job.batch):
+        mpub(TOPIC, bodies)
+    return job.count // job.batch * job.batch
 
 
-@row("mpub", "sansio-blocking", "nsq-sansio blocking")
-def _blocking_mpub(job: Job) -> Timing:
-    from transports.sync import Producer
-
-    with Producer(job.address) as p:
-        p.publish("warmup", b"x")
-        bodies = [job.body] * job.batch
-        mpub = p.multi_publish
-        t0 = time.perf_counter()
-        for _ in range(job.count // job.batch):
-            mpub(TOPIC, bodies)
-        t1 = time.perf_counter()
-    return Timing(t0, t1, job.count // job.batch * job.batch)
+async def _mpub_asyncnsq(writer: Any, job: Job) -> int:
+    bodies = [job.body] * job.batch
+    for _ in range(job.count // job.batch):
+        await writer.mpub(TOPIC, *bodies)
+    return job.count // job.batch * job.batch
 
 
-@row("mpub", "asyncnsq", "asyncnsq 1.2.1")
-def _asyncnsq_mpub(job: Job) -> Timing:
-    import asyncio
-
-    from asyncnsq import create_writer
-
-    timing: list[float] = []
-
-    async def main() -> None:
-        host, _, port = job.address.rpartition(":")
-        writer = await create_writer(host=host, port=int(port))
-        await writer.pub("warmup", b"x")
-        bodies = [job.body] * job.batch
-        timing.append(time.perf_counter())
-        for _ in range(job.count // job.batch):
-            await writer.mpub(TOPIC, *bodies)
-        timing.append(time.perf_counter())
-        writer.close()
-
-    asyncio.run(main())
-    return Timing(timing[0], timing[1], job.count // job.batch * job.batch)
+row("mpub", "sansio-asyncio", "nsq-sansio asyncio")(_anyio_publisher("asyncio", _mpub_async))
+row("mpub", "sansio-trio", "nsq-sansio trio")(_anyio_publisher("trio", _mpub_async))
+row("mpub", "sansio-blocking", "nsq-sansio blocking")(_blocking_publisher(_mpub_blocking))
+row("mpub", "asyncnsq", "asyncnsq 1.2.1")(_asyncnsq_publisher(_mpub_asyncnsq))
 
 
 row("mpub", "pynsq", "pynsq 0.9.1")(lambda job: _pynsq_publish(job, 1, job.batch))

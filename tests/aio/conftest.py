@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
-import json
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import pytest
+from support.brokers import get_json, http_channel_stats
+from support.tls import TestCA, make_test_ca
 
 from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.testing.pytest_plugin import nsq_cluster, nsqd, nsqlookupd  # noqa: F401
@@ -49,105 +46,20 @@ def stop_nsqd(server: EmbeddedNSQD) -> None:
     _THREADS.pop(id(server)).stop()
 
 
-@dataclass(frozen=True)
-class CA:
-    ca_file: str
-    cert_file: str
-    key_file: str
+#: The PEM paths of the test CA (``ca_file``, ``cert_file``, ``key_file``, client ones too).
+CA = TestCA
 
 
 @pytest.fixture(scope="session")
 def test_ca(tmp_path_factory: pytest.TempPathFactory) -> CA:
     """A private CA and a server certificate it signed for 127.0.0.1 / localhost."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nsq-sansio test CA")])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    directory = tmp_path_factory.mktemp("ca")
-    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
-    paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return CA(str(paths[0]), str(paths[1]), str(paths[2]))
-
-
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
+    return make_test_ca(tmp_path_factory.mktemp("ca"))
 
 
 async def channel_stats(server: EmbeddedNSQD, topic: str, channel: str) -> dict[str, Any]:
     """The broker's own view of a channel (``/stats?format=json``), {} when it does not exist."""
-    url = f"{server.http_url}/stats?format=json&topic={topic}&channel={channel}"
-    stats = await anyio.to_thread.run_sync(_get_json, url)
-    for t in stats.get("topics") or []:  # null when nsqd has no such topic
-        if t["topic_name"] == topic:
-            for c in t.get("channels", []):
-                if c["channel_name"] == channel:
-                    return dict(c)
-    return {}
+    found = await anyio.to_thread.run_sync(http_channel_stats, server.http_url, topic, channel)
+    return found or {}
 
 
 async def wait_channel(
@@ -181,7 +93,7 @@ async def lookup_producers(lookupd_http_url: str, topic: str) -> list[Any]:
     """``/lookup?topic=`` producers (an unknown topic gives [])."""
     try:
         answer = await anyio.to_thread.run_sync(
-            _get_json, f"{lookupd_http_url}/lookup?topic={topic}"
+            get_json, f"{lookupd_http_url}/lookup?topic={topic}"
         )
     except OSError:
         return []

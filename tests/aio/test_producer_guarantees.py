@@ -1,10 +1,8 @@
-"""The anyio Producer's per-call guarantees, against the real nsqd and the embedded broker.
-
-Each publish gets its own answer or its own error: a refused publish fails only itself and the
-next one reconnects (issue 12.1); a refused IDENTIFY is raised, not retried forever (issue
-12.4); a deadline is per call; a cancelled publish that was already written is still matched to
-its own answer; back-pressure bounds what is pending; the publish observer sees every request
-once. Real-nsqd tests skip without the binaries; every test runs on asyncio and on trio.
+"""The anyio Producer's per-call guarantees that only the async API can show, against the
+real nsqd: a deadline is per call; a cancelled publish that was already written is still
+matched to its own answer; back-pressure bounds what is pending; waiting for a slot counts
+against the deadline. Real-nsqd tests skip without the binaries; every test runs on asyncio
+and on trio. The guarantees every runtime shares are in tests/clients/.
 """
 
 from __future__ import annotations
@@ -12,154 +10,25 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import anyio
 import pytest
+from support.brokers import needs_real, paused, topic_count, unique
+from support.runtimes import recorder
 
-from nsq_sansio.errors import BadMessage, IdentifyRejected
+from nsq_sansio.errors import BadMessage
 from transports.anyio import NoNSQDAvailable, Producer
-from transports.testing.real_nsq import RealNSQD, find_binaries
-
-from .conftest import NSQDFactory
+from transports.testing.real_nsq import RealNSQD
 
 pytestmark = pytest.mark.anyio
 
-needs_real = pytest.mark.skipif(find_binaries() is None, reason="real NSQ binaries not found")
-
-
-def fresh(prefix: str = "t") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:12]}"
-
-
-@contextmanager
-def paused(nsqd: RealNSQD) -> Iterator[None]:
-    """SIGSTOP the real nsqd: connections stay up, nothing is answered until SIGCONT."""
-    assert nsqd.pid is not None
-    os.kill(nsqd.pid, signal.SIGSTOP)
-    try:
-        _wait_stopped(nsqd.pid)
-        yield
-    finally:
-        os.kill(nsqd.pid, signal.SIGCONT)
-
-
-def _wait_stopped(pid: int) -> None:
-    """Until every thread of ``pid`` is stopped (SIGSTOP takes effect asynchronously)."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        states = set()
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/stat") as f:
-                states.add(f.read().rsplit(")", 1)[1].split()[0])
-        if states <= {"T", "t"}:
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"nsqd {pid} did not stop")
-
-
-def topic_count(nsqd: RealNSQD, topic: str) -> int:
-    entry = nsqd.topic_stats(topic)
-    return 0 if entry is None else int(entry["message_count"])
-
-
-Observed = list[tuple[str, int, float, "BaseException | None"]]
-
-
-def recorder() -> tuple[Observed, Any]:
-    seen: Observed = []
-
-    def observe(topic: str, count: int, seconds: float, error: BaseException | None) -> None:
-        seen.append((topic, count, seconds, error))
-
-    return seen, observe
-
-
-# --- issue 12.1: after a refused publish, the next one works -------------------------------
-
-
-async def _refused_then_next(address: str) -> None:
-    topic = fresh()
-    async with Producer(address) as p:
-        await p.publish(topic, b"first")
-        with pytest.raises(BadMessage):
-            await p.publish(topic, b"B" * 2000)
-        # nsqd closed the connection after E_BAD_MESSAGE: the next publishes reconnect at once.
-        started = time.monotonic()
-        with anyio.fail_after(5):
-            for i in range(3):
-                await p.publish(topic, b"small %d" % i)
-        assert time.monotonic() - started < 1.0
-        stats = p.stats()
-    assert (stats.published, stats.failed) == (4, 1)
-
-
-@needs_real
-async def test_next_publish_after_a_refused_one_succeeds_real() -> None:
-    with RealNSQD(["--max-msg-size=1024"]) as nsqd:
-        await _refused_then_next(nsqd.tcp_address)
-        topics = [t["topic_name"] for t in nsqd.stats()["topics"]]
-        assert len(topics) == 1 and topic_count(nsqd, topics[0]) == 4
-
-
-async def test_next_publish_after_a_refused_one_succeeds_embedded(
-    make_nsqd: NSQDFactory,
-) -> None:
-    server = make_nsqd(max_msg_size=1024)
-    await _refused_then_next(server.tcp_address)
-
-
-# --- issue 12.4: a refused IDENTIFY is raised, once per publish, never retried -------------
-
-
-async def _identify_refused(addresses: list[str]) -> None:
-    seen, observe = recorder()
-    async with Producer(
-        addresses, output_buffer_timeout=0.01, publish_observer=observe, timeout=30
-    ) as p:
-        for _ in range(2):  # a later publish tries again, and fails the same way, quickly
-            started = time.monotonic()
-            with anyio.fail_after(10), pytest.raises(IdentifyRejected) as info:
-                await p.publish("t", b"x")
-            assert time.monotonic() - started < 5.0
-            assert info.value.code == "E_BAD_BODY"
-            assert "output buffer timeout" in info.value.text
-        assert p.stats().published == 0
-    assert [type(e) for _, _, _, e in seen] == [IdentifyRejected, IdentifyRejected]
-
-
-@needs_real
-async def test_refused_identify_is_raised_not_retried_real() -> None:
-    with RealNSQD() as first, RealNSQD() as second:
-        await _identify_refused([first.tcp_address])
-        # Several nsqd: no failover with a configuration error (and no NoNSQDAvailable).
-        await _identify_refused([first.tcp_address, second.tcp_address])
-        assert first.stats()["topics"] == [] and second.stats()["topics"] == []
-
-
-async def test_refused_identify_is_raised_not_retried_embedded(make_nsqd: NSQDFactory) -> None:
-    server = make_nsqd()
-    await _identify_refused([server.tcp_address])
-
-
-@needs_real
-async def test_msg_timeout_above_nsqd_limit_is_refused_identify_real() -> None:
-    with RealNSQD(["--max-msg-timeout=5s"]) as nsqd:
-        async with Producer(nsqd.tcp_address, msg_timeout=10.0) as p:
-            with anyio.fail_after(10), pytest.raises(IdentifyRejected):
-                await p.publish("t", b"x")
-
-
-# --- per-call deadline, cancellation, ordering ----------------------------------------------
+# --- per-call deadline, cancellation -----------------------------------------------------------
 
 
 @needs_real
 async def test_each_publish_has_its_own_deadline_real() -> None:
     with RealNSQD() as nsqd:
-        topic = fresh()
+        topic = unique()
         async with Producer(nsqd.tcp_address, timeout=0.6) as p:
             await p.publish(topic, b"warm")
             raised: dict[str, float] = {}
@@ -186,7 +55,7 @@ async def test_each_publish_has_its_own_deadline_real() -> None:
 @needs_real
 async def test_cancelled_publish_already_written_is_matched_to_its_answer_real() -> None:
     with RealNSQD(["--max-msg-size=1024"]) as nsqd:
-        topic = fresh()
+        topic = unique()
         seen, observe = recorder()
         async with Producer(nsqd.tcp_address, publish_observer=observe) as p:
             await p.publish(topic, b"warm")
@@ -221,56 +90,13 @@ async def test_cancelled_publish_already_written_is_matched_to_its_answer_real()
     ]
 
 
-async def test_refused_publish_in_a_pipeline_fails_only_itself_embedded(
-    make_nsqd: NSQDFactory,
-) -> None:
-    server = make_nsqd(max_msg_size=1024)
-    topic = fresh()
-    results: dict[int, str] = {}
-    async with Producer(server.tcp_address) as p:
-        await p.publish(topic, b"warm")
-
-        async def pub(i: int) -> None:
-            try:
-                if i % 10 == 5:
-                    await p.multi_publish(topic, [b"ok", b"B" * 2000])
-                else:
-                    await p.publish(topic, b"%d" % i)
-                results[i] = "ok"
-            except Exception as exc:
-                results[i] = type(exc).__name__
-
-        with anyio.fail_after(15):
-            async with anyio.create_task_group() as tg:
-                for i in range(100):
-                    tg.start_soon(pub, i)
-    assert {i for i, r in results.items() if r != "ok"} == set(range(5, 100, 10))
-    assert {r for r in results.values() if r != "ok"} == {"BadMessage"}
-
-
-# --- failover and back-pressure ---------------------------------------------------------------
-
-
-@needs_real
-async def test_failover_when_an_nsqd_dies_with_publishes_pending_real() -> None:
-    with RealNSQD() as first, RealNSQD() as second:
-        topic = fresh()
-        async with Producer([first.tcp_address, second.tcp_address], timeout=10) as p:
-            for _ in range(4):  # both connections up
-                await p.publish(topic, b"warm")
-            first.kill()
-            with anyio.fail_after(15):
-                async with anyio.create_task_group() as tg:
-                    for i in range(200):
-                        tg.start_soon(p.publish, topic, b"%d" % i)
-            assert p.stats().published == 204
-        assert topic_count(second, topic) >= 200  # every one stored (maybe some twice)
+# --- back-pressure ------------------------------------------------------------------------------
 
 
 @needs_real
 async def test_pending_publishes_are_bounded_by_max_pending_real() -> None:
     with RealNSQD() as nsqd:
-        topic = fresh()
+        topic = unique()
         async with Producer(nsqd.tcp_address, max_pending=100, timeout=30) as p:
             await p.publish(topic, b"warm")
             peak = 0
@@ -295,29 +121,7 @@ async def test_no_reachable_nsqd_still_raises_no_nsqd_available() -> None:
             await p.publish("t", b"x")
 
 
-# --- the publish observer ---------------------------------------------------------------------
-
-
-async def test_publish_observer_sees_every_request_once(make_nsqd: NSQDFactory) -> None:
-    server = make_nsqd(max_msg_size=1024)
-    topic = fresh()
-    seen, observe = recorder()
-    async with Producer(server.tcp_address, publish_observer=observe) as p:
-        await p.publish(topic, b"one")
-        await p.multi_publish(topic, [b"a", b"b", b"c"])
-        await p.deferred_publish(topic, b"later", 0.5)
-        with pytest.raises(BadMessage):
-            await p.publish(topic, b"B" * 2000)
-        async with anyio.create_task_group() as tg:
-            for _ in range(50):
-                tg.start_soon(p.publish, topic, b"x")
-    assert [(t, n) for t, n, _, _ in seen[:4]] == [(topic, 1), (topic, 3), (topic, 1), (topic, 1)]
-    assert [e for _, _, _, e in seen[:3]] == [None, None, None]
-    assert isinstance(seen[3][3], BadMessage)
-    assert len(seen) == 54 and all(e is None for _, _, _, e in seen[4:])
-    assert all(0 <= s < 10 for _, _, s, _ in seen)
-    # Settable later as an attribute; None switches it off.
-    p.publish_observer = None
+# --- waiting for a slot, partial writes ------------------------------------------------------
 
 
 @needs_real
@@ -348,7 +152,7 @@ async def test_large_pipelined_publishes_survive_partial_writes_real() -> None:
     # 20 MPUBs of 1 MB at once: far more than the socket takes in one write, so the rest is
     # written by the writer task as the socket drains, in order.
     with RealNSQD(["--max-body-size=2000000", "--mem-queue-size=1000"]) as nsqd:
-        topic = fresh()
+        topic = unique()
         async with Producer(nsqd.tcp_address) as p:
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:

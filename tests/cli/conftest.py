@@ -7,7 +7,6 @@ exactly as a user runs it (``python -m transports.cli``), over real loopback soc
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,34 +14,34 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from support.brokers import http_channel_stats
+
 from transports.testing.pytest_plugin import nsq_cluster, nsqd, nsqlookupd  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "transports.cli", *args]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This checkout first on the child's path (a user runs the installed command)."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
 
 
 def cli(
     *args: str, input: bytes | None = None, timeout: float = 30.0
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``nsq-sansio *args`` in a child process and return what it did."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "transports.cli", *args],
-        input=input,
-        capture_output=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
+        _command(*args), input=input, capture_output=True, timeout=timeout, cwd=ROOT, env=_env()
     )
 
 
 def cli_popen(*args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-m", "transports.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-        env=env,
+        _command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=_env()
     )
 
 
@@ -53,16 +52,10 @@ def http_post(address: str, path: str) -> None:
 
 
 def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any]:
-    with urllib.request.urlopen(
-        f"http://{http_address}/stats?format=json&topic={topic}", timeout=5
-    ) as response:
-        data = json.loads(response.read())
-    for t in data["topics"]:
-        if t["topic_name"] == topic:
-            for c in t["channels"]:
-                if c["channel_name"] == channel:
-                    return dict(c)
-    raise AssertionError(f"no channel {topic}/{channel}")
+    found = http_channel_stats(f"http://{http_address}", topic, channel)
+    if found is None:
+        raise AssertionError(f"no channel {topic}/{channel}")
+    return found
 
 
 def one_line_error(result: subprocess.CompletedProcess[bytes]) -> str:
@@ -89,9 +82,9 @@ def cli_in_pty(
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm", "COLUMNS": str(columns)}
+    env = _env(TERM="xterm", COLUMNS=str(columns))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "transports.cli", *args],
+        _command(*args),
         stdin=slave,
         stdout=slave,
         stderr=slave,

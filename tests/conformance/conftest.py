@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from support.brokers import require_real_binaries
 
-from transports.testing.real_nsq import RealLookupd, RealNSQD, find_binaries
+from transports.testing.real_nsq import RealLookupd, RealNSQD
 
 from .wire import split_address
 
@@ -82,14 +83,6 @@ def _target_ids() -> list[str]:
 
 def embedded_backend() -> str:
     return os.environ.get("NSQ_CONFORMANCE_BACKEND", "asyncio")
-
-
-def require_real_binaries() -> None:
-    if find_binaries() is None:
-        pytest.skip(
-            "real NSQ binaries not found (keep ../shared/reference/nsq-1.3.0 beside the "
-            "checkout or set NSQ_BIN_DIR)"
-        )
 
 
 @pytest.fixture(scope="session", params=_target_ids())

@@ -326,3 +326,37 @@ def test_fetch_one_at_a_time_follows_the_node_that_has_messages() -> None:
         w.advance(1.0)
     assert empty == 0 and len(w.results) == 20
     _never_over(w)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fetch_one_finds_messages_that_show_up_on_an_idle_nsqd_within_a_second(seed: int) -> None:
+    """fetch(1) with three nsqd: the single RDY sits on the nsqd that delivered last. When
+    that one runs dry and messages show up on another, a waiting fetch used to wait for
+    low_rdy_idle_timeout (10 s) plus the redistribution period (up to 5 s more) before the
+    RDY moved; now the holder that delivers nothing while a fetch waits passes it on after
+    twice its settle time."""
+    w = _pull_world(seed)
+    c = w.coordinator
+    w.publish(0, 5)
+    for i in range(5):  # node 0 delivers and stays the recent, active one
+        c.fetch(1, w.now, expires=30.0)
+        while len(w.results) == i:
+            w.advance(0.05)
+        (message,) = w.results[-1].messages
+        c.finish(message, w.now)
+        w.pump()
+    for node in (1, 2, 0):
+        w.publish(node, 1)
+        answered = len(w.results)
+        c.fetch(1, w.now, expires=5.0)
+        t0 = w.now
+        while len(w.results) == answered and w.now - t0 < 6.0:
+            w.advance(0.05)
+        result = w.results[-1]
+        assert result.reason is FetchEnd.FILLED, (node, w.now - t0)
+        assert w.now - t0 <= 1.6, (node, w.now - t0)  # at most two moves of 0.75 s
+        (message,) = result.messages
+        c.finish(message, w.now)
+        w.pump()
+    assert w.server_depth() == 0 and w.server_in_flight() == 0
+    assert not w.over_budget

@@ -16,16 +16,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.brokers import require_real_binaries
 
-from transports.testing.real_nsq import RealLookupd, RealNSQD, find_binaries, nsqd_flags
+from transports.testing.real_nsq import RealLookupd, RealNSQD, nsqd_flags
 
-
-def require_real_binaries() -> None:
-    if find_binaries() is None:
-        pytest.skip(
-            "real NSQ binaries not found (keep ../shared/reference/nsq-1.3.0 beside the "
-            "checkout or set NSQ_BIN_DIR)"
-        )
+__all__ = ["RealBroker", "RealLookupdView", "RealRunner", "require_real_binaries"]
 
 
 @pytest.fixture(autouse=True)
@@ -72,12 +67,10 @@ class _RealCore:
         return stats
 
 
-class RealBroker:
-    """A real nsqd with the attributes the client tests use on an ``EmbeddedNSQD``."""
+class _Addresses:
+    """A real server's addresses under an embedded server's attribute names."""
 
-    def __init__(self, nsqd: RealNSQD) -> None:
-        self.real = nsqd
-        self.core = _RealCore(nsqd)
+    real: RealNSQD | RealLookupd
 
     @property
     def tcp_address(self) -> str:
@@ -90,6 +83,16 @@ class RealBroker:
     @property
     def http_url(self) -> str:
         return self.real.http_url
+
+
+class RealBroker(_Addresses):
+    """A real nsqd with the attributes the client tests use on an ``EmbeddedNSQD``."""
+
+    real: RealNSQD
+
+    def __init__(self, nsqd: RealNSQD) -> None:
+        self.real = nsqd
+        self.core = _RealCore(nsqd)
 
     @property
     def tcp_port(self) -> int:
@@ -113,23 +116,13 @@ class RealRunner:
         return func(*args)
 
 
-class RealLookupdView:
+class RealLookupdView(_Addresses):
     """A real nsqlookupd with an ``EmbeddedLookupd``'s address attributes."""
+
+    real: RealLookupd
 
     def __init__(self, lookupd: RealLookupd) -> None:
         self.real = lookupd
-
-    @property
-    def tcp_address(self) -> str:
-        return self.real.tcp_address
-
-    @property
-    def http_address(self) -> str:
-        return self.real.http_address
-
-    @property
-    def http_url(self) -> str:
-        return self.real.http_url
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 from conformance.wire import http_request, unique
+from support.brokers import require_real_binaries
 
 from transports.embedded import Cluster, EmbeddedNSQD, ServerThread
 from transports.testing.real_nsq import tool
 from transports.testing.tls import self_signed_certificate
-
-from .conftest import require_real_binaries
 
 TOOL_TIMEOUT = 60
 

@@ -13,52 +13,19 @@ without the binaries.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from support.brokers import needs_real, paused, topic_count
 
 from nsq_sansio.errors import BadMessage
 from transports.sync import Consumer, Producer
 from transports.sync import producer as producer_module
-from transports.testing.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import RealNSQD
 
 from ._helpers import running_nsqd, unique, wait_for
-
-needs_real = pytest.mark.skipif(find_binaries() is None, reason="real NSQ binaries not found")
-
-
-@contextmanager
-def paused(nsqd: RealNSQD) -> Iterator[None]:
-    """SIGSTOP the real nsqd (every thread stopped): nothing is answered until SIGCONT."""
-    pid = nsqd.pid
-    assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            states = set()
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/stat") as f:
-                    states.add(f.read().rsplit(")", 1)[1].split()[0])
-            if states <= {"T", "t"}:
-                break
-            time.sleep(0.001)
-        yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # killed meanwhile
-            os.kill(pid, signal.SIGCONT)
-
-
-def topic_count(nsqd: RealNSQD, topic: str) -> int:
-    entry = nsqd.topic_stats(topic)
-    return 0 if entry is None else int(entry["message_count"])
 
 
 def wire_of(p: Producer, index: int = 0) -> Any:

@@ -22,7 +22,8 @@ from transports._common import (
 )
 
 from .consumer import Consumer, KeepaliveExpired, Message, drain_on_signals
-from .producer import HTTPProducer, NoNSQDAvailable, Producer
+from .http import HTTPProducer
+from .producer import NoNSQDAvailable, Producer
 
 __all__ = [
     "ConnectionStats",

@@ -1,16 +1,29 @@
-"""Socket helpers for the anyio transport: connect with a timeout, and the TLS upgrade."""
+"""Socket helpers for the anyio transport: connect with a timeout, the TLS upgrade, the errors
+a broken socket raises, and the plain socket under a stream (the producer writes to it)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import ssl
 
 import anyio
 import anyio.abc
+import anyio.streams.tls
 from anyio.streams.tls import TLSStream
 
 from nsq_sansio.errors import ConnectionLost
 
-__all__ = ["PrefixedStream", "connect", "start_tls"]
+__all__ = ["SOCKET_ERRORS", "PrefixedStream", "connect", "plain_socket", "start_tls"]
+
+#: What a broken or closed connection raises from a stream (a ``ConnectionLost`` aside).
+SOCKET_ERRORS = (
+    OSError,
+    ssl.SSLError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+)
 
 
 async def connect(host: str, port: int, timeout: float) -> anyio.abc.SocketStream:
@@ -75,3 +88,30 @@ async def start_tls(
         raise ConnectionLost(f"TLS handshake timed out after {timeout:g}s") from None
     except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
         raise ConnectionLost(f"TLS handshake failed: {exc}") from exc
+
+
+def plain_socket(stream: anyio.abc.ByteStream) -> tuple[socket.socket | None, bool]:
+    """The stream's socket when it is plain TCP (TLS: None, the stream must encrypt), and
+    whether it is a duplicate to close. The producer writes to it directly (never through the
+    stream, so nothing can overtake), which saves a task switch per write."""
+    if stream.extra(anyio.streams.tls.TLSAttribute.ssl_object, None) is not None:
+        return None, False
+    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if raw is None:
+        return None, False
+    if isinstance(raw, socket.socket):
+        return raw, False
+    # asyncio hands out a TransportSocket (no send()): duplicate the descriptor instead. The
+    # transport never writes (the producer never calls stream.send on plain TCP), and must not
+    # read either: anyio pauses it between receive() calls; where that cannot be seen, the
+    # producer stays on the stream.
+    transport = getattr(stream, "_transport", None)
+    is_reading = getattr(transport, "is_reading", None)
+    if is_reading is None or is_reading():
+        return None, False
+    try:
+        dup = socket.socket(raw.family, raw.type, raw.proto, fileno=os.dup(raw.fileno()))
+    except (OSError, AttributeError):
+        return None, False
+    dup.setblocking(False)
+    return dup, True

@@ -11,7 +11,9 @@ Tasks (all inside the consumer's task group; none outlive ``async with``):
 * one per lookupd request;
 * the pump: timers, and flushing what user code decided (FIN/REQ/TOUCH/fetch/drain).
 
-User code never runs in those tasks, so a slow handler never delays heartbeats.
+User code never runs in those tasks, so a slow handler never delays heartbeats. The tasks
+that own sockets are in ``_consumer_io.py``, the :class:`Message` user code answers in
+``message.py``.
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ import logging
 import math
 import random
 import signal
-import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from itertools import repeat
 from operator import is_
 from time import monotonic
@@ -54,18 +54,19 @@ from nsq_sansio.consumer import (
     StartTLS,
     TakenBack,
 )
-from nsq_sansio.discovery import LookupdAddress, NSQDAddress
-from nsq_sansio.errors import ConnectionLost, LocalProtocolError, NSQError
+from nsq_sansio.discovery import NSQDAddress
+from nsq_sansio.errors import LocalProtocolError, NSQError
 from transports._common import (
-    READ_SIZE,
     ConnectionLogger,
     ConnectionStats,
     ConsumerStats,
-    TransportOptions,
     split_options,
 )
+from transports._common.arguments import check_seconds
+from transports._common.message import KeepaliveExpired
 
-from ._net import connect, start_tls
+from ._consumer_io import Conn, ConsumerConnections
+from .message import Message
 
 __all__ = ["Consumer", "KeepaliveExpired", "Message", "drain_on_signals"]
 
@@ -73,15 +74,6 @@ _log = logging.getLogger("nsq_sansio.anyio.consumer")
 
 #: How often the pump calls handle_timer while the core reports a deadline already handled.
 _STALE_DEADLINE_POLL = 0.05
-
-_SOCKET_ERRORS = (
-    OSError,
-    ssl.SSLError,
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-    ConnectionLost,
-)
 
 
 def _only(raised: BaseException, error: BaseException) -> bool:
@@ -94,228 +86,10 @@ def _only(raised: BaseException, error: BaseException) -> bool:
     return True
 
 
-def _check_seconds(what: str, value: object) -> None:
-    """Raise (in the caller) for a duration that is not a finite number >= 0."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not (value >= 0 and math.isfinite(value))
-    ):
-        raise LocalProtocolError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class KeepaliveExpired:
-    """``msg.keepalive()`` reached the server's ``max_msg_timeout``: TOUCH cannot extend the
-    message any further and nsqd will take it back (give it to another consumer) at
-    ``deadline`` (monotonic seconds). Reported to ``on_event`` and logged as a warning."""
-
-    message_id: bytes
-    address: NSQDAddress
-    deadline: float
-
-
-class Message:
-    """A message handed to user code, and the way to answer it.
-
-    ``finish()`` / ``requeue(delay=None, backoff=True)`` answer it once (later calls return
-    False); ``touch()`` extends its timeout; ``keepalive()`` touches while a block runs.
-    Answers return False when the message was no longer ours (its connection closed, or nsqd
-    had already taken it back); that is also reported as a ``TakenBack`` event.
-    """
-
-    __slots__ = ("_consumer", "_delivery", "answered")
-
-    def __init__(self, consumer: Consumer, delivery: Deliver) -> None:
-        self._consumer = consumer
-        self._delivery = delivery
-        self.answered = False
-
-    @property
-    def id(self) -> bytes:
-        """16 ASCII hex bytes."""
-        return self._delivery.id
-
-    @property
-    def body(self) -> bytes:
-        return self._delivery.body
-
-    @property
-    def attempts(self) -> int:
-        """1 on the first delivery."""
-        return self._delivery.attempts
-
-    @property
-    def timestamp(self) -> int:
-        """When it was published, in nanoseconds since the epoch."""
-        return self._delivery.timestamp
-
-    def __repr__(self) -> str:
-        return (
-            f"<Message id={self.id.decode()} attempts={self.attempts} "
-            f"from {self._delivery.address} {len(self.body)} bytes>"
-        )
-
-    @property
-    def address(self) -> str:
-        """The nsqd this message came from."""
-        return str(self._delivery.address)
-
-    @property
-    def delivery(self) -> Deliver:
-        """The coordinator's handle (for the low-level API)."""
-        return self._delivery
-
-    @property
-    def deadline(self) -> float | None:
-        """When nsqd times the message out (monotonic seconds), None if no longer ours."""
-        return self._consumer._coord.deadline(self._delivery)
-
-    def finish_nowait(self) -> bool:
-        """FIN without awaiting (it is queued and written with the next batch)."""
-        if self.answered:
-            return False
-        consumer = self._consumer
-        delivery = self._delivery
-        ok = consumer._coord.finish(delivery, monotonic())
-        self.answered = True
-        consumer._kick()
-        if ok:
-            conn = consumer._conns.get(delivery.conn_id)
-            if conn is not None:
-                conn.finished += 1
-        return ok
-
-    async def finish(self) -> bool:
-        """FIN: the message was handled."""
-        return self.finish_nowait()
-
-    def requeue_nowait(self, delay: float | None = None, *, backoff: bool = True) -> bool:
-        """REQ without awaiting; see :meth:`requeue`. A bad ``delay`` raises
-        LocalProtocolError and leaves the message unanswered (it can still be answered)."""
-        if delay is not None:
-            _check_seconds("requeue delay", delay)
-        if self.answered:
-            return False
-        consumer = self._consumer
-        delivery = self._delivery
-        ok = consumer._coord.requeue(delivery, monotonic(), delay, backoff=backoff)
-        self.answered = True
-        consumer._kick()
-        if ok:
-            conn = consumer._conns.get(delivery.conn_id)
-            if conn is not None:
-                conn.requeued += 1
-        return ok
-
-    async def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
-        """REQ: deliver again after ``delay`` seconds (default: the config's delay times the
-        attempts, capped). ``backoff=False`` does not slow the consumer down."""
-        return self.requeue_nowait(delay, backoff=backoff)
-
-    async def touch(self) -> float | None:
-        """TOUCH: reset the message's timeout; returns the new deadline (None if gone)."""
-        if self.answered:
-            return None
-        consumer = self._consumer
-        deadline = consumer._coord.touch(self._delivery, monotonic())
-        consumer._kick()
-        return deadline
-
-    @asynccontextmanager
-    async def keepalive(self, fraction: float = 0.5) -> AsyncIterator[Message]:
-        """TOUCH every ``fraction`` of the message timeout while the block runs (seeds/002).
-
-        TOUCH cannot extend a message past the server's ``max_msg_timeout``; when that limit is
-        reached a :class:`KeepaliveExpired` event is reported (and logged) before nsqd takes
-        the message back. Nothing is touched outside such a block.
-        """
-        if (
-            isinstance(fraction, bool)
-            or not isinstance(fraction, int | float)
-            or not 0 < fraction < 1
-        ):
-            raise ValueError(f"keepalive fraction must be between 0 and 1, got {fraction!r}")
-        scope = anyio.CancelScope()
-        self._consumer._spawn(self._keepalive, scope, fraction)
-        try:
-            yield self
-        finally:
-            scope.cancel()
-
-    async def _keepalive(self, scope: anyio.CancelScope, fraction: float) -> None:
-        consumer = self._consumer
-        coord = consumer._coord
-        delivery = self._delivery
-        timeout = max(delivery.deadline - delivery.received_at, 0.01)
-        with scope:
-            while not self.answered:
-                deadline = coord.deadline(delivery)
-                limit = coord.max_deadline(delivery)
-                if deadline is None or limit is None:
-                    return
-                # Touch when `fraction` of the timeout is left... of the window since the last
-                # TOUCH: i.e. at deadline - (1 - fraction) * timeout.
-                await anyio.sleep(max(deadline - (1 - fraction) * timeout - monotonic(), 0))
-                if self.answered:
-                    return
-                new = coord.touch(delivery, monotonic())
-                consumer._kick()
-                if new is None:
-                    return
-                if new >= limit:
-                    event = KeepaliveExpired(delivery.id, delivery.address, new)
-                    consumer._log_for(delivery.address).warning(
-                        "message %s: keepalive reached nsqd's max_msg_timeout; it will be taken "
-                        "back in %.1fs unless answered",
-                        delivery.id.decode(),
-                        new - monotonic(),
-                    )
-                    consumer._emit(event)
-                    return
-
-
-class _Conn:
-    __slots__ = (
-        "address",
-        "bytes_in",
-        "bytes_out",
-        "closing",
-        "conn_id",
-        "finished",
-        "log",
-        "out",
-        "received",
-        "requeued",
-        "scope",
-        "send_lock",
-        "stream",
-        "tls_pending",
-        "wake",
-    )
-
-    def __init__(self, conn_id: int, address: NSQDAddress, log: ConnectionLogger) -> None:
-        self.conn_id = conn_id
-        self.address = address
-        self.log = log
-        self.stream: anyio.abc.ByteStream | None = None
-        self.out: list[bytes] = []
-        self.wake = anyio.Event()
-        self.closing = False
-        self.scope = anyio.CancelScope()
-        self.send_lock = anyio.Lock()
-        self.tls_pending: bytes | None = None
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.received = 0
-        self.finished = 0
-        self.requeued = 0
-
-
 EventCallback = Callable[[object], None]
 
 
-class Consumer:
+class Consumer(ConsumerConnections):
     """Consume ``topic``/``channel`` from nsqd (``nsqd=[...]``) or via lookupd (``lookupd=[...]``).
 
     Keyword arguments are :class:`~nsq_sansio.config.Config` fields (``max_in_flight=200``,
@@ -362,7 +136,7 @@ class Consumer:
         self._on_event = on_event
         self._logger = logger or _log
         self._close_timeout = close_timeout
-        self._conns: dict[int, _Conn] = {}
+        self._conns: dict[int, Conn] = {}
         self._http: dict[int, anyio.CancelScope] = {}
         self._inbox: deque[Deliver] = deque()
         self._waiters: deque[anyio.Event] = deque()
@@ -494,7 +268,7 @@ class Consumer:
         requeued, handlers still running may answer for up to ``timeout`` seconds (default
         ``drain_timeout``); then whatever is left is requeued and every connection closed."""
         if timeout is not None:
-            _check_seconds("drain timeout", timeout)
+            check_seconds("drain timeout", timeout)
         if self._tg is None:
             raise LocalProtocolError("drain() before the consumer was started")
         if self._coord.state is ConsumerState.RUNNING:
@@ -676,7 +450,7 @@ class Consumer:
     ) -> AsyncIterator[None]:
         """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start :meth:`drain`."""
         if timeout is not None:
-            _check_seconds("drain timeout", timeout)  # here, not later in the signal task
+            check_seconds("drain timeout", timeout)  # here, not later in the signal task
         scope = anyio.CancelScope()
         self._spawn(self._signal_loop, scope, signals or _default_signals(), timeout)
         try:
@@ -950,154 +724,6 @@ class Consumer:
         for delivery in deliveries:
             self._coord.requeue(delivery, now, 0.0, backoff=False)
         self._kick()
-
-    # --- internals: connections ----------------------------------------------------------------
-
-    def _open_connection(self, action: Connect) -> None:
-        address = action.address
-        if address in self._seen:
-            self._reconnects += 1
-        self._seen.add(address)
-        conn = _Conn(action.conn_id, address, self._log_for(address))
-        self._conns[action.conn_id] = conn
-        self._spawn(self._connection, conn)
-
-    async def _connection(self, conn: _Conn) -> None:
-        coord = self._coord
-        options: TransportOptions = self._options
-        try:
-            with conn.scope:
-                try:
-                    stream = await connect(
-                        conn.address.host, conn.address.port, options.connect_timeout
-                    )
-                except ConnectionLost as exc:
-                    coord.connection_failed(conn.conn_id, exc, monotonic())
-                    self._dispatch()
-                    return
-                conn.stream = stream
-                coord.connection_made(conn.conn_id, monotonic())
-                conn.log.debug("connected")
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._writer, conn, tg.cancel_scope)
-                    self._dispatch()
-                    try:
-                        await self._reader(conn)
-                    except Exception as exc:  # socket errors; anything else is logged too
-                        if not isinstance(exc, _SOCKET_ERRORS):
-                            conn.log.exception("unexpected error; closing the connection")
-                        if conn.conn_id in self._conns and not conn.closing:
-                            coord.connection_failed(conn.conn_id, exc, monotonic())
-                            self._dispatch()
-                        tg.cancel_scope.cancel()
-        finally:
-            self._conns.pop(conn.conn_id, None)
-            if conn.stream is not None:
-                with anyio.CancelScope(shield=True):
-                    await anyio.aclose_forcefully(conn.stream)
-
-    async def _reader(self, conn: _Conn) -> None:
-        coord = self._coord
-        conn_id = conn.conn_id
-        dispatch = self._dispatch
-        stream = conn.stream
-        assert stream is not None
-        receive = stream.receive
-        while True:
-            if conn.tls_pending is not None:
-                trailing, conn.tls_pending = conn.tls_pending, None
-                tls = self._options.tls
-                async with conn.send_lock:
-                    stream = await start_tls(
-                        stream,
-                        self._options.ssl_context(),
-                        tls.server_hostname(conn.address.host),
-                        trailing,
-                        self._options.connect_timeout,
-                    )
-                conn.stream = stream
-                receive = stream.receive
-                coord.tls_established(conn_id, monotonic())
-                dispatch()
-            try:
-                data = await receive(READ_SIZE)
-            except anyio.EndOfStream:
-                data = b""
-            conn.bytes_in += len(data)
-            coord.receive_data(conn_id, data, monotonic())
-            conn.received += dispatch()
-            if not data:
-                # The coordinator has closed it (CloseConnection); the writer flushes and ends
-                # the task, even if nothing was decided.
-                conn.closing = True
-                conn.wake.set()
-                await anyio.sleep_forever()
-
-    async def _writer(self, conn: _Conn, scope: anyio.CancelScope) -> None:
-        coord = self._coord
-        try:
-            while True:
-                await conn.wake.wait()
-                conn.wake = anyio.Event()
-                out = conn.out
-                while out:
-                    data = out[0] if len(out) == 1 else b"".join(out)
-                    out.clear()
-                    stream = conn.stream
-                    assert stream is not None
-                    async with conn.send_lock:
-                        await conn.stream.send(data)  # type: ignore[union-attr]
-                    conn.bytes_out += len(data)
-                if conn.closing:
-                    scope.cancel()
-                    return
-        except Exception as exc:
-            if not isinstance(exc, _SOCKET_ERRORS):
-                conn.log.exception("unexpected error while writing; closing the connection")
-            if conn.conn_id in self._conns and not conn.closing:
-                coord.connection_failed(conn.conn_id, exc, monotonic())
-                self._dispatch()
-            scope.cancel()
-
-    # --- internals: lookupd --------------------------------------------------------------------
-
-    async def _http_request(self, action: SendHTTPRequest, scope: anyio.CancelScope) -> None:
-        coord = self._coord
-        lookupd: LookupdAddress = action.lookupd
-        request_id = action.request_id
-        stream: anyio.abc.ByteStream | None = None
-        try:
-            with scope:
-                try:
-                    stream = await connect(
-                        lookupd.host, lookupd.port, self._options.connect_timeout
-                    )
-                    if lookupd.tls:
-                        stream = await start_tls(
-                            stream,
-                            self._options.ssl_context(),
-                            self._options.tls.server_hostname(lookupd.host),
-                            b"",
-                            self._options.connect_timeout,
-                        )
-                    await stream.send(action.data)
-                    while True:
-                        try:
-                            data = await stream.receive(READ_SIZE)
-                        except anyio.EndOfStream:
-                            data = b""
-                        coord.http_data(request_id, data, monotonic())
-                        self._dispatch()
-                        if not data:
-                            break
-                except (*_SOCKET_ERRORS, NSQError) as exc:
-                    coord.http_failed(request_id, exc, monotonic())
-                    self._dispatch()
-        finally:
-            self._http.pop(request_id, None)
-            if stream is not None:
-                with anyio.CancelScope(shield=True):
-                    await anyio.aclose_forcefully(stream)
 
 
 def _default_signals() -> tuple[int, ...]:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
-from ._args import check_seconds
+from transports._common.arguments import check_seconds
 
 __all__ = ["DEFAULT_DRAIN_SIGNALS", "Drainable", "drain_on_signals"]
 

@@ -28,6 +28,7 @@ from transports._common import (
     TLSOptions,
 )
 from transports.anyio import consumer as _consumer
+from transports.anyio import http as _http
 from transports.anyio import producer as _producer
 from transports.anyio.consumer import KeepaliveExpired, Message, drain_on_signals
 from transports.anyio.producer import NoNSQDAvailable
@@ -77,8 +78,8 @@ class Producer(_producer.Producer):
         return self
 
 
-class HTTPProducer(_producer.HTTPProducer):
-    __doc__ = _producer.HTTPProducer.__doc__
+class HTTPProducer(_http.HTTPProducer):
+    __doc__ = _http.HTTPProducer.__doc__
 
     async def __aenter__(self) -> HTTPProducer:
         _require_trio("HTTPProducer")

@@ -1,17 +1,17 @@
-"""``stats()`` read from another thread (a metrics scrape) while the event loop changes what it
-reports: connections that come and go, messages in flight. It never raises."""
+"""``stats()`` read from another thread (a metrics scrape) while the client changes what it
+reports: connections that come and go, messages in flight. It never raises, on any runtime."""
 
 from __future__ import annotations
 
 import sys
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 
 import anyio
 import pytest
+from support.brokers import unique
+from support.runtimes import Runtime
 
-from transports.anyio import Consumer, Producer
 from transports.embedded import EmbeddedNSQD
 from transports.testing.real_nsq import free_port
 
@@ -56,13 +56,13 @@ class Scraper:
 
 
 async def test_consumer_stats_from_another_thread_while_connections_come_and_go(
-    nsqd: EmbeddedNSQD, busy_switching: None
+    nsqd: EmbeddedNSQD, busy_switching: None, runtime: Runtime
 ) -> None:
-    topic = f"t{uuid.uuid4().hex[:12]}"
-    async with Producer(nsqd.tcp_address) as p:
+    topic = unique()
+    async with runtime.producer(nsqd.tcp_address) as p:
         await p.multi_publish(topic, [b"%d" % i for i in range(300)])
     refused = [f"127.0.0.1:{free_port()}" for _ in range(8)]  # connect, fail, retry at once
-    async with Consumer(
+    async with runtime.consumer(
         topic,
         "ch",
         nsqd=[nsqd.tcp_address, *refused],
@@ -72,8 +72,8 @@ async def test_consumer_stats_from_another_thread_while_connections_come_and_go(
     ) as c:
         with Scraper(c.stats) as scraper:
             seen = 0
-            async for msg in c:
-                await msg.finish()
+            async for msg in c.messages():
+                await c.finish(msg)
                 seen += 1
                 if seen % 10 == 0:
                     await anyio.sleep(0.01)  # let the reconnect loop churn under the reads
@@ -86,11 +86,15 @@ async def test_consumer_stats_from_another_thread_while_connections_come_and_go(
         assert stats.connection_errors > 0  # the refused addresses did come and go
 
 
-async def test_producer_stats_from_another_thread(nsqd: EmbeddedNSQD, busy_switching: None) -> None:
+async def test_producer_stats_from_another_thread_while_connections_come_and_go(
+    nsqd: EmbeddedNSQD, busy_switching: None, runtime: Runtime
+) -> None:
     refused = f"127.0.0.1:{free_port()}"
-    async with Producer([nsqd.tcp_address, refused]) as p:
+    async with runtime.producer(
+        [nsqd.tcp_address, refused], reconnect_delay=0.001, max_reconnect_delay=0.001
+    ) as p:
         with Scraper(p.stats) as scraper:
-            for i in range(200):
-                await p.publish("t" + uuid.uuid4().hex[:8], b"%d" % i)
+            for i in range(300):
+                await p.publish(unique(), b"%d" % i)
         assert scraper.error is None, repr(scraper.error)
-        assert scraper.reads > 0 and p.stats().published == 200
+        assert scraper.reads > 0 and p.stats().published == 300

@@ -1,5 +1,5 @@
-"""Checks of user arguments, made in the caller's thread: bad input must raise there, with a
-clear library error, and never reach the IO thread (which owns every connection)."""
+"""Checks of user arguments, made where the user called: bad input must raise there, with a
+clear library error, and never reach the tasks or the IO thread that own the connections."""
 
 from __future__ import annotations
 

@@ -1,0 +1,239 @@
+"""What the consumer coordinator tells its transport: the *actions*, all frozen values.
+
+Connections (:class:`Connect`, :class:`StartTLS`, :class:`CloseConnection`), lookupd requests
+(:class:`SendHTTPRequest`, :class:`CloseHTTPRequest`), messages for the user (:class:`Deliver`,
+the handle they answer with, and :class:`FetchResult` in pull mode), and reports
+(:class:`GiveUp`, :class:`TakenBack`, :class:`ConnectionUp`, :class:`Disconnected`,
+:class:`LookupdFailed`, :class:`DrainComplete`, :class:`ConsumerFailed`). :data:`Action` is
+their union. This module decides nothing; it only defines the vocabulary.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..discovery import LookupdAddress, NSQDAddress
+from ..errors import LookupdError, NSQError
+from ..events import Message, ServerSettings
+
+__all__ = [
+    "Action",
+    "CloseConnection",
+    "CloseHTTPRequest",
+    "Connect",
+    "ConnectionUp",
+    "ConsumerFailed",
+    "Deliver",
+    "Disconnected",
+    "DrainComplete",
+    "FetchEnd",
+    "FetchResult",
+    "GiveUp",
+    "LookupdFailed",
+    "SendHTTPRequest",
+    "StartTLS",
+    "TakenBack",
+]
+
+_new_tuple = tuple.__new__
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """Open a TCP connection to ``address``; report connection_made / connection_failed."""
+
+    conn_id: int
+    address: NSQDAddress
+
+
+@dataclass(frozen=True, slots=True)
+class StartTLS:
+    """Run the TLS handshake on ``conn_id`` now; ``trailing_data`` belongs to the TLS layer."""
+
+    conn_id: int
+    trailing_data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """Write ``final_data``, then close the socket of ``conn_id``; the coordinator forgot it."""
+
+    conn_id: int
+    final_data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SendHTTPRequest:
+    """Connect to ``lookupd`` (HTTPS when ``lookupd.tls``), write ``data``, feed the answer to
+    http_data (or http_response) under ``request_id``."""
+
+    request_id: int
+    lookupd: LookupdAddress
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CloseHTTPRequest:
+    """The exchange ``request_id`` is over (answered, failed or abandoned): close its socket."""
+
+    request_id: int
+
+
+class _DeliverFields(NamedTuple):
+    conn_id: int
+    id: bytes
+    body: bytes
+    timestamp: int
+    attempts: int
+    address: NSQDAddress
+    received_at: float
+    deadline: float
+
+
+class Deliver(_DeliverFields):
+    """A message for the user, and the handle to answer it with (finish/requeue/touch).
+
+    ``Deliver(conn_id, message, address, received_at, deadline)``; the message's own fields
+    (``id``, ``body``, ``timestamp``, ``attempts``) are fields of the handle, and
+    :attr:`message` builds the :class:`~nsq_sansio.events.Message` when asked: one object per
+    message on the hot path, built by the connection's decoder itself. Read the fields by
+    name (the tuple's layout is not part of the API). ``deadline`` is when nsqd times it out
+    if nothing is sent (``received_at + msg_timeout``); :meth:`ConsumerCoordinator.deadline`
+    gives the current one after TOUCHes. A ``NamedTuple`` (immutable) rather than a frozen
+    dataclass because one is built per message. Handles are compared by identity.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        conn_id: int,
+        message: Message,
+        address: NSQDAddress,
+        received_at: float,
+        deadline: float,
+    ) -> Deliver:
+        return _new_tuple(cls, (conn_id, *message, address, received_at, deadline))
+
+    def __getnewargs__(self) -> tuple[int, Message, NSQDAddress, float, float]:
+        """The constructor's arguments (copy and pickle call ``__new__`` with them)."""
+        return self[0], self.message, self[5], self[6], self[7]
+
+    @property
+    def message(self) -> Message:
+        """The message as the connection reports it (a new, equal object on each access)."""
+        return _new_tuple(Message, self[1:5])
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """The message went over ``max_attempts``: it was FIN'd; log it, store it, alert..."""
+
+    conn_id: int
+    address: NSQDAddress
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class TakenBack:
+    """A FIN/REQ/TOUCH came too late: the message was already taken back (by nsqd after its
+    timeout, or because the connection closed). Not fatal; another consumer may have it.
+
+    ``delivery`` is the handle the report is about, where it is known (nsqd may deliver the
+    same id again, and the newer copy is still ours): always for ``TIMEOUT`` and for answers
+    refused here, for a ``TOUCH`` nsqd refused; None for a FIN/REQ nsqd refused (the handle
+    was already answered) or a close that lost the connection's messages."""
+
+    conn_id: int
+    address: NSQDAddress
+    message_id: bytes | None
+    command: str
+    error: NSQError
+    delivery: Deliver | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionUp:
+    """``conn_id`` is subscribed; ``settings`` is nsqd's IDENTIFY answer."""
+
+    conn_id: int
+    address: NSQDAddress
+    settings: ServerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    """``conn_id`` is gone. ``unanswered`` messages will be requeued by nsqd; ``reconnect_at``
+    is when a retry is planned (direct mode), None when it waits for lookupd or is draining."""
+
+    conn_id: int
+    address: NSQDAddress
+    error: NSQError | None
+    unanswered: tuple[bytes, ...]
+    reconnect_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LookupdFailed:
+    """A lookupd answered garbage, an error status or nothing; skipped until its next poll."""
+
+    lookupd: LookupdAddress
+    error: LookupdError
+
+
+@dataclass(frozen=True, slots=True)
+class DrainComplete:
+    """Drain finished: every connection is closed and nothing is left in flight."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerFailed:
+    """The consumer stopped for good (state ``FAILED``): ``error`` cannot be cured by
+    reconnecting. Today that is :class:`~nsq_sansio.errors.IdentifyRejected`: nsqd refused the
+    configuration (a value outside its limits). Every connection was closed (what was in
+    flight requeued), lookupd polling stopped, waiting fetches answered ``FAILED``; nothing
+    will follow. The transport raises ``error`` to the user."""
+
+    error: NSQError
+
+
+class FetchEnd(enum.Enum):
+    """Why a fetch answered."""
+
+    FILLED = "filled"  # the batch is complete
+    EXPIRED = "expired"  # ``expires`` passed: what arrived so far (maybe nothing)
+    NO_WAIT = "no_wait"  # no_wait fetch answered from the buffer (at least one message)
+    NO_MESSAGES = "no_messages"  # no_wait fetch and nothing was buffered
+    TOO_MANY_WAITING = "too_many_waiting"  # max_waiting_fetches requests already wait
+    DRAINING = "draining"  # the consumer is draining or closed: what arrived so far
+    AGED = "aged"  # before ``expires``: its oldest message had used half of its msg_timeout
+    FAILED = "failed"  # the consumer failed (ConsumerFailed): nothing more will come
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """The answer to fetch ``request_id``: messages (already counted as handed to the user)."""
+
+    request_id: int
+    messages: tuple[Deliver, ...]
+    reason: FetchEnd
+
+
+Action = (
+    Connect
+    | StartTLS
+    | CloseConnection
+    | SendHTTPRequest
+    | CloseHTTPRequest
+    | Deliver
+    | GiveUp
+    | TakenBack
+    | ConnectionUp
+    | Disconnected
+    | LookupdFailed
+    | FetchResult
+    | DrainComplete
+    | ConsumerFailed
+)

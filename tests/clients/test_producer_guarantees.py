@@ -1,0 +1,160 @@
+"""The Producer's per-call guarantees on every runtime, against the real nsqd and the embedded
+broker (real-nsqd tests skip without the binaries).
+
+Each publish gets its own answer or its own error: a refused publish fails only itself and the
+next one reconnects (issue 12.1); a refused IDENTIFY is raised by every publish, also one
+started among others, not retried (issue 12.4); the publish observer sees every request once.
+What only one API has (cancelling a task, a future's own deadline, memory under 100k
+``publish_async``) is tested in tests/aio and tests/sync.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from support.brokers import needs_real, running_nsqd, topic_count, unique
+from support.runtimes import Runtime, recorder
+
+from nsq_sansio.errors import BadMessage, IdentifyRejected
+from transports.testing.real_nsq import RealNSQD
+
+pytestmark = pytest.mark.anyio
+
+# --- issue 12.1: after a refused publish, the next one works -------------------------------
+
+
+async def _refused_then_next(runtime: Runtime, address: str) -> None:
+    topic = unique()
+    async with runtime.producer(address) as p:
+        await p.publish(topic, b"first")
+        with pytest.raises(BadMessage):
+            await p.publish(topic, b"B" * 2000)
+        # nsqd closed the connection after E_BAD_MESSAGE: the next publishes reconnect at once.
+        started = time.monotonic()
+        for i in range(3):
+            await p.publish(topic, b"small %d" % i, timeout=5)
+        assert time.monotonic() - started < 1.0
+        stats = p.stats()
+    assert (stats.published, stats.failed) == (4, 1)
+
+
+@needs_real
+async def test_next_publish_after_a_refused_one_succeeds_real(runtime: Runtime) -> None:
+    with RealNSQD(["--max-msg-size=1024"]) as nsqd:
+        await _refused_then_next(runtime, nsqd.tcp_address)
+        topics = [t["topic_name"] for t in nsqd.stats()["topics"]]
+        assert len(topics) == 1 and topic_count(nsqd, topics[0]) == 4
+
+
+async def test_next_publish_after_a_refused_one_succeeds_embedded(runtime: Runtime) -> None:
+    with running_nsqd(max_msg_size=1024) as (server, _):
+        await _refused_then_next(runtime, server.tcp_address)
+
+
+async def test_refused_publishes_in_a_pipeline_fail_only_themselves_embedded(
+    runtime: Runtime,
+) -> None:
+    topic = unique()
+    with running_nsqd(max_msg_size=1024) as (server, _):
+        async with runtime.producer(server.tcp_address) as p:
+            await p.publish(topic, b"warm")
+            outcomes = await p.concurrently(
+                [
+                    ("multi_publish", (topic, [b"ok", b"B" * 2000]))
+                    if i % 10 == 5
+                    else ("publish", (topic, b"%d" % i))
+                    for i in range(100)
+                ],
+                timeout=15,
+            )
+    failed = {i for i, error in enumerate(outcomes) if error is not None}
+    assert failed == set(range(5, 100, 10))
+    assert all(isinstance(outcomes[i], BadMessage) for i in failed)
+
+
+# --- issue 12.4: a refused IDENTIFY is raised, once per publish, never retried -------------
+
+
+async def _identify_refused(runtime: Runtime, addresses: list[str]) -> None:
+    seen, observe = recorder()
+    async with runtime.producer(
+        addresses, output_buffer_timeout=0.01, publish_observer=observe, timeout=30
+    ) as p:
+        for _ in range(2):  # a later publish tries again, and fails the same way, quickly
+            started = time.monotonic()
+            with pytest.raises(IdentifyRejected) as info:
+                await p.publish("t", b"x", timeout=10)
+            assert time.monotonic() - started < 5.0
+            assert info.value.code == "E_BAD_BODY"
+            assert "output buffer timeout" in info.value.text
+        # one started among others (a task, a future) fails the same way
+        [outcome] = await p.concurrently([("publish", ("t", b"x"))], timeout=10)
+        assert isinstance(outcome, IdentifyRejected)
+        assert p.stats().published == 0
+    assert [type(e) for _, _, _, e in seen] == [IdentifyRejected] * 3
+
+
+@needs_real
+async def test_refused_identify_is_raised_not_retried_real(runtime: Runtime) -> None:
+    with RealNSQD() as first, RealNSQD() as second:
+        await _identify_refused(runtime, [first.tcp_address])
+        # Several nsqd: no failover with a configuration error (and no NoNSQDAvailable).
+        await _identify_refused(runtime, [first.tcp_address, second.tcp_address])
+        assert first.stats()["topics"] == [] and second.stats()["topics"] == []
+
+
+async def test_refused_identify_is_raised_not_retried_embedded(runtime: Runtime) -> None:
+    with running_nsqd() as (server, _):
+        await _identify_refused(runtime, [server.tcp_address])
+
+
+@needs_real
+async def test_msg_timeout_above_nsqd_limit_is_refused_identify_real(runtime: Runtime) -> None:
+    with RealNSQD(["--max-msg-timeout=5s"]) as nsqd:
+        async with runtime.producer(nsqd.tcp_address, msg_timeout=10.0) as p:
+            with pytest.raises(IdentifyRejected):
+                await p.publish("t", b"x", timeout=10)
+
+
+# --- failover ---------------------------------------------------------------------------------
+
+
+@needs_real
+async def test_failover_when_an_nsqd_dies_with_publishes_pending_real(runtime: Runtime) -> None:
+    with RealNSQD() as first, RealNSQD() as second:
+        topic = unique()
+        async with runtime.producer([first.tcp_address, second.tcp_address], timeout=10) as p:
+            for _ in range(4):  # both connections up
+                await p.publish(topic, b"warm")
+            first.kill()
+            outcomes = await p.concurrently(
+                [("publish", (topic, b"%d" % i)) for i in range(200)], timeout=15
+            )
+            assert outcomes == [None] * 200
+            assert p.stats().published == 204
+        assert topic_count(second, topic) >= 200  # every one stored (maybe some twice)
+
+
+# --- the publish observer ---------------------------------------------------------------------
+
+
+async def test_publish_observer_sees_every_request_once(runtime: Runtime) -> None:
+    topic = unique()
+    seen, observe = recorder()
+    with running_nsqd(max_msg_size=1024) as (server, _):
+        async with runtime.producer(server.tcp_address, publish_observer=observe) as p:
+            await p.publish(topic, b"one")
+            await p.multi_publish(topic, [b"a", b"b", b"c"])
+            await p.deferred_publish(topic, b"later", 0.5)
+            with pytest.raises(BadMessage):
+                await p.publish(topic, b"B" * 2000)
+            outcomes = await p.concurrently([("publish", (topic, b"x"))] * 50, timeout=10)
+            assert outcomes == [None] * 50
+    assert [(t, n) for t, n, _, _ in seen[:4]] == [(topic, 1), (topic, 3), (topic, 1), (topic, 1)]
+    assert [e for _, _, _, e in seen[:3]] == [None, None, None]
+    assert isinstance(seen[3][3], BadMessage)
+    assert len(seen) == 54 and all(e is None for _, _, _, e in seen[4:])
+    assert all(0 <= s < 10 for _, _, s, _ in seen)
+    # Settable later as an attribute; None switches it off.
+    p.client.publish_observer = None

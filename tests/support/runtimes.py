@@ -1,0 +1,280 @@
+"""One adapter per client runtime, so a client scenario is written once and runs on asyncio,
+trio and the blocking transport with the same assertions.
+
+A scenario is an ``async def`` test taking the ``runtime`` fixture (``tests/clients``): on
+asyncio and trio it drives ``transports.anyio`` in the test's own event loop; on ``blocking``
+the test runs on asyncio and each call into ``transports.sync`` runs on a worker thread
+(``anyio.to_thread``), as any blocking call from async code would. Only what differs between
+the two APIs is adapted: a deadline per call, publishes in flight together, the handler of
+``run()``; the clients' own ``stats()`` and messages are passed through.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+import transports.anyio
+import transports.sync
+
+RUNTIMES = ["asyncio", "trio", "blocking"]
+
+#: A publish to start among others: ``("publish", (topic, body))`` or
+#: ``("multi_publish", (topic, [bodies]))``.
+Call = tuple[str, tuple[Any, ...]]
+
+
+#: What a publish observer saw: (topic, messages, seconds, error) per request.
+Observed = list[tuple[str, int, float, "BaseException | None"]]
+
+
+def recorder() -> tuple[Observed, Callable[[str, int, float, BaseException | None], None]]:
+    """A ``publish_observer`` that keeps what it saw (called from any thread)."""
+    seen: Observed = []
+    lock = threading.Lock()
+
+    def observe(topic: str, count: int, seconds: float, error: BaseException | None) -> None:
+        with lock:
+            seen.append((topic, count, seconds, error))
+
+    return seen, observe
+
+
+async def _in_thread(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return await anyio.to_thread.run_sync(functools.partial(func, *args, **kwargs))
+
+
+class Runtime:
+    """``asyncio``, ``trio`` or ``blocking``: how a scenario makes and drives the clients."""
+
+    def __init__(self, name: str) -> None:
+        assert name in RUNTIMES, name
+        self.name = name
+        self.blocking = name == "blocking"
+        #: The client module's classes, for what is checked before anything runs.
+        self.module: Any = transports.sync if self.blocking else transports.anyio
+
+    def __repr__(self) -> str:
+        return f"Runtime({self.name!r})"
+
+    @property
+    def anyio_backend(self) -> str:
+        """The event loop the scenario itself runs on."""
+        return "asyncio" if self.blocking else self.name
+
+    @asynccontextmanager
+    async def consumer(self, *args: Any, **options: Any) -> AsyncIterator[ConsumerDriver]:
+        """``with Consumer(*args, **options)`` / ``async with``; the driver stays usable after
+        the block (a later ask of a failed consumer)."""
+        if not self.blocking:
+            async with transports.anyio.Consumer(*args, **options) as client:
+                yield AnyioConsumer(client)
+            return
+        blocking = transports.sync.Consumer(*args, **options)
+        async with _entered(blocking):
+            yield BlockingConsumer(blocking)
+
+    @asynccontextmanager
+    async def producer(self, *args: Any, **options: Any) -> AsyncIterator[ProducerDriver]:
+        if not self.blocking:
+            async with transports.anyio.Producer(*args, **options) as client:
+                yield AnyioProducer(client)
+            return
+        blocking = transports.sync.Producer(*args, **options)
+        async with _entered(blocking):
+            yield BlockingProducer(blocking)
+
+
+@asynccontextmanager
+async def _entered(client: Any) -> AsyncIterator[None]:
+    """A blocking client's ``with`` block, its enter and exit on a worker thread (shielded:
+    a cancelled test still closes it, and an exception from ``__exit__`` propagates)."""
+    with anyio.CancelScope(shield=True):
+        await _in_thread(client.__enter__)
+    try:
+        yield
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            if not await _in_thread(client.__exit__, type(exc), exc, exc.__traceback__):
+                raise
+    else:
+        with anyio.CancelScope(shield=True):
+            await _in_thread(client.__exit__, None, None, None)
+
+
+class ConsumerDriver:
+    """The consumer calls a scenario makes, the same on every runtime."""
+
+    client: Any
+
+    def stats(self) -> Any:
+        return self.client.stats()
+
+    async def get(self, timeout: float) -> Any:
+        """The next message, or None after ``timeout`` seconds."""
+        raise NotImplementedError
+
+    def messages(self) -> AsyncIterator[Any]:
+        """The consumer's own iteration (``async for`` / ``for``)."""
+        raise NotImplementedError
+
+    async def finish(self, message: Any) -> bool:
+        raise NotImplementedError
+
+    async def run(self, handler: Callable[[Any], None], workers: int) -> None:
+        """``run()`` with ``workers`` handlers at once; ``handler`` is a plain function."""
+        raise NotImplementedError
+
+    async def fetch(self, batch: int, timeout: float) -> list[Any]:
+        raise NotImplementedError
+
+
+class AnyioConsumer(ConsumerDriver):
+    def __init__(self, client: transports.anyio.Consumer) -> None:
+        self.client = client
+
+    async def get(self, timeout: float) -> Any:
+        with anyio.move_on_after(timeout):
+            return await self.client.__anext__()
+        return None
+
+    def messages(self) -> AsyncIterator[Any]:
+        return self.client
+
+    async def finish(self, message: Any) -> bool:
+        return bool(await message.finish())
+
+    async def run(self, handler: Callable[[Any], None], workers: int) -> None:
+        async def call(message: Any) -> None:
+            handler(message)
+
+        await self.client.run(call, concurrency=workers)
+
+    async def fetch(self, batch: int, timeout: float) -> list[Any]:
+        return await self.client.fetch(batch, timeout=timeout)
+
+
+class BlockingConsumer(ConsumerDriver):
+    def __init__(self, client: transports.sync.Consumer) -> None:
+        self.client = client
+
+    async def get(self, timeout: float) -> Any:
+        return await _in_thread(self.client.get, timeout=timeout)
+
+    def messages(self) -> AsyncIterator[Any]:
+        return _ThreadIterator(iter(self.client))
+
+    async def finish(self, message: Any) -> bool:
+        return bool(await _in_thread(message.finish))
+
+    async def run(self, handler: Callable[[Any], None], workers: int) -> None:
+        await _in_thread(self.client.run, handler, threads=workers)
+
+    async def fetch(self, batch: int, timeout: float) -> list[Any]:
+        return list(await _in_thread(self.client.fetch, batch, timeout=timeout))
+
+
+class _ThreadIterator:
+    """A blocking iterator stepped on a worker thread."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self._iterator = iterator
+
+    def __aiter__(self) -> _ThreadIterator:
+        return self
+
+    async def __anext__(self) -> Any:
+        done = object()
+        item = await _in_thread(next, self._iterator, done)
+        if item is done:
+            raise StopAsyncIteration
+        return item
+
+
+class ProducerDriver:
+    """The producer calls a scenario makes, the same on every runtime. ``timeout`` is the
+    call's own deadline (TimeoutError after it); None leaves the producer's."""
+
+    client: Any
+
+    def stats(self) -> Any:
+        return self.client.stats()
+
+    async def publish(self, topic: str, body: bytes, *, timeout: float | None = None) -> None:
+        await self._call("publish", (topic, body), timeout)
+
+    async def multi_publish(
+        self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
+    ) -> None:
+        await self._call("multi_publish", (topic, bodies), timeout)
+
+    async def deferred_publish(
+        self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
+    ) -> None:
+        await self._call("deferred_publish", (topic, body, delay), timeout)
+
+    async def _call(self, method: str, args: tuple[Any, ...], timeout: float | None) -> None:
+        raise NotImplementedError
+
+    async def concurrently(
+        self, calls: Sequence[Call], timeout: float
+    ) -> list[BaseException | None]:
+        """Start every call at once (tasks / ``*_async`` futures) and return each one's
+        outcome in order: None, or what it raised. All must end within ``timeout``."""
+        raise NotImplementedError
+
+
+class AnyioProducer(ProducerDriver):
+    def __init__(self, client: transports.anyio.Producer) -> None:
+        self.client = client
+
+    async def _call(self, method: str, args: tuple[Any, ...], timeout: float | None) -> None:
+        with anyio.fail_after(timeout):
+            await getattr(self.client, method)(*args)
+
+    async def concurrently(
+        self, calls: Sequence[Call], timeout: float
+    ) -> list[BaseException | None]:
+        outcomes: list[BaseException | None] = [None] * len(calls)
+
+        async def one(index: int, method: str, args: tuple[Any, ...]) -> None:
+            try:
+                await getattr(self.client, method)(*args)
+            except Exception as exc:
+                outcomes[index] = exc
+
+        with anyio.fail_after(timeout):
+            async with anyio.create_task_group() as tg:
+                for index, (method, args) in enumerate(calls):
+                    tg.start_soon(one, index, method, args)
+        return outcomes
+
+
+class BlockingProducer(ProducerDriver):
+    def __init__(self, client: transports.sync.Producer) -> None:
+        self.client = client
+
+    async def _call(self, method: str, args: tuple[Any, ...], timeout: float | None) -> None:
+        await _in_thread(getattr(self.client, method), *args, timeout=timeout)
+
+    async def concurrently(
+        self, calls: Sequence[Call], timeout: float
+    ) -> list[BaseException | None]:
+        # started on a thread: a ``*_async`` call waits there while no slot is free
+        futures = [
+            await _in_thread(getattr(self.client, f"{method}_async"), *args)
+            for method, args in calls
+        ]
+        deadline = time.monotonic() + timeout
+        outcomes: list[BaseException | None] = []
+        for future in futures:
+            left = max(0.0, deadline - time.monotonic())
+            outcomes.append(await _in_thread(future.exception, left))
+        return outcomes

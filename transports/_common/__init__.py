@@ -1,0 +1,74 @@
+"""What every client transport shares (anyio, trio, blocking), one module per job.
+
+* :mod:`.addresses`: ``host:port`` and ``http(s)://`` URLs parsed and formatted.
+* :mod:`.tls`: :class:`TLSOptions` and :func:`build_ssl_context`.
+* :mod:`.options`: keyword arguments split onto :class:`~nsq_sansio.config.Config` and
+  :class:`TransportOptions`; the transports' constants.
+* :mod:`.stats`: the :class:`ConsumerStats` / :class:`ProducerStats` /
+  :class:`ConnectionStats` snapshots.
+* :mod:`.connection_log`: :class:`ConnectionLogger`, the ``[host:port]`` on every log line.
+* :mod:`.http_publish`: nsqd's HTTP ``/pub`` and ``/mpub`` as bytes in and out over h11.
+
+This package re-exports their names, so ``from transports._common import TLSOptions`` keeps
+working. Nothing here opens a socket; ``build_ssl_context`` reads certificate files when
+asked to.
+"""
+
+from __future__ import annotations
+
+from .addresses import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_LOOKUPD_HTTP_PORT,
+    DEFAULT_TCP_PORT,
+    HTTPURL,
+    format_address,
+    parse_address,
+    parse_http_url,
+)
+from .connection_log import ConnectionLogger
+from .http_publish import (
+    HTTPPublishClient,
+    HTTPPublishError,
+    PubResponse,
+    build_mpub_request,
+    build_pub_request,
+    parse_pub_response,
+)
+from .options import (
+    MAX_CONNECTIONS_PER_NSQD,
+    READ_SIZE,
+    TransportOptions,
+    check_connections_per_nsqd,
+    make_config,
+    split_options,
+)
+from .stats import ConnectionStats, ConsumerStats, ProducerStats
+from .tls import TLSOptions, build_ssl_context
+
+__all__ = [
+    "DEFAULT_HTTP_PORT",
+    "DEFAULT_LOOKUPD_HTTP_PORT",
+    "DEFAULT_TCP_PORT",
+    "HTTPURL",
+    "MAX_CONNECTIONS_PER_NSQD",
+    "READ_SIZE",
+    "ConnectionLogger",
+    "ConnectionStats",
+    "ConsumerStats",
+    "HTTPPublishClient",
+    "HTTPPublishError",
+    "ProducerStats",
+    "PubResponse",
+    "TLSOptions",
+    "TransportOptions",
+    "build_mpub_request",
+    "build_pub_request",
+    "build_ssl_context",
+    "check_connections_per_nsqd",
+    "format_address",
+    "make_config",
+    "parse_address",
+    "parse_http_url",
+    "parse_pub_response",
+    "split_options",
+]

@@ -1,0 +1,149 @@
+"""A client's keyword arguments, sorted: protocol settings onto
+:class:`~nsq_sansio.config.Config`, the rest onto :class:`TransportOptions`.
+
+:func:`split_options` is what every consumer and producer calls with its ``**kwargs``:
+``Config`` field names go to the config (:func:`make_config`), ``connect_timeout`` and the TLS
+options (``tls=TLSOptions(...)`` or the flat ``tls_*`` names) to the transport, and anything
+else is a :class:`~nsq_sansio.errors.ConfigError` that lists what is valid. The transports'
+own constants live here too (:data:`READ_SIZE`, the producer's ``connections_per_nsqd``
+bounds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsq_sansio.config import Config
+from nsq_sansio.errors import ConfigError
+
+from .tls import TLSOptions
+
+__all__ = [
+    "MAX_CONNECTIONS_PER_NSQD",
+    "READ_SIZE",
+    "TransportOptions",
+    "check_connections_per_nsqd",
+    "make_config",
+    "split_options",
+]
+
+#: How much a transport asks the socket for per read.
+READ_SIZE = 64 * 1024
+
+
+#: The most TCP connections a producer opens to one nsqd (``connections_per_nsqd``).
+MAX_CONNECTIONS_PER_NSQD = 64
+
+
+def check_connections_per_nsqd(value: object) -> None:
+    """A producer's ``connections_per_nsqd``: an int from 1 to 64 (ConfigError otherwise)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 1 <= value <= MAX_CONNECTIONS_PER_NSQD
+    ):
+        raise ConfigError(
+            f"connections_per_nsqd={value!r} must be an int from 1 to {MAX_CONNECTIONS_PER_NSQD}"
+        )
+
+
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))
+
+
+def make_config(config: Config | None = None, **overrides: Any) -> Config:
+    """``config`` (or the defaults) with keyword arguments applied; unknown names are errors.
+
+    ``auth_secret`` may be given as ``str``; durations are seconds, like :class:`Config`.
+    """
+    unknown = sorted(set(overrides) - _CONFIG_FIELDS)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(unknown)}; valid options are the Config fields: "
+            + ", ".join(sorted(_CONFIG_FIELDS))
+        )
+    secret = overrides.get("auth_secret")
+    if isinstance(secret, str):
+        overrides["auth_secret"] = secret.encode()
+    base = config if config is not None else Config()
+    return base.replace(**overrides) if overrides else base
+
+
+_TLS_FLAT = {
+    "ssl_context": "ssl_context",
+    "tls_ca_file": "ca_file",
+    "tls_ca_data": "ca_data",
+    "tls_cert_file": "cert_file",
+    "tls_key_file": "key_file",
+    "tls_key_password": "key_password",
+    "tls_server_name": "server_name",
+    "tls_verify": "verify",
+}
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """What a transport itself needs (the protocol's knobs live in :class:`Config`)."""
+
+    connect_timeout: float = 5.0
+    tls: TLSOptions = field(default_factory=TLSOptions)
+    _context: list[ssl.SSLContext] = field(default_factory=list, repr=False, compare=False)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client context (built once, shared by every connection)."""
+        if not self._context:
+            self._context.append(self.tls.context())
+        return self._context[0]
+
+
+def split_options(
+    config: Config | None, kwargs: Mapping[str, Any]
+) -> tuple[Config, TransportOptions]:
+    """Keyword arguments -> (Config, TransportOptions).
+
+    Config field names go to the config; ``connect_timeout``, ``tls=TLSOptions(...)`` or the
+    flat ``ssl_context``/``tls_ca_file``/``tls_ca_data``/``tls_cert_file``/``tls_key_file``/
+    ``tls_key_password``/``tls_server_name``/``tls_verify`` are transport options. Giving any
+    TLS option turns ``tls_v1`` on (verification stays on unless ``tls_verify=False``).
+    """
+    config_changes: dict[str, Any] = {}
+    tls_changes: dict[str, Any] = {}
+    tls: TLSOptions | None = None
+    connect_timeout = 5.0
+    for name, value in kwargs.items():
+        if name == "connect_timeout":  # both: the TCP connect, and the core's handshake deadline
+            connect_timeout = float(value)
+            if "connect_timeout" in _CONFIG_FIELDS:
+                config_changes[name] = value
+        elif name in _CONFIG_FIELDS:
+            config_changes[name] = value
+        elif name in _TLS_FLAT:
+            tls_changes[_TLS_FLAT[name]] = value
+        elif name == "tls":
+            if value is True:
+                tls = TLSOptions()
+            elif isinstance(value, TLSOptions):
+                tls = value
+            elif isinstance(value, ssl.SSLContext):
+                tls = TLSOptions(ssl_context=value)
+            else:
+                raise ConfigError(f"tls must be True, a TLSOptions or an SSLContext, got {value!r}")
+        else:
+            raise ConfigError(
+                f"unknown option {name!r}: not a Config field nor a transport option "
+                f"(connect_timeout, tls, {', '.join(sorted(_TLS_FLAT))})"
+            )
+    if not connect_timeout > 0:
+        raise ConfigError(f"connect_timeout={connect_timeout!r} must be > 0 seconds")
+    if tls is not None and tls_changes:
+        raise ConfigError("give either tls=TLSOptions(...) or the flat tls_* options, not both")
+    if tls_changes:
+        tls = TLSOptions(**tls_changes)
+    if tls is not None:
+        config_changes.setdefault("tls_v1", True)
+    return make_config(config, **config_changes), TransportOptions(
+        connect_timeout, tls if tls is not None else TLSOptions()
+    )

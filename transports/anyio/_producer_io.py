@@ -1,0 +1,402 @@
+"""The anyio producer's connections: one per nsqd (:class:`Node`), its handshake, reads and
+writes, and what happens to the publishes it held when it breaks.
+
+:class:`ProducerConnections` is a part of :class:`~transports.anyio.producer.Producer` (its
+base class). A connection is opened on first use (``_ensure``); on asyncio with plain TCP the
+event loop calls ``_on_readable`` when the socket has data (no reader task), elsewhere a reader
+task reads; a writer task sends what direct writes could not. ``_disconnect`` tears one down
+once and hands its unanswered publishes (:class:`Call`) back for failover.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from time import monotonic
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from nsq_sansio.config import Config
+from nsq_sansio.connection import ClientConnection
+from nsq_sansio.errors import ConnectionLost, IdentifyRejected, NSQError, ServerError
+from nsq_sansio.events import (
+    ConnectionClosed,
+    ConnectionReady,
+    Heartbeat,
+    PublishAcknowledged,
+    PublishFailed,
+    TLSUpgradeRequired,
+)
+from transports._common import READ_SIZE, ConnectionLogger, TransportOptions, format_address
+
+from ._net import SOCKET_ERRORS, connect, plain_socket, start_tls
+
+__all__ = ["Call", "Node", "NotRead", "ProducerConnections"]
+
+_wait_writable: Callable[[socket.socket], Any] = getattr(
+    anyio, "wait_writable", anyio.wait_socket_writable
+)
+
+
+class NotRead(ConnectionLost):
+    """The connection closed after nsqd refused a publish ahead of this one: nsqd stopped
+    reading there, so this one was never read (not stored): safe to send again, and it does
+    not count against the publish's retries (another publish's refusal is not its fault)."""
+
+
+class Call:
+    """One publish waiting for its answer (one per call, reused by its failover attempts).
+
+    ``waker`` is what the publishing task parks on: an asyncio future, or a trio task; an
+    answer that comes before the task parked is kept in ``result`` (``done``). ``orphan`` is
+    set when the caller stopped waiting (cancelled): the answer is still matched to this
+    request, then reported to the observer.
+    """
+
+    __slots__ = ("count", "deadline", "done", "orphan", "result", "start", "topic", "waker")
+
+    def __init__(self, topic: str, count: int, start: float, deadline: float) -> None:
+        self.topic = topic
+        self.count = count
+        self.start = start
+        self.deadline = deadline
+        self.waker: Any = None
+        self.done = False
+        self.result: BaseException | None = None
+        self.orphan = False
+
+    def abort(self, _: object) -> Any:
+        """trio: the parked caller is cancelled. Its answer still comes, matched to it."""
+        self.waker = None
+        self.orphan = True
+        import trio  # only trio calls this, so it is imported already
+
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+class Node:
+    """One nsqd and its (at most one) connection."""
+
+    def __init__(self, host: str, port: int, log: ConnectionLogger) -> None:
+        self.host = host
+        self.port = port
+        self.address = format_address(host, port)
+        self.log = log
+        self.proto: ClientConnection | None = None
+        self.stream: anyio.abc.ByteStream | None = None
+        self.ready = False
+        #: Bumped for every connection attempt: a finished attempt only tears down its own.
+        self.generation = 0
+        self.down_generation = -1  # the last attempt torn down (teardown happens once)
+        self.reader_fd: int | None = None  # asyncio: the descriptor the loop watches for us
+        self.connecting: anyio.Event | None = None
+        self.scope: anyio.CancelScope | None = None
+        self.pending: dict[int, Call] = {}
+        self.wake = anyio.Event()
+        self.wake_set = False
+        #: Plain TCP: the socket, written directly (no task switch); bytes the kernel did not
+        #: take wait in ``out`` for the writer task. None with TLS: the writer task sends.
+        self.sock: socket.socket | None = None
+        self.sock_owned = False  # ``sock`` is our duplicate of the stream's descriptor
+        self.out = bytearray()
+        self.flush_scheduled = False
+        self.last_error: str | None = None
+        #: The last attempt's error when it was a configuration error (a refused IDENTIFY).
+        self.config_error: IdentifyRejected | None = None
+        self.down_until = 0.0
+        self.connects = 0
+        self.published = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+
+class ProducerConnections:
+    """The producer's connections (a base class of ``Producer``)."""
+
+    # What they use of the producer (set by Producer.__init__ and __aenter__):
+    _config: Config
+    _options: TransportOptions
+    _identify: Any
+    _closed: bool
+    _tg: anyio.abc.TaskGroup | None
+    _loop: Any
+    _timer_started: bool
+    _wait_readable: Callable[[socket.socket], Any]
+
+    if TYPE_CHECKING:
+
+        async def _timer(self) -> None: ...
+
+        def _resolve(self, call: Call, error: BaseException | None) -> None: ...
+
+        def _write_now(self, node: Node, proto: ClientConnection) -> None: ...
+
+    # --- connections ---------------------------------------------------------------------------
+
+    async def _ensure(self, node: Node) -> ClientConnection:
+        while True:
+            if node.ready and node.proto is not None:
+                return node.proto
+            if node.connecting is None:
+                node.connecting = anyio.Event()
+                node.config_error = None
+                node.generation += 1
+                assert self._tg is not None
+                self._tg.start_soon(self._connection, node, node.generation)
+            event = node.connecting
+            await event.wait()
+            if not node.ready:
+                if node.config_error is not None:
+                    raise node.config_error
+                raise ConnectionLost(f"{node.address}: {node.last_error or 'connect failed'}")
+
+    async def _connection(self, node: Node, generation: int) -> None:
+        options = self._options
+        scope = node.scope = anyio.CancelScope()
+        stream: anyio.abc.ByteStream | None = None
+        error: NSQError | None = None
+        try:
+            with scope:
+                try:
+                    with anyio.fail_after(options.connect_timeout + 5):
+                        stream, proto = await self._handshake(node)
+                except TimeoutError:
+                    raise ConnectionLost("handshake timed out") from None
+                node.stream = stream
+                node.proto = proto
+                node.out.clear()
+                node.flush_scheduled = False
+                node.sock, node.sock_owned = plain_socket(stream)
+                if self._loop is not None and node.sock is not None:
+                    # asyncio, plain TCP: the loop calls _on_readable; _disconnect stops it.
+                    try:
+                        fd = node.sock.fileno()
+                        self._loop.add_reader(fd, self._on_readable, node, proto, generation)
+                        node.reader_fd = fd
+                    except NotImplementedError:  # a loop without readiness callbacks
+                        if node.sock_owned:
+                            node.sock.close()
+                        node.sock = None  # the stream, a reader and a writer task do it all
+                node.ready = True
+                node.connects += 1
+                if node.connects > 1:
+                    node.log.info("reconnected")
+                node.last_error = None
+                node.down_until = 0.0
+                if node.connecting is not None:
+                    node.connecting.set()
+                    node.connecting = None
+                if not self._timer_started:
+                    self._timer_started = True
+                    assert self._tg is not None
+                    self._tg.start_soon(self._timer)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._writer, node, stream, proto)
+                    if node.reader_fd is not None:
+                        await anyio.sleep_forever()
+                    await self._reader(node, stream, proto, generation)
+                    tg.cancel_scope.cancel()
+        except (*SOCKET_ERRORS, NSQError) as exc:
+            error = exc if isinstance(exc, NSQError) else ConnectionLost(str(exc))
+        finally:
+            if error is not None and node.generation == generation:
+                node.log.warning("connection lost: %s", error)
+            self._disconnect(node, error or ConnectionLost("connection closed"), generation)
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.aclose_forcefully(stream)
+
+    async def _handshake(self, node: Node) -> tuple[anyio.abc.ByteStream, ClientConnection]:
+        options = self._options
+        stream: anyio.abc.ByteStream = await connect(node.host, node.port, options.connect_timeout)
+        proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
+        try:
+            await stream.send(proto.data_to_send())
+            while True:
+                try:
+                    data = await stream.receive(READ_SIZE)
+                except anyio.EndOfStream:
+                    data = b""
+                for event in proto.receive_data(data, monotonic()):
+                    if isinstance(event, TLSUpgradeRequired):
+                        stream = await start_tls(
+                            stream,
+                            options.ssl_context(),
+                            options.tls.server_hostname(node.host),
+                            event.trailing_data,
+                            options.connect_timeout,
+                        )
+                        proto.tls_established()
+                    elif isinstance(event, ConnectionReady):
+                        out = proto.data_to_send()
+                        if out:
+                            await stream.send(out)
+                        return stream, proto
+                    elif isinstance(event, ConnectionClosed):
+                        raise event.error or ConnectionLost("closed during the handshake")
+                out = proto.data_to_send()
+                if out:
+                    await stream.send(out)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.aclose_forcefully(stream)
+            raise
+
+    async def _reader(
+        self,
+        node: Node,
+        stream: anyio.abc.ByteStream,
+        proto: ClientConnection,
+        generation: int,
+    ) -> None:
+        """Read until the connection closes (TLS, or trio: a task reading the stream)."""
+        sock = node.sock
+        if sock is not None and self._wait_readable is not None:
+            await self._read_socket(node, sock, proto, generation)
+            return
+        receive = stream.receive
+        while True:
+            try:
+                data = await receive(READ_SIZE)
+            except anyio.EndOfStream:
+                data = b""
+            if self._feed(node, proto, generation, data):
+                return
+
+    async def _read_socket(
+        self, node: Node, sock: socket.socket, proto: ClientConnection, generation: int
+    ) -> None:
+        """trio, plain TCP: wait for the socket to be readable, then read it (no failed read
+        first, none of the stream's layers)."""
+        wait_readable = self._wait_readable
+        recv = sock.recv
+        while True:
+            await wait_readable(sock)
+            try:
+                data = recv(READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                raise ConnectionLost(str(exc)) from exc
+            if self._feed(node, proto, generation, data):
+                return
+
+    def _on_readable(self, node: Node, proto: ClientConnection, generation: int) -> None:
+        """asyncio, plain TCP: the loop calls this when the socket is readable (no reader
+        task, no per-read future: answers resolve their publishes straight from here)."""
+        sock = node.sock
+        if sock is None or node.generation != generation:
+            return
+        try:
+            data = sock.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            node.log.warning("connection lost: %s", exc)
+            self._disconnect(node, ConnectionLost(str(exc)), generation)
+            return
+        self._feed(node, proto, generation, data)
+
+    def _feed(self, node: Node, proto: ClientConnection, generation: int, data: bytes) -> bool:
+        """Hand ``data`` to the core and each answer to its publish; True once closed."""
+        node.bytes_in += len(data)
+        pending = node.pending
+        answer_heartbeat = False
+        for event in proto.receive_data(data, monotonic()):
+            if type(event) is PublishAcknowledged:
+                call = pending.pop(event.request_id, None)
+                if call is not None:
+                    self._resolve(call, None)
+            elif isinstance(event, PublishFailed):
+                call = pending.pop(event.request_id, None)
+                if call is not None:
+                    node.log.warning("publish to %r refused: %s", call.topic, event.error)
+                    self._resolve(call, event.error)
+            elif isinstance(event, ConnectionClosed):
+                # Mark the node gone before any woken caller runs, so the next publish
+                # reconnects (or fails over) instead of writing to a closed connection.
+                error = event.error or ConnectionLost("nsqd closed the connection")
+                node.log.warning("connection lost: %s", error)
+                self._disconnect(node, error, generation)
+                return True
+            elif type(event) is Heartbeat:
+                answer_heartbeat = True
+        if answer_heartbeat:  # the core queued a NOP
+            if node.sock is not None:
+                self._write_now(node, proto)
+            elif not node.wake_set:
+                node.wake_set = True
+                node.wake.set()
+        return False
+
+    async def _writer(
+        self, node: Node, stream: anyio.abc.ByteStream, proto: ClientConnection
+    ) -> None:
+        sock = node.sock
+        while True:
+            if not node.wake_set:
+                await node.wake.wait()
+            node.wake = anyio.Event()
+            node.wake_set = False
+            node.flush_scheduled = False
+            if sock is None:  # TLS: the stream encrypts
+                data = proto.data_to_send()
+                if data:
+                    await stream.send(data)
+                    node.bytes_out += len(data)
+                continue
+            if not node.out:
+                self._write_now(node, proto)
+            while node.out:  # the kernel's buffer was full: wait until it takes more
+                await _wait_writable(sock)
+                try:
+                    sent = sock.send(node.out)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                del node.out[:sent]
+
+    def _disconnect(self, node: Node, error: NSQError, generation: int) -> None:
+        """Tear down connection attempt ``generation`` of ``node`` (not a newer one) and fail
+        what was waiting on it."""
+        if node.generation != generation or node.down_generation == generation:
+            return
+        node.down_generation = generation
+        node.ready = False
+        if node.reader_fd is not None:
+            self._loop.remove_reader(node.reader_fd)
+            node.reader_fd = None
+        if node.sock is not None:
+            if node.sock_owned:
+                node.sock.close()
+            node.sock = None
+        node.out.clear()
+        if node.proto is not None:
+            node.proto.close()
+            node.proto = None
+        if isinstance(error, IdentifyRejected):
+            node.config_error = error
+        elif not isinstance(error, ConnectionLost | ServerError):
+            error = ConnectionLost(str(error))
+        node.last_error = str(error)
+        if not self._closed:
+            node.down_until = monotonic() + 1.0
+        if node.pending:
+            lost = (
+                error
+                if isinstance(error, ConnectionLost)
+                else NotRead(f"{node.address} closed after refusing a publish: {error}")
+                if isinstance(error, ServerError)
+                else ConnectionLost(str(error))
+            )
+            calls = list(node.pending.values())
+            node.pending.clear()
+            for call in calls:
+                self._resolve(call, lost)
+        if node.connecting is not None:
+            node.connecting.set()
+            node.connecting = None
+        if node.scope is not None:
+            node.scope.cancel()
+            node.scope = None

@@ -1,0 +1,364 @@
+"""The blocking producer's IO thread: the :class:`~transports.sync._loop.IOLoop` callbacks.
+
+:class:`ProducerIOThread` is a part of :class:`~transports.sync.producer.Producer` (its base
+class) and runs on the IO thread, under the producer's ``_io_lock``: a connection made, data
+read (answers matched to their publishes), TLS established, a connection lost (its unanswered
+publishes sent again elsewhere), the writes that wait, and the timers (reconnects, publishes
+past their deadline, connections callers read).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import ssl
+import threading
+from collections import deque
+from typing import TYPE_CHECKING
+
+from nsq_sansio.backoff import reconnect_delay
+from nsq_sansio.config import Config
+from nsq_sansio.connection import ConnectionState
+from nsq_sansio.errors import (
+    ConnectionLost,
+    IdentifyRejected,
+    NSQError,
+    ServerError,
+)
+from nsq_sansio.events import (
+    ConnectionClosed,
+    ConnectionReady,
+    PublishAcknowledged,
+    PublishFailed,
+    TLSUpgradeRequired,
+)
+from transports._common import READ_SIZE, TransportOptions
+
+from ._loop import IOLoop, Link
+from ._producer_records import Node, Request, Wire
+from .publish_future import NoNSQDAvailable
+
+__all__ = ["ProducerIOThread"]
+
+_log = logging.getLogger("nsq_sansio.sync.producer")
+
+
+class ProducerIOThread:
+    """The producer's IO-thread side (a base class of ``Producer``)."""
+
+    # What it uses of the producer (set by Producer.__init__):
+    _config: Config
+    _options: TransportOptions
+    _ssl_context: ssl.SSLContext | None
+    _nodes: list[Node]
+    _io_lock: threading.RLock
+    _loop: IOLoop
+    _rng: random.Random
+    _waiting: deque[Request]
+    _closing: bool
+    _published: int
+    _retried: int
+    _expiry_check: float | None
+    _expiry_tick: float
+    _direct_check: float | None
+
+    if TYPE_CHECKING:
+
+        def _complete(self, request: Request, error: BaseException | None) -> None: ...
+
+        def _fail_request(self, request: Request, error: BaseException) -> None: ...
+
+        def _connect(self, node: Node) -> None: ...
+
+        def _dispatch(self, request: Request) -> None: ...
+
+        def _retire(self, wire: Wire) -> None: ...
+
+        def _enter_direct(self, node: Node, wire: Wire) -> None: ...
+
+        def _check_direct(self, now: float) -> None: ...
+
+    def _node_of(self, link: Link) -> Node:
+        node = link.key
+        assert isinstance(node, Node)
+        return node
+
+    def on_connected(self, link: Link, now: float) -> None:
+        pass  # the connection's magic and IDENTIFY are flushed by the loop
+
+    def on_data(self, link: Link, data: bytes, now: float) -> None:
+        with self._io_lock:
+            self._on_data(link, data, now)
+
+    def _on_data(self, link: Link, data: bytes, now: float) -> None:
+        node = self._node_of(link)
+        if node.link is not link or node.conn is None:
+            return
+        for event in node.conn.receive_data(data, now):
+            if type(event) is PublishAcknowledged:
+                request = node.inflight.pop(event.request_id, None)
+                if request is not None and not request._done:
+                    node.published += 1
+                    self._published += 1
+                    self._complete(request, None)
+            elif isinstance(event, PublishFailed):
+                request = node.inflight.pop(event.request_id, None)
+                node.failed += 1
+                if request is not None:
+                    node.log.warning(
+                        "%s to %r refused: %s", request.kind, request.topic, event.error
+                    )
+                    self._fail_request(request, event.error)
+            elif isinstance(event, ConnectionReady):
+                node.ready = True
+                node.ready_by = None
+                node.failures = 0
+                node.last_error = None
+                node.log.debug("connected")
+                if not link.tls:
+                    node.wire = self._make_wire(link)
+                self._drain_waiting()
+            elif isinstance(event, TLSUpgradeRequired):
+                assert self._ssl_context is not None
+                self._loop.start_tls(
+                    link,
+                    self._ssl_context,
+                    self._options.tls.server_hostname(node.host),
+                    event.trailing_data,
+                )
+            elif isinstance(event, ConnectionClosed):
+                self._on_closed(node, event.error, now)
+        wire = node.wire
+        if wire is not None and wire.want_direct and not wire.direct and not wire.retired:
+            self._enter_direct(node, wire)
+
+    def _make_wire(self, link: Link) -> Wire | None:
+        """Plain TCP: a duplicate of the socket for callers to read and write directly."""
+        sock = link.sock
+        if sock is None:
+            return None
+        try:
+            dup = socket.socket(sock.family, sock.type, sock.proto, fileno=os.dup(sock.fileno()))
+        except OSError:
+            return None
+        dup.setblocking(False)
+        return Wire(dup)
+
+    def on_tls_established(self, link: Link, now: float) -> None:
+        with self._io_lock:
+            self._on_tls_established(link, now)
+
+    def _on_tls_established(self, link: Link, now: float) -> None:
+        node = self._node_of(link)
+        if node.conn is not None and node.link is link:
+            node.conn.tls_established()
+
+    def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+        with self._io_lock:
+            self._on_link_error(link, error, now)
+
+    def _on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+        node = self._node_of(link)
+        if node.link is not link and not node.connecting:
+            return
+        wire = node.wire
+        if wire is not None and not wire.retired:
+            # A write failed (nsqd closed the socket): what nsqd sent before it is still
+            # readable. Its answers (and the error that made nsqd close) must be matched
+            # first, or publishes nsqd stored would be sent again.
+            if wire.leader is not None:
+                # The caller reading it gets there and reports it (or, leaving first, has
+                # the IO thread finish this).
+                node.ready = False
+                if wire.broken is None:
+                    wire.broken = error
+                return
+            self._read_leftovers(node, wire, link, now)
+            if node.link is not link:
+                return  # what was read closed it (nsqd's error frame)
+        if node.conn is not None and node.conn.state is not ConnectionState.CLOSED:
+            # The socket failed under the connection: let the core report what was pending.
+            for event in node.conn.receive_data(b"", now):
+                if isinstance(event, ConnectionClosed):
+                    self._on_closed(node, ConnectionLost(f"{type(error).__name__}: {error}"), now)
+                    return
+        self._on_closed(node, ConnectionLost(f"{type(error).__name__}: {error}"), now)
+
+    def _read_leftovers(self, node: Node, wire: Wire, link: Link, now: float) -> None:
+        """IO thread: feed what is left in the socket's receive buffer to the core."""
+        while node.link is link and node.conn is not None:
+            try:
+                data = wire.sock.recv(READ_SIZE)
+            except OSError:
+                return
+            if not data:
+                return
+            self._on_data(link, data, now)
+
+    def _on_closed(self, node: Node, error: NSQError | None, now: float) -> None:
+        if node.wire is not None:
+            self._retire(node.wire)  # wakes a caller reading or writing it
+            node.wire = None
+        if node.link is not None:
+            self._loop.close_link(node.link)
+        node.link = None
+        node.conn = None
+        node.ready = False
+        node.ready_by = None
+        if self._closing:
+            return
+        if isinstance(error, IdentifyRejected):
+            # The configuration's fault: reconnecting cannot help, so nothing retries it.
+            # Publishes waiting for a connection fail with it; a later publish tries again.
+            node.config_error = error
+            node.last_error = str(error)
+            node.retry_at = float("inf")
+            node.log.error("%s", error)
+            waiting, self._waiting = self._waiting, deque()
+            for request in waiting:
+                self._fail_request(request, error)
+            orphans = list(node.inflight.values())
+            node.inflight.clear()
+            for request in orphans:
+                self._fail_request(request, error)
+            return
+        node.failures += 1
+        node.last_error = str(error) if error is not None else "closed"
+        node.retry_at = now + reconnect_delay(
+            node.failures,
+            self._config.reconnect_delay,
+            self._config.max_reconnect_delay,
+            self._config.reconnect_jitter,
+            self._rng,
+        )
+        node.log.warning(
+            "connection lost (%s); %d publishes to retry elsewhere; reconnect in %.1fs",
+            node.last_error,
+            len(node.inflight),
+            node.retry_at - now,
+        )
+        orphans = list(node.inflight.values())
+        node.inflight.clear()
+        node.out_pending.clear()
+        not_read = isinstance(error, ServerError)
+        for request in orphans:
+            request.node = None
+            self._retried += 1
+            if not_read:
+                # nsqd closed the connection after refusing a publish ahead of this one and
+                # never read this one: resending it is not a retry it should pay for.
+                request.attempts -= 1
+                if request.tried is not None:
+                    request.tried.discard(node.address)
+            self._dispatch(request)
+
+    def _drain_waiting(self) -> None:
+        waiting = self._waiting
+        self._waiting = deque()
+        for request in waiting:
+            self._dispatch(request)
+
+    def write_pending(self) -> None:
+        with self._io_lock:
+            for node in self._nodes:
+                wire = node.wire
+                if (
+                    node.conn is not None
+                    and node.link is not None
+                    and (wire is None or not wire.sending)
+                ):
+                    if node.out_pending:
+                        self._loop.write(node.link, bytes(node.out_pending))
+                        node.out_pending.clear()
+                        if node.conn is None or node.link is None:
+                            continue  # the write failed and tore the connection down
+                    data = node.conn.data_to_send()
+                    if data:
+                        self._loop.write(node.link, data)
+
+    def next_deadline(self) -> float | None:
+        with self._io_lock:
+            return self._next_deadline()
+
+    def _next_deadline(self) -> float | None:
+        deadlines: list[float] = []
+        for node in self._nodes:
+            if node.conn is not None:
+                deadline = node.conn.next_deadline()
+                if deadline is not None:
+                    deadlines.append(deadline)
+                if node.ready_by is not None:
+                    deadlines.append(node.ready_by)
+            elif not self._closing and node.config_error is None:
+                deadlines.append(node.retry_at)
+        if self._waiting:
+            deadlines.append(min(r.deadline for r in self._waiting))
+        if self._expiry_check is not None:
+            deadlines.append(self._expiry_check)
+        if self._direct_check is not None:
+            deadlines.append(self._direct_check)
+        return min(deadlines) if deadlines else None
+
+    def handle_timer(self, now: float) -> None:
+        with self._io_lock:
+            self._handle_timer(now)
+
+    def _handle_timer(self, now: float) -> None:
+        for node in self._nodes:
+            if node.conn is not None:
+                if node.ready_by is not None and now >= node.ready_by:
+                    node.ready_by = None
+                    self._on_closed(
+                        node,
+                        ConnectionLost(
+                            f"no answer to IDENTIFY within {self._config.connect_timeout:g}s"
+                        ),
+                        now,
+                    )
+                    continue
+                for event in node.conn.handle_timer(now):
+                    if isinstance(event, ConnectionClosed):
+                        self._on_closed(node, event.error, now)
+            elif now >= node.retry_at and not self._closing:
+                self._connect(node)
+        if self._waiting:
+            keep: deque[Request] = deque()
+            for request in self._waiting:
+                if now >= request.deadline:
+                    self._fail_request(
+                        request,
+                        NoNSQDAvailable(
+                            f"{request.kind} to {request.topic!r}: no nsqd available "
+                            f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
+                        ),
+                    )
+                elif not request._done:
+                    keep.append(request)
+            self._waiting = keep
+        if self._expiry_check is not None and now >= self._expiry_check:
+            self._expire_inflight(now)
+        if self._direct_check is not None and now >= self._direct_check:
+            self._check_direct(now)
+
+    def _expire_inflight(self, now: float) -> None:
+        """Fail publishes unanswered past their deadline. They stay known to the core, which
+        matches nsqd's late answer to them (and it is dropped): one periodic scan, not a timer
+        per publish."""
+        busy = False
+        for node in self._nodes:
+            if not node.inflight:
+                continue
+            expired = [rid for rid, r in node.inflight.items() if now >= r.deadline]
+            for request_id in expired:
+                request = node.inflight.pop(request_id)
+                self._fail_request(
+                    request,
+                    TimeoutError(
+                        f"{request.kind} to {request.topic!r}: no answer from {node.address} "
+                        f"within {request.deadline - request.start:g}s"
+                    ),
+                )
+            busy = busy or bool(node.inflight)
+        self._expiry_check = now + self._expiry_tick if busy else None
