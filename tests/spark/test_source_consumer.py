@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from transports.spark import ReadOptions
+from transports.spark import NSQOptionError, ReadOptions
 from transports.spark._source import SourceConsumer
 
 from .helpers import channel_stats, create_channel, publish, wait_for
@@ -118,3 +119,36 @@ def test_prefetched_messages_held_too_long_go_back_to_nsqd() -> None:
             assert stats["depth"] == 0 and stats["requeue_count"] == 10
         finally:
             consumer.close()
+
+
+def test_collector_threshold_raised_while_a_source_runs_and_put_back(
+    nsqd_pair: list[Any],
+) -> None:
+    """A source holds whole batches (two tracked objects per message): while one runs, the
+    collector's first threshold is at least gc_threshold, and the last source to close puts
+    the thresholds back; gc_threshold=0 leaves the collector alone."""
+    server = nsqd_pair[0]
+    create_channel(server, "gcsrc", "c")
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        first = _consumer(topic="gcsrc", nsqd=server.tcp_address)
+        second = _consumer(topic="gcsrc", nsqd=server.tcp_address, gc_threshold="20000")
+        untouched = _consumer(topic="gcsrc", nsqd=server.tcp_address, gc_threshold="0")
+        untouched.start()
+        assert gc.get_threshold() == (700, 10, 10)
+        first.start()
+        assert gc.get_threshold() == (50_000, 10, 10)
+        second.start()  # the first one's setting holds until both are closed
+        assert gc.get_threshold() == (50_000, 10, 10)
+        first.close()
+        assert gc.get_threshold() == (50_000, 10, 10)
+        first.close()  # closing twice releases once
+        second.close()
+        assert gc.get_threshold() == (700, 10, 10)
+        untouched.close()
+        assert gc.get_threshold() == (700, 10, 10)
+        with pytest.raises(NSQOptionError, match="gc_threshold"):
+            ReadOptions.parse({"topic": "t", "channel": "c", "nsqd": "a:1", "gc_threshold": "-1"})
+    finally:
+        gc.set_threshold(*before)

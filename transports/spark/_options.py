@@ -53,6 +53,7 @@ _READ = {
     "touch_interval",
     "lookupd_poll_interval",
     "partitions",
+    "gc_threshold",
 }
 
 
@@ -274,6 +275,7 @@ class ReadOptions(_Common):
     touch_interval: float | None = None
     lookupd_poll_interval: float = 60.0
     partitions: int = 1
+    gc_threshold: int = 50_000
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -306,6 +308,7 @@ class ReadOptions(_Common):
             touch_interval=None if touch is None else _float(opts, "touch_interval", 10, 0.1, 3600),
             lookupd_poll_interval=_float(opts, "lookupd_poll_interval", 60.0, 0.1, 300.0),
             partitions=_int(opts, "partitions", 1, 1, 10_000),
+            gc_threshold=_int(opts, "gc_threshold", 50_000, 0, 100_000_000),
         )
         result.check_client_options(**result._consumer_settings(max_in_flight))
         return result

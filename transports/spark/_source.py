@@ -35,6 +35,7 @@ from nsq_sansio.consumer import ConnectionUp, Disconnected, LookupdFailed
 from nsq_sansio.errors import NSQError
 from transports.sync import Consumer, Message
 
+from . import _collector
 from ._options import ReadOptions
 
 __all__ = ["MAX_CONSUMERS", "SourceConsumer", "consumers_needed"]
@@ -90,6 +91,7 @@ class SourceConsumer:
         self._prefetch_count = 0  # what the running prefetch asked for
         self._stop = threading.Event()
         self._toucher: threading.Thread | None = None
+        self._collector_raised = False
         self.touches = 0
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -98,6 +100,8 @@ class SourceConsumer:
         """Start the first consumer; with nsqd addresses, raise :class:`NSQError` when none
         of them could be subscribed to within ``connect_timeout``."""
         options = self.options
+        if not self._collector_raised:  # see _collector: batches held in flight
+            self._collector_raised = _collector.raise_threshold(options.gc_threshold)
         self._consumers.append(self._new_consumer(0, options.max_in_flight))
         deadline = time.monotonic() + options.connect_timeout
         with self._changed:
@@ -142,6 +146,9 @@ class SourceConsumer:
         self._ready = []
         if self._toucher is not None and self._toucher is not threading.current_thread():
             self._toucher.join(5.0)
+        if self._collector_raised:
+            self._collector_raised = False
+            _collector.restore_threshold()
 
     # --- taking and answering ----------------------------------------------------------------
 
