@@ -26,10 +26,10 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from operator import attrgetter, methodcaller
+from itertools import groupby
+from operator import attrgetter
 
 from nsq_sansio.consumer import ConnectionUp, Disconnected, LookupdFailed
 from nsq_sansio.errors import NSQError
@@ -52,7 +52,7 @@ _MIN_WAIT = 0.01
 
 
 _taken_back = attrgetter("taken_back")
-_finish = methodcaller("finish")
+_owner = attrgetter("_consumer")  # the Consumer that delivered a Message
 
 
 def consumers_needed(max_in_flight: int, max_rdy_count: int) -> int:
@@ -228,7 +228,9 @@ class SourceConsumer:
         with self._lock:
             self._held.difference_update(messages)
         gone: int = sum(map(_taken_back, messages))
-        deque(map(_finish, messages), maxlen=0)  # one FIN each, no Python loop around it
+        # One post per consumer (a batch holds runs of each consumer's fetch), not one each.
+        for consumer, run in groupby(messages, _owner):
+            consumer.finish_many(list(run))
         return len(messages) - gone
 
     def connected(self) -> list[str]:

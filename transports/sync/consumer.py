@@ -35,8 +35,10 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from itertools import filterfalse, repeat
+from operator import attrgetter, is_
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -64,6 +66,9 @@ __all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message"]
 _log = logging.getLogger("nsq_sansio.sync.consumer")
 
 _T = TypeVar("_T")
+
+_answered = attrgetter("answered")
+_owner = attrgetter("_consumer")
 
 
 #: ``on_event`` receives the coordinator's reports (ConnectionUp, Disconnected, GiveUp,
@@ -406,6 +411,50 @@ class Consumer(ConsumerIOThread):
         if not messages and self._failure is not None:
             self._raise_failure()
         return messages
+
+    # --- answering many ------------------------------------------------------------------------
+
+    def finish_many(self, messages: Iterable[Message]) -> int:
+        """FIN every message of ``messages`` not answered yet, in order: the same as calling
+        ``finish()`` on each (answered ones are skipped, one given twice is FIN'd once, one
+        that came too late gets :attr:`Message.taken_back` and a ``TakenBack`` report), but
+        handed to the IO thread in one post and one wake-up, whatever the number of messages
+        and connections. Returns how many this call answered (those ``finish()`` would have
+        returned True for). Never blocks. Every message must come from this consumer: else
+        LocalProtocolError (TypeError for something that is not a message) and nothing is
+        answered."""
+        # dict.fromkeys keeps the order and drops repeats (messages hash by identity).
+        given = messages if type(messages) is list else list(messages)
+        try:
+            fresh = list(dict.fromkeys(filterfalse(_answered, given)))
+            mine = all(map(is_, map(type, fresh), repeat(Message))) and all(
+                map(is_, map(_owner, fresh), repeat(self))
+            )
+        except AttributeError:
+            mine = False
+        if not mine:
+            self._refuse_foreign(given)
+            fresh = list(dict.fromkeys(filterfalse(_answered, given)))  # a Message subclass
+        if not fresh:
+            return 0
+        for message in fresh:
+            message.answered = True
+        self._posted.extend(fresh)  # bare messages are FINs (see message.py)
+        loop = self._loop
+        if not loop._wake_pending:
+            loop.wake()
+        return len(fresh)
+
+    def _refuse_foreign(self, messages: list[Message]) -> None:
+        """Raise for the first of ``messages`` that is not a message of this consumer."""
+        for message in messages:
+            if not isinstance(message, Message):
+                raise TypeError(f"finish_many() takes Messages, got {message!r}")
+            if message._consumer is not self:
+                raise LocalProtocolError(
+                    f"finish_many(): {message!r} was delivered by another consumer, not by "
+                    f"this one ({self.topic}/{self.channel}); nothing was answered"
+                )
 
     # --- introspection ------------------------------------------------------------------------
 
