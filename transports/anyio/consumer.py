@@ -22,11 +22,11 @@ import logging
 import math
 import random
 import signal
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from itertools import repeat
-from operator import is_
+from itertools import filterfalse, repeat
+from operator import attrgetter, is_
 from time import monotonic
 from types import TracebackType
 from typing import Any
@@ -71,6 +71,11 @@ from .message import Message
 __all__ = ["Consumer", "KeepaliveExpired", "Message", "drain_on_signals"]
 
 _log = logging.getLogger("nsq_sansio.anyio.consumer")
+
+_answered = attrgetter("answered")
+_owner = attrgetter("_consumer")
+_delivery_of = attrgetter("_delivery")
+_conn_id_of = attrgetter("conn_id")
 
 #: How often the pump calls handle_timer while the core reports a deadline already handled.
 _STALE_DEADLINE_POLL = 0.05
@@ -441,6 +446,60 @@ class Consumer(ConsumerConnections):
         if result.reason is FetchEnd.FAILED and self._failure is not None:
             self._raise_failure()
         return [Message(self, d) for d in result.messages]
+
+    # --- answering many ------------------------------------------------------------------------
+
+    def finish_many_nowait(self, messages: Iterable[Message]) -> int:
+        """FIN every message of ``messages`` not answered yet, in order: the same as
+        ``finish_nowait()`` on each (answered ones are skipped, one given twice is FIN'd once,
+        one no longer ours is reported as ``TakenBack`` and not sent) in one call to the core,
+        whatever the number of messages and connections. Returns how many were FIN'd (those
+        ``finish_nowait()`` would have returned True for). Every message must come from this
+        consumer: else LocalProtocolError (TypeError for something that is not a message)
+        and nothing is answered."""
+        given = messages if type(messages) is list else list(messages)
+        try:
+            fresh = list(dict.fromkeys(filterfalse(_answered, given)))
+            mine = all(map(is_, map(type, fresh), repeat(Message))) and all(
+                map(is_, map(_owner, fresh), repeat(self))
+            )
+        except AttributeError:
+            mine = False
+        if not mine:
+            self._refuse_foreign(given)
+            fresh = list(dict.fromkeys(filterfalse(_answered, given)))  # a Message subclass
+        if not fresh:
+            return 0
+        deliveries = list(map(_delivery_of, fresh))
+        refused: list[Deliver] = []
+        done = self._coord.finish_many(deliveries, monotonic(), refused=refused)
+        for message in fresh:
+            message.answered = True
+        self._kick()
+        if refused:
+            late = set(map(id, refused))
+            deliveries = [d for d in deliveries if id(d) not in late]
+        conns = self._conns
+        for conn_id, count in Counter(map(_conn_id_of, deliveries)).items():
+            conn = conns.get(conn_id)
+            if conn is not None:
+                conn.finished += count
+        return done
+
+    async def finish_many(self, messages: Iterable[Message]) -> int:
+        """FIN many messages at once: see :meth:`finish_many_nowait`."""
+        return self.finish_many_nowait(messages)
+
+    def _refuse_foreign(self, messages: list[Message]) -> None:
+        """Raise for the first of ``messages`` that is not a message of this consumer."""
+        for message in messages:
+            if not isinstance(message, Message):
+                raise TypeError(f"finish_many() takes Messages, got {message!r}")
+            if message._consumer is not self:
+                raise LocalProtocolError(
+                    f"finish_many(): {message!r} was delivered by another consumer, not by "
+                    f"this one ({self.topic}/{self.channel}); nothing was answered"
+                )
 
     # --- signals -------------------------------------------------------------------------------
 
