@@ -45,7 +45,14 @@ class RdyDistribution(RdyBound):
             wanted = max(0, min(self._fetches.outstanding, budget - sum(live)))
             caps = [max(0, link.max_rdy - n) for link, n in zip(links, live, strict=True)]
             allocs = pull_shares(
-                links, wanted, now, exclude, caps, self._config.low_rdy_idle_timeout, self._rng
+                links,
+                wanted,
+                now,
+                exclude,
+                caps,
+                self._config.low_rdy_idle_timeout,
+                self._rng,
+                live,
             )
             self._alloc_total = sum(allocs)
             if 0 in allocs and self._fetches.waiting and self._rotate_at is None:

@@ -77,6 +77,7 @@ class Link:
         "proto",
         "pull_seq",
         "queue",
+        "raised_at",
         "rdy",
         "rdy_at",
         "rdy_refresh",
@@ -130,6 +131,9 @@ class Link:
         #: nothing while a fetch waited (not active again until it delivers; the links that
         #: ran dry longest ago are tried first). -inf: never.
         self.dry_at = -math.inf
+        #: When RDY was last raised (pull mode: RDY left unused a settle time after this and
+        #: after the last message means nsqd has nothing more to send).
+        self.raised_at = -math.inf
         #: Pull mode: which link delivered last (ties of ``last_message_at`` in one read).
         self.pull_seq = 0
         #: No message held here reaches its deadline before this (a lower bound, lowered by

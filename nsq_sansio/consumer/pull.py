@@ -12,6 +12,7 @@ answered by the timer; a lost connection's messages leave the requests that gath
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from itertools import repeat
 
 from ..errors import LocalProtocolError
@@ -80,25 +81,41 @@ class PullMode(RdyDistribution):
         The request stops waiting, and whatever it had gathered (even an answer still queued
         in :meth:`take_actions`) goes back to the front of the hold buffer for the next fetch,
         so a cancelled fetch never swallows messages. Unknown or finished ids are ignored."""
-        gathered: list[Deliver] = []
         for request in self._fetches.waiting:
             if request.request_id == request_id:
                 self._fetches.remove(request)
-                gathered = request.messages
-                break
-        else:
-            for index, action in enumerate(self._actions):
-                if isinstance(action, FetchResult) and action.request_id == request_id:
-                    del self._actions[index]
-                    gathered = list(action.messages)
-                    for delivery in gathered:
-                        link = self._links.get(delivery.conn_id)
-                        if link is not None:
-                            link.seen.discard(delivery.id)
-                    break
+                self._hold_again(request.messages, now)
+                return
+        for index, action in enumerate(self._actions):
+            if isinstance(action, FetchResult) and action.request_id == request_id:
+                del self._actions[index]
+                self.give_back(action.messages, now)
+                return
+        if self._state is ConsumerState.RUNNING:
+            self._rebalance(now)
+
+    def give_back(self, deliveries: Sequence[Deliver], now: float) -> None:
+        """A fetch answer the caller never saw (cancelled just as it was answered): its
+        messages go back to the front of the hold buffer for the next fetch, as those of a
+        request cancelled while waiting do, not back to nsqd (which would count another
+        attempt). Messages no longer ours are skipped; once the consumer is draining or
+        closed they are requeued (REQ 0) instead."""
+        for delivery in deliveries:
+            link = self._links.get(delivery.conn_id)
+            if link is not None:
+                link.seen.discard(delivery.id)
+        if self._state is ConsumerState.RUNNING:
+            self._hold_again(deliveries, now)
+            return
+        for delivery in deliveries:
+            link = self._current(delivery)
+            if link is not None:
+                self._requeue_now(link, delivery)
+
+    def _hold_again(self, deliveries: Sequence[Deliver], now: float) -> None:
         hold_until = now + self._config.pull_hold_timeout
         buffer = self._fetches.buffer
-        for delivery in reversed(gathered):
+        for delivery in reversed(deliveries):
             if self._current(delivery) is not None:
                 buffer.appendleft((hold_until, delivery))
         if self._state is ConsumerState.RUNNING:

@@ -75,8 +75,10 @@ class RdyBound(CoordinatorState):
             link.rdy_refresh = True
         self._rdy_due.add(link.conn_id)
         self._dirty.add(link.conn_id)
-        if count and not link.rdy:
-            link.rdy_at = now
+        if count > link.rdy:
+            link.raised_at = now
+            if not link.rdy:
+                link.rdy_at = now
         elif count < link.rdy:
             link.settle_at = now + link.settle_delay
         self._total_rdy += count - link.rdy

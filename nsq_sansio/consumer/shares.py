@@ -31,11 +31,12 @@ def pull_shares(
     caps: list[int],
     idle_timeout: float,
     rng: random.Random,
+    live: Sequence[int] = (),
 ) -> list[int]:
     """Pull mode: spread the outstanding fetch budget (``wanted``) over ``links``.
 
-    Links that delivered within ``low_rdy_idle_timeout`` (and did not run dry since, see
-    ``Link.dry_at``) are *active*: they get the
+    Links that delivered within ``low_rdy_idle_timeout`` and did not run dry since (see
+    :func:`_delivering`) are *active*: they get the
     budget, while every idle link keeps a probe of 1 (so messages that show up on any
     nsqd are still found; a probe that delivers makes its link active). With no active
     link (or all of them active) the budget is spread evenly. With fewer RDY than links,
@@ -50,8 +51,8 @@ def pull_shares(
     active = [
         i
         for i in usable
-        if links[i].last_message_at > max(recent_after, links[i].dry_at)
-        and links[i].conn_id not in exclude
+        if links[i].conn_id not in exclude
+        and _delivering(links[i], live[i] if live else 0, now, recent_after)
     ]
     active.sort(key=lambda i: (links[i].last_message_at, links[i].pull_seq), reverse=True)
     if wanted < len(usable):
@@ -118,6 +119,18 @@ def pick_holders(
     for i in chosen:
         shares[i] = 1
     return shares
+
+
+def _delivering(link: Link, live: int, now: float, recent_after: float) -> bool:
+    """Pull mode's *active*: delivered since ``recent_after`` and has not run dry since:
+    neither passed its RDY on (``dry_at``) nor left RDY unused (nsqd's RDY above the ``live``
+    messages in flight there) for a settle time after its last message or raise, which
+    means nsqd had nothing more to send there."""
+    last = link.last_message_at
+    if last <= recent_after or last <= link.dry_at:
+        return False
+    quiet = now - (last if last > link.raised_at else link.raised_at)
+    return not (link.wire_rdy > live and quiet >= link.settle_delay)
 
 
 def _dry_at(links: list[Link]) -> Callable[[int], float]:

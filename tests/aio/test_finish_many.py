@@ -51,8 +51,7 @@ async def test_finish_many_fins_a_batch_from_several_connections_once_each(
     nsqd = [server.tcp_address for server in servers]
     async with Consumer(topic, "c", nsqd=nsqd, pull=True, max_in_flight=200) as consumer:
         with anyio.fail_after(20):
-            # Both connections up first (a fetch asked before the second one is subscribed
-            # waits its timeout for that connection's share: seen here, not this test's topic).
+            # Both connections up first, so each broker's FIN count is this test's alone.
             while sum(conn.connected for conn in consumer.stats().connections) < 2:
                 await anyio.sleep(0.01)
             held = await _fetch(consumer, 200)

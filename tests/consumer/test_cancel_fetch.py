@@ -53,6 +53,35 @@ def test_cancelling_after_the_answer_was_queued_returns_its_messages() -> None:
     assert len({d.id for d in w.results[-1].messages}) == 2
 
 
+def test_an_answer_the_caller_never_saw_goes_to_the_next_fetch_not_to_nsqd() -> None:
+    """A fetch cancelled just as its answer reached the transport (the answer is out of
+    take_actions already): give_back puts its messages at the front of the hold buffer, so
+    the next fetch gets them as they were (attempt 1), with no REQ; while draining, they are
+    requeued at once instead."""
+    w = World(1, Config(max_in_flight=10, pull_hold_timeout=5.0), pull=True)
+    w.start()
+    c = w.coordinator
+    c.fetch(2, w.now, expires=30.0)
+    w.publish(0, 3)
+    (unseen,) = w.results
+    assert unseen.reason is FetchEnd.FILLED
+    c.give_back(unseen.messages, w.now)
+    w.pump()
+    c.fetch(3, w.now, expires=30.0)
+    w.pump()
+    again = w.results[-1]
+    assert again.reason is FetchEnd.FILLED
+    assert [d.id for d in again.messages[:2]] == [d.id for d in unseen.messages]
+    assert all(d.message.attempts == 1 for d in again.messages)
+    assert not w.lines(b"REQ ")
+    c.drain(w.now)  # the consumer drains; nobody saw those either
+    w.pump()
+    c.give_back(again.messages, w.now)
+    w.pump()
+    assert len(w.lines(b"REQ ")) == 3  # back to nsqd at once, not left to time out
+    assert w.server_in_flight() == 0 and w.server_depth() == 3
+
+
 def test_many_cancelled_fetches_do_not_use_up_the_waiting_bound() -> None:
     w = World(1, Config(max_in_flight=10, max_waiting_fetches=4), pull=True)
     w.start()

@@ -17,7 +17,7 @@ from nsq_sansio.consumer import (
 from nsq_sansio.errors import LocalProtocolError
 from nsq_sansio.pull import FetchEnd
 
-from .harness import World
+from .harness import TOPIC, World
 
 
 def test_drain_requeues_unseen_waits_for_held_then_cls_and_close() -> None:
@@ -359,4 +359,34 @@ def test_fetch_one_finds_messages_that_show_up_on_an_idle_nsqd_within_a_second(s
         c.finish(message, w.now)
         w.pump()
     assert w.server_depth() == 0 and w.server_in_flight() == 0
+    assert not w.over_budget
+
+
+def test_a_fetch_asked_before_the_second_nsqd_joined_is_filled_within_a_second() -> None:
+    """max_in_flight 200, fetch(200): only node 0 is up and takes the whole share, sends its
+    100 and has nothing more; node 1 comes up with 100. Node 0 delivered a moment ago, so it
+    counted as active and kept half of what was still asked at every rebalance while it had
+    nothing to send: the share moved to node 1 by halves, one settle time (0.25 s) each,
+    2.25 s in all (5 s per step on the anyio transport, whose timer missed the settle times).
+    A connection that leaves RDY unused for a settle time after its last message is dry, not
+    active: it keeps a probe and the rest goes to node 1 at once."""
+    w = World(2, Config(max_in_flight=200), pull=True)
+    w.kill(1)
+    w.start()
+    c = w.coordinator
+    c.fetch(200, w.now, expires=10.0)
+    w.publish(0, 100)
+    w.nodes[w.addresses[1]].publish(TOPIC, b"x" * 100, w.now)  # queued before it is reachable
+    for _ in range(99):
+        w.nodes[w.addresses[1]].publish(TOPIC, b"x", w.now)
+    w.revive(1)
+    while len(c._subscribed()) < 2:  # reconnected after reconnect_delay
+        w.advance(0.01)
+    assert not w.results
+    t0 = w.now
+    while not w.results and w.now - t0 < 10.0:
+        w.advance(0.01)
+    (result,) = w.results
+    assert result.reason is FetchEnd.FILLED and len(result.messages) == 200
+    assert w.now - t0 <= 1.0, w.now - t0
     assert not w.over_budget

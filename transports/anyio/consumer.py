@@ -438,8 +438,12 @@ class Consumer(ConsumerConnections):
                 if not self._closed:
                     self._dispatch()
                     self._kick()
+            elif not self._closed:
+                # Answered, but the caller never saw it: the messages go to the next fetch.
+                self._coord.give_back(slot[1].messages, monotonic())
+                self._dispatch()
+                self._kick()
             else:
-                # Answered, but the caller never saw it: give the messages back to nsqd.
                 self._requeue_all(slot[1].messages)
             raise
         result: FetchResult = slot[1]
@@ -663,7 +667,6 @@ class Consumer(ConsumerConnections):
         delivered = 0
         if actions:
             inbox = self._inbox
-            other = False
             if all(map(is_, map(type, actions), repeat(Deliver))):  # a read of messages only
                 inbox.extend(actions)  # type: ignore[arg-type]
                 delivered = len(actions)
@@ -673,20 +676,23 @@ class Consumer(ConsumerConnections):
                         inbox.append(action)
                         delivered += 1
                     else:
-                        other = True
                         self._act(action)
             if delivered and self._waiters:
                 self._wake_one()
-            if other:
-                deadline = coord.next_deadline()
-                if deadline is not None and deadline < self._pump_target:
-                    self._kick()
         conns = self._conns
         for conn_id, data in coord.pending_data():
             conn = conns.get(conn_id)
             if conn is not None and not conn.closing:
                 conn.out.append(data)
                 conn.wake.set()
+        # What the core did (and wrote: a lowered RDY starts its settle time when it is
+        # written) may have brought its next deadline forward, with or without an action: a
+        # settle time, a pull request's aging, a held message's deadline. The pump sleeps
+        # until the deadline it last saw: wake it.
+        if self._pump_target > -math.inf:
+            deadline = coord.next_deadline()
+            if deadline is not None and deadline < self._pump_target:
+                self._kick()
         return delivered
 
     def _act(self, action: object) -> None:
