@@ -171,9 +171,14 @@ class RdyDistribution(RdyBound):
                 )
             ):
                 released.add(link.conn_id)
-                link.target = 0
-                if self._pull:
-                    self._alloc_total -= link.alloc
-                    link.alloc = 0
-                self._send_rdy(link, 0, now)
+                self._take_rdy_away(link, now)
         self._rebalance(now, frozenset(released))
+
+    def _take_rdy_away(self, link: Link, now: float) -> None:
+        """``link`` gives its scarce RDY up (and in pull mode its share of the fetches); the
+        caller rebalances with it excluded, so the RDY goes to another connection."""
+        link.target = 0
+        if self._pull:
+            self._alloc_total -= link.alloc
+            link.alloc = 0
+        self._send_rdy(link, 0, now)

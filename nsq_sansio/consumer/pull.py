@@ -200,10 +200,7 @@ class PullMode(RdyDistribution):
             if due <= now:
                 released.add(link.conn_id)
                 link.dry_at = now
-                link.target = 0
-                self._alloc_total -= link.alloc
-                link.alloc = 0
-                self._send_rdy(link, 0, now)
+                self._take_rdy_away(link, now)
             elif soonest is None or due < soonest:
                 soonest = due
         if released:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..rdy import even_shares
 from .link import Link
@@ -31,14 +31,14 @@ def pull_shares(
     caps: list[int],
     idle_timeout: float,
     rng: random.Random,
-    live: Sequence[int] = (),
+    live: Sequence[int],
 ) -> list[int]:
     """Pull mode: spread the outstanding fetch budget (``wanted``) over ``links``.
 
     Links that delivered within ``low_rdy_idle_timeout`` and did not run dry since (see
-    :func:`_delivering`) are *active*: they get the
-    budget, while every idle link keeps a probe of 1 (so messages that show up on any
-    nsqd are still found; a probe that delivers makes its link active). With no active
+    :func:`_delivering`) are *active*: they get the budget, while every idle link keeps a
+    probe of 1 (so messages that show up on any nsqd are still found; a probe that delivers
+    makes its link active). With no active
     link (or all of them active) the budget is spread evenly. With fewer RDY than links,
     active links come first, most recent first. The caller rebalances as soon as a link
     has used up its share, so budget parked on an empty nsqd moves to the busy one at once.
@@ -51,8 +51,7 @@ def pull_shares(
     active = [
         i
         for i in usable
-        if links[i].conn_id not in exclude
-        and _delivering(links[i], live[i] if live else 0, now, recent_after)
+        if links[i].conn_id not in exclude and _delivering(links[i], live[i], now, recent_after)
     ]
     active.sort(key=lambda i: (links[i].last_message_at, links[i].pull_seq), reverse=True)
     if wanted < len(usable):
@@ -114,7 +113,9 @@ def pick_holders(
         chosen = held + rng.sample(free, need)
     else:  # pull mode passed RDY on from some: never dry ones first, then the longest dry
         picked = rng.sample(fresh, min(len(fresh), need))
-        dry = sorted((i for i in free if links[i].dry_at != -math.inf), key=_dry_at(links))
+        dry = sorted(
+            (i for i in free if links[i].dry_at != -math.inf), key=lambda i: links[i].dry_at
+        )
         chosen = held + picked + dry[: need - len(picked)]
     for i in chosen:
         shares[i] = 1
@@ -131,7 +132,3 @@ def _delivering(link: Link, live: int, now: float, recent_after: float) -> bool:
         return False
     quiet = now - (last if last > link.raised_at else link.raised_at)
     return not (link.wire_rdy > live and quiet >= link.settle_delay)
-
-
-def _dry_at(links: list[Link]) -> Callable[[int], float]:
-    return lambda i: links[i].dry_at

@@ -10,13 +10,21 @@ The properties read one slot and one tuple field, as fast as when each class had
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from itertools import filterfalse, repeat
+from operator import attrgetter, is_
+from typing import Any, TypeVar
 
 from nsq_sansio.consumer import Deliver
 from nsq_sansio.discovery import NSQDAddress
+from nsq_sansio.errors import LocalProtocolError
 
-__all__ = ["KeepaliveExpired", "MessageBase"]
+__all__ = ["KeepaliveExpired", "MessageBase", "unanswered_of"]
+
+M = TypeVar("M", bound="MessageBase")
+_answered = attrgetter("answered")
+_owner = attrgetter("_consumer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +106,28 @@ class MessageBase:
             f"<Message id={self.id.decode(errors='replace')} attempts={self.attempts} "
             f"from={self.nsqd_address} body={len(self.body)}B>"
         )
+
+
+def unanswered_of(consumer: Any, message_type: type[M], messages: Iterable[M]) -> list[M]:
+    """``finish_many``'s selection: the messages not answered yet, in order, each once
+    (messages hash by identity). Every one must be a ``message_type`` delivered by
+    ``consumer``: else TypeError / LocalProtocolError, before anything is answered."""
+    given = messages if type(messages) is list else list(messages)
+    try:
+        fresh = list(dict.fromkeys(filterfalse(_answered, given)))
+        mine = all(map(is_, map(type, fresh), repeat(message_type))) and all(
+            map(is_, map(_owner, fresh), repeat(consumer))
+        )
+    except AttributeError:
+        mine = False
+    if mine:
+        return fresh
+    for message in given:
+        if not isinstance(message, message_type):
+            raise TypeError(f"finish_many() takes Messages, got {message!r}")
+        if message._consumer is not consumer:
+            raise LocalProtocolError(
+                f"finish_many(): {message!r} was delivered by another consumer, not by "
+                f"this one ({consumer.topic}/{consumer.channel}); nothing was answered"
+            )
+    return list(dict.fromkeys(filterfalse(_answered, given)))  # a Message subclass

@@ -25,7 +25,7 @@ import signal
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from itertools import filterfalse, repeat
+from itertools import repeat
 from operator import attrgetter, is_
 from time import monotonic
 from types import TracebackType
@@ -63,7 +63,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.message import KeepaliveExpired
+from transports._common.message import KeepaliveExpired, unanswered_of
 
 from ._consumer_io import Conn, ConsumerConnections
 from .message import Message
@@ -72,8 +72,6 @@ __all__ = ["Consumer", "KeepaliveExpired", "Message", "drain_on_signals"]
 
 _log = logging.getLogger("nsq_sansio.anyio.consumer")
 
-_answered = attrgetter("answered")
-_owner = attrgetter("_consumer")
 _delivery_of = attrgetter("_delivery")
 _conn_id_of = attrgetter("conn_id")
 
@@ -461,17 +459,7 @@ class Consumer(ConsumerConnections):
         ``finish_nowait()`` would have returned True for). Every message must come from this
         consumer: else LocalProtocolError (TypeError for something that is not a message)
         and nothing is answered."""
-        given = messages if type(messages) is list else list(messages)
-        try:
-            fresh = list(dict.fromkeys(filterfalse(_answered, given)))
-            mine = all(map(is_, map(type, fresh), repeat(Message))) and all(
-                map(is_, map(_owner, fresh), repeat(self))
-            )
-        except AttributeError:
-            mine = False
-        if not mine:
-            self._refuse_foreign(given)
-            fresh = list(dict.fromkeys(filterfalse(_answered, given)))  # a Message subclass
+        fresh = unanswered_of(self, Message, messages)
         if not fresh:
             return 0
         deliveries = list(map(_delivery_of, fresh))
@@ -493,17 +481,6 @@ class Consumer(ConsumerConnections):
     async def finish_many(self, messages: Iterable[Message]) -> int:
         """FIN many messages at once: see :meth:`finish_many_nowait`."""
         return self.finish_many_nowait(messages)
-
-    def _refuse_foreign(self, messages: list[Message]) -> None:
-        """Raise for the first of ``messages`` that is not a message of this consumer."""
-        for message in messages:
-            if not isinstance(message, Message):
-                raise TypeError(f"finish_many() takes Messages, got {message!r}")
-            if message._consumer is not self:
-                raise LocalProtocolError(
-                    f"finish_many(): {message!r} was delivered by another consumer, not by "
-                    f"this one ({self.topic}/{self.channel}); nothing was answered"
-                )
 
     # --- signals -------------------------------------------------------------------------------
 

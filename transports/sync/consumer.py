@@ -37,8 +37,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from itertools import filterfalse, repeat
-from operator import attrgetter, is_
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -55,7 +53,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.message import KeepaliveExpired
+from transports._common.message import KeepaliveExpired, unanswered_of
 
 from ._consumer_io import ConsumerIOThread, Keepalive
 from ._loop import IOLoop, Link
@@ -67,8 +65,6 @@ _log = logging.getLogger("nsq_sansio.sync.consumer")
 
 _T = TypeVar("_T")
 
-_answered = attrgetter("answered")
-_owner = attrgetter("_consumer")
 
 
 #: ``on_event`` receives the coordinator's reports (ConnectionUp, Disconnected, GiveUp,
@@ -423,18 +419,7 @@ class Consumer(ConsumerIOThread):
         returned True for). Never blocks. Every message must come from this consumer: else
         LocalProtocolError (TypeError for something that is not a message) and nothing is
         answered."""
-        # dict.fromkeys keeps the order and drops repeats (messages hash by identity).
-        given = messages if type(messages) is list else list(messages)
-        try:
-            fresh = list(dict.fromkeys(filterfalse(_answered, given)))
-            mine = all(map(is_, map(type, fresh), repeat(Message))) and all(
-                map(is_, map(_owner, fresh), repeat(self))
-            )
-        except AttributeError:
-            mine = False
-        if not mine:
-            self._refuse_foreign(given)
-            fresh = list(dict.fromkeys(filterfalse(_answered, given)))  # a Message subclass
+        fresh = unanswered_of(self, Message, messages)
         if not fresh:
             return 0
         for message in fresh:
@@ -444,17 +429,6 @@ class Consumer(ConsumerIOThread):
         if not loop._wake_pending:
             loop.wake()
         return len(fresh)
-
-    def _refuse_foreign(self, messages: list[Message]) -> None:
-        """Raise for the first of ``messages`` that is not a message of this consumer."""
-        for message in messages:
-            if not isinstance(message, Message):
-                raise TypeError(f"finish_many() takes Messages, got {message!r}")
-            if message._consumer is not self:
-                raise LocalProtocolError(
-                    f"finish_many(): {message!r} was delivered by another consumer, not by "
-                    f"this one ({self.topic}/{self.channel}); nothing was answered"
-                )
 
     # --- introspection ------------------------------------------------------------------------
 
