@@ -30,6 +30,14 @@ def _source(spark: Any, servers: list[Any], topic: str, channel: str, **options:
     return reader.load()
 
 
+def _publish_to_channel(servers: list[Any], topic: str, channel: str, bodies: list[bytes]) -> None:
+    """Publish ``bodies`` once ``channel`` exists (a warm-up message, consumed), so that the
+    channel gets every one of them."""
+    publish(servers, topic, [b"warmup"])
+    drain(servers, topic, channel, idle=0.3)
+    publish(servers, topic, bodies)
+
+
 def _in_flight(servers: list[Any], topic: str, channel: str) -> int:
     return sum(int(channel_stats(s, topic, channel).get("in_flight_count", 0)) for s in servers)
 
@@ -43,10 +51,7 @@ def test_available_now_reads_exactly_the_published_set(
 ) -> None:
     topic, channel = "stream_exact", "spark"
     bodies = [b"msg-%05d" % i for i in range(3000)]
-    # the channel must exist before publishing so that it gets every message
-    publish(nsqd_pair, topic, [b"warmup"])
-    drain(nsqd_pair, topic, channel, idle=0.3)
-    publish(nsqd_pair, topic, bodies)
+    _publish_to_channel(nsqd_pair, topic, channel, bodies)
 
     df = _source(
         spark,
@@ -89,9 +94,7 @@ def test_available_now_stops_once_a_batch_did_not_fill(
     # linger-long look, not after the 60 s wait_timeout of an empty trigger.
     topic, channel = "stream_dry", "spark"
     bodies = [b"dry-%04d" % i for i in range(500)]
-    publish(nsqd_pair, topic, [b"warmup"])
-    drain(nsqd_pair, topic, channel, idle=0.3)
-    publish(nsqd_pair, topic, bodies)
+    _publish_to_channel(nsqd_pair, topic, channel, bodies)
     df = _source(
         spark,
         nsqd_pair,
@@ -123,10 +126,8 @@ def test_idle_stream_fins_its_last_batch_and_touches_held_messages(
     from pyspark.sql import DataFrame
 
     topic, channel = "stream_idle", "spark"
-    publish(nsqd_pair[:1], topic, [b"warmup"])
-    drain(nsqd_pair[:1], topic, channel, idle=0.3)
     bodies = [b"idle-%03d" % i for i in range(60)]
-    publish(nsqd_pair[:1], topic, bodies)
+    _publish_to_channel(nsqd_pair[:1], topic, channel, bodies)
     seen: list[tuple[str, int]] = []
 
     def slow(batch: DataFrame, batch_id: int) -> None:
@@ -169,10 +170,8 @@ def test_restart_after_a_batch_that_was_not_committed(
     from pyspark.sql import DataFrame
 
     topic, channel = "stream_restart", "spark"
-    publish(nsqd_pair, topic, [b"warmup"])
-    drain(nsqd_pair, topic, channel, idle=0.3)
     bodies = [b"r-%04d" % i for i in range(1000)]
-    publish(nsqd_pair, topic, bodies)
+    _publish_to_channel(nsqd_pair, topic, channel, bodies)
     checkpoint = str(tmp_path / "ckpt")
     first: dict[int, list[bytes]] = {}
 
@@ -230,10 +229,8 @@ def test_restart_after_commit_but_before_fin_reads_nothing_again(
     from pyspark.sql import DataFrame
 
     topic, channel = "stream_stopped", "spark"
-    publish(nsqd_pair[:1], topic, [b"warmup"])
-    drain(nsqd_pair[:1], topic, channel, idle=0.3)
     bodies = [b"s-%03d" % i for i in range(100)]
-    publish(nsqd_pair[:1], topic, bodies)
+    _publish_to_channel(nsqd_pair[:1], topic, channel, bodies)
     checkpoint = str(tmp_path / "ckpt")
     runs: list[list[bytes]] = [[], []]
 
@@ -311,10 +308,8 @@ def test_two_queries_on_one_channel_share_the_work(
     from pyspark.sql import DataFrame
 
     topic, channel = "stream_shared", "spark"
-    publish(nsqd_pair, topic, [b"warmup"])
-    drain(nsqd_pair, topic, channel, idle=0.3)
     bodies = [b"sh-%04d" % i for i in range(1200)]
-    publish(nsqd_pair, topic, bodies)
+    _publish_to_channel(nsqd_pair, topic, channel, bodies)
     sinks: list[list[bytes]] = [[], []]
 
     def sink(index: int) -> Any:

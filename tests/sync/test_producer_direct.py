@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -175,6 +176,21 @@ def test_answers_reach_their_callers_under_many_threads_embedded(
 # --- deadlines, whoever reads ---------------------------------------------------------------
 
 
+def recording_publisher(
+    p: Producer, topic: str, results: dict[str, BaseException | None]
+) -> Callable[[str, float], None]:
+    """publish(name, timeout): PUB ``name`` and record None or the error under ``name``."""
+
+    def publish(name: str, timeout: float) -> None:
+        try:
+            p.publish(topic, name.encode(), timeout=timeout)
+            results[name] = None
+        except Exception as exc:
+            results[name] = exc
+
+    return publish
+
+
 @needs_real
 @pytest.mark.usefixtures("callers_keep_reading")
 def test_a_waiting_callers_deadline_while_another_thread_reads_real() -> None:
@@ -183,13 +199,7 @@ def test_a_waiting_callers_deadline_while_another_thread_reads_real() -> None:
         with Producer(nsqd.tcp_address, timeout=30) as p:
             enter_direct(p, topic)
             results: dict[str, BaseException | None] = {}
-
-            def publish(name: str, timeout: float) -> None:
-                try:
-                    p.publish(topic, name.encode(), timeout=timeout)
-                    results[name] = None
-                except Exception as exc:
-                    results[name] = exc
+            publish = recording_publisher(p, topic, results)
 
             with paused(nsqd):
                 reader = threading.Thread(target=publish, args=("reader", 10.0))
@@ -216,13 +226,7 @@ def test_a_reading_callers_deadline_hands_the_read_role_over_real() -> None:
         with Producer(nsqd.tcp_address, timeout=30) as p:
             enter_direct(p, topic)
             results: dict[str, BaseException | None] = {}
-
-            def publish(name: str, timeout: float) -> None:
-                try:
-                    p.publish(topic, name.encode(), timeout=timeout)
-                    results[name] = None
-                except Exception as exc:
-                    results[name] = exc
+            publish = recording_publisher(p, topic, results)
 
             with paused(nsqd):
                 reader = threading.Thread(target=publish, args=("reader", 0.5))
