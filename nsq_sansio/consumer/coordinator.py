@@ -95,17 +95,8 @@ class ConsumerCoordinator(Answers):
             # Python loop: the decoder built the handles; the read's list is the actions and
             # the tracking.
             self._actions += deliveries
-            queue = link.queue  # tracked from here, by position (see Link)
-            if not queue:
-                link.queue = deliveries
-            else:
-                if link.head:
-                    del queue[: link.head]
-                    link.head = 0
-                queue += deliveries
+            link.track_read(deliveries, now)  # tracked from here, by position (see Link)
             self.received += count
-            link.remaining -= count
-            link.last_message_at = now
             self._after_messages(link, now)
             return
         # Mixed reads (a heartbeat, a message sent again, one over max_attempts), one by one.

@@ -175,6 +175,20 @@ class Link:
             self.head = 0
         return self.held
 
+    def track_read(self, deliveries: list[Deliver], now: float) -> None:
+        """A read of fresh messages (the decoder's new list, kept as is when the queue is
+        empty): tracked by position, counted against RDY, noted as the last delivery."""
+        queue = self.queue
+        if not queue:
+            self.queue = deliveries
+        else:
+            if self.head:
+                del queue[: self.head]
+                self.head = 0
+            queue += deliveries
+        self.remaining -= len(deliveries)
+        self.last_message_at = now
+
     def held_count(self) -> int:
         """``len(self.tracked)``, without moving the queue."""
         return len(self.held) + len(self.queue) - self.head

@@ -124,18 +124,8 @@ class PullMode(RdyDistribution):
     def _pull_receive(self, link: Link, deliveries: list[Deliver], now: float) -> None:
         """A read of fresh messages in pull mode (the checks are the caller's): tracked by
         position as in push mode, then handed to the waiting fetches as one batch."""
-        count = len(deliveries)
-        queue = link.queue
-        if not queue:
-            link.queue = deliveries  # a new list, the decoder's, not kept elsewhere
-        else:
-            if link.head:
-                del queue[: link.head]
-                link.head = 0
-            queue += deliveries
-        self.received += count
-        link.remaining -= count
-        link.last_message_at = now
+        link.track_read(deliveries, now)
+        self.received += len(deliveries)
         self._on_pull_messages(link, deliveries, now)
 
     def _on_pull_messages(self, link: Link, deliveries: list[Deliver], now: float) -> None:
