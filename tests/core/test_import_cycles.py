@@ -14,17 +14,10 @@ import ast
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import pytest
-
 import nsq_sansio
 import transports
 
 ROOTS = (Path(nsq_sansio.__file__).parent, Path(transports.__file__).parent)
-
-#: Cycles known and scheduled to go, each as the set of its modules (none left: issue 14 split
-#: the coordinator and pull mode apart). A new entry needs a reason and a plan to remove it.
-ALLOWED: set[frozenset[str]] = set()
-
 
 def _module_name(root: Path, path: Path) -> str:
     parts = [root.name, *path.relative_to(root).with_suffix("").parts]
@@ -142,20 +135,11 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles() -> None:
     graph = import_graph()
-    found = [c for c in components(graph) if frozenset(c) not in ALLOWED]
     report = [
         " -> ".join(_path_through(graph, c)) + f"  (all of: {', '.join(sorted(c))})"
-        for c in found
+        for c in components(graph)
     ]
     assert report == [], "import cycles:\n" + "\n".join(report)
-
-
-@pytest.mark.parametrize("allowed", sorted(ALLOWED, key=sorted), ids=lambda c: "+".join(sorted(c)))
-def test_allowed_cycles_still_exist(allowed: frozenset[str]) -> None:
-    """An allowed cycle that is gone comes off the list (so it cannot come back unnoticed);
-    with the list empty there is nothing to check (pytest reports an empty parameter set)."""
-    present = {frozenset(c) for c in components(import_graph())}
-    assert allowed in present
 
 
 def test_cycle_finder_reports_a_cycle_and_ignores_a_diamond() -> None:
