@@ -32,6 +32,10 @@ Rows (100-byte bodies by default):
 * ``mpub``: ``MPUB`` of 200 bodies, one at a time; Go's ``bench_writer`` (batch 200) as the
   ceiling.
 
+Each row also shows nsqd's own CPU time per message (user + system, read from ``/proc`` around
+the measurement) and how busy that kept one core at the row's rate: near 100%, nsqd itself, not
+the client, is what limits the row.
+
 nsqd runs with ``--mem-queue-size`` above the message count, so every message stays in memory
 and the clients, not nsqd's disk queue, are what is measured. Peers install with
 ``pip install -e '.[bench]'``; a peer that does not import is reported as skipped. Without the
@@ -914,6 +918,8 @@ class Result:
     max_rss_kb: int = 0
     error: str | None = None
     note: str = ""
+    #: nsqd's own CPU time (user + system) per message of this row, in seconds.
+    nsqd_cpu: float | None = None
 
 
 class StatsPoller:
@@ -1023,6 +1029,26 @@ def _check_published(poller: StatsPoller, count: int) -> str | None:
     return None
 
 
+def _cpu_seconds(pid: int | None) -> float | None:
+    """CPU time a process has used so far, summed over its threads (Linux's schedstat, in
+    nanoseconds; ``/proc/PID/stat``'s clock ticks are too coarse for a one-second row).
+    None where there is no ``/proc``."""
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
+
+
+def _per_message(cpu0: float | None, cpu1: float | None, count: int) -> float | None:
+    if cpu0 is None or cpu1 is None or count <= 0:
+        return None
+    return (cpu1 - cpu0) / count
+
+
 def _nsqd_args(count: int, extra: list[str]) -> list[str]:
     # Everything in memory (bench_writer publishes for a fixed time: room for ~2M messages).
     return [f"--mem-queue-size={max(count + 1000, 2_000_000)}", *extra]
@@ -1062,12 +1088,14 @@ def run_row(r: Row, args: argparse.Namespace, bin_dir: str | None) -> Result:
             cmd += ["--run-concurrency", str(args.run_concurrency)]
         env = dict(os.environ)
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        cpu0 = _cpu_seconds(nsqd.pid)  # nsqd is idle while the child starts and connects
         try:
             proc = subprocess.run(
                 cmd, capture_output=True, text=True, timeout=args.timeout, env=env
             )
         except subprocess.TimeoutExpired:
             return Result(r, error=f"timed out after {args.timeout:.0f}s")
+        cpu1 = _cpu_seconds(nsqd.pid)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode or not lines:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -1085,11 +1113,15 @@ def run_row(r: Row, args: argparse.Namespace, bin_dir: str | None) -> Result:
             poller.close()
         if problem:
             return Result(r, error=problem)
+        # Every message the child sent or took, not only the timed ones (consume rows time
+        # the middle 80%), is what nsqd spent its CPU on.
+        handled = count if r.group == "consume" else data["count"]
         return Result(
             r,
             rate=data["count"] / data["seconds"],
             seconds=data["seconds"],
             max_rss_kb=data["max_rss_kb"],
+            nsqd_cpu=_per_message(cpu0, cpu1, handled),
         )
 
 
@@ -1112,6 +1144,7 @@ def _run_bench_reader(r: Row, exe: str, nsqd: Any, count: int, args: argparse.Na
     )
     try:
         t0 = t1 = 0.0
+        cpu0 = cpu1 = None
         deadline = time.monotonic() + args.timeout
         depth0 = depth1 = 0
         edge = count // 10
@@ -1124,8 +1157,10 @@ def _run_bench_reader(r: Row, exe: str, nsqd: Any, count: int, args: argparse.Na
             depth = chan["depth"]
             if not t0 and depth <= count - edge:
                 t0, depth0 = now, depth
+                cpu0 = _cpu_seconds(nsqd.pid)
             if t0 and depth <= edge:
                 t1, depth1 = now, depth
+                cpu1 = _cpu_seconds(nsqd.pid)
                 break
             time.sleep(0.002)
         if not t1 or depth0 == depth1:
@@ -1144,7 +1179,13 @@ def _run_bench_reader(r: Row, exe: str, nsqd: Any, count: int, args: argparse.Na
             if stuck > 2 * MAX_IN_FLIGHT:
                 return Result(r, error=problem)
             note = f"{stuck} FINs never flushed by bench_reader"
-        return Result(r, rate=(depth0 - depth1) / (t1 - t0), seconds=t1 - t0, note=note)
+        return Result(
+            r,
+            rate=(depth0 - depth1) / (t1 - t0),
+            seconds=t1 - t0,
+            note=note,
+            nsqd_cpu=_per_message(cpu0, cpu1, depth0 - depth1),
+        )
     finally:
         proc.kill()
         proc.wait()
@@ -1152,6 +1193,7 @@ def _run_bench_reader(r: Row, exe: str, nsqd: Any, count: int, args: argparse.Na
 
 
 def _run_bench_writer(r: Row, exe: str, nsqd: Any, args: argparse.Namespace) -> Result:
+    cpu0 = _cpu_seconds(nsqd.pid)
     proc = subprocess.run(
         [
             exe,
@@ -1165,6 +1207,7 @@ def _run_bench_writer(r: Row, exe: str, nsqd: Any, args: argparse.Namespace) -> 
         text=True,
         timeout=args.timeout,
     )
+    cpu1 = _cpu_seconds(nsqd.pid)
     match = re.search(r"duration: (\S+) - .* - ([\d.]+)ops/s", proc.stderr + proc.stdout)
     if proc.returncode or match is None:
         return Result(r, error=f"bench_writer failed: {(proc.stderr or proc.stdout)[-300:]}")
@@ -1178,7 +1221,9 @@ def _run_bench_writer(r: Row, exe: str, nsqd: Any, args: argparse.Namespace) -> 
     claimed = float(match.group(2)) * seconds
     if not stored or abs(stored - claimed) > args.batch * 2:
         return Result(r, error=f"bench_writer claimed {claimed:.0f} messages, nsqd has {stored}")
-    return Result(r, rate=stored / seconds, seconds=seconds)
+    return Result(
+        r, rate=stored / seconds, seconds=seconds, nsqd_cpu=_per_message(cpu0, cpu1, stored)
+    )
 
 
 def _go_duration(text: str) -> float:
@@ -1223,24 +1268,32 @@ def _report(rows: list[Row], best: dict[str, Result], args: argparse.Namespace) 
         top = max(peers, key=lambda k: rates[k]) if peers else None
         n = args.pub1_count if group == "pub1" else args.count
         out(f"\n**{title}** ({n:,} messages of {args.body_size} bytes)\n")
-        out("| client | msgs/s | vs best Python peer | max RSS |")
-        out("| --- | ---: | ---: | ---: |")
+        out("| client | msgs/s | vs best Python peer | max RSS | nsqd CPU per msg | nsqd busy |")
+        out("| --- | ---: | ---: | ---: | ---: | ---: |")
         for r in members:
             res = best[r.key]
             if res.error:
-                out(f"| {r.label} | {res.error} | | |")
+                out(f"| {r.label} | {res.error} | | | | |")
                 continue
             ratio = f"{res.rate / rates[top]:.2f}x" if top else ""
             if r.key == top:
                 ratio = "1.00x (best peer)"
             rss = f"{res.max_rss_kb / 1024:.0f} MiB" if res.max_rss_kb else ""
             note = f" ({res.note})" if res.note else ""
-            out(f"| {r.label}{note} | {res.rate:,.0f} | {ratio} | {rss} |")
+            cpu = busy = ""
+            if res.nsqd_cpu is not None:
+                # busy: the share of one core nsqd used while taking this row's rate.
+                cpu = f"{res.nsqd_cpu * 1e6:.2f} us"
+                busy = f"{res.nsqd_cpu * res.rate:.0%}"
+            out(f"| {r.label}{note} | {res.rate:,.0f} | {ratio} | {rss} | {cpu} | {busy} |")
     out("")
     out("**Targets** (ratios from this run)\n")
     out("| target | measured | verdict |")
     out("| --- | ---: | --- |")
     for name, measured, goal in _targets(rates):
+        if not goal:  # a ratio worth seeing, with no target of its own
+            out(f"| {name} | {measured:.2f}x | (reported) |")
+            continue
         verdict = "ok" if measured >= goal else f"MISSED by {(1 - measured / goal) * 100:.0f}%"
         out(f"| {name} (>= {goal:g}x) | {measured:.2f}x | {verdict} |")
     return "\n".join(lines)
@@ -1292,7 +1345,7 @@ def _targets(rates: dict[str, float]) -> list[tuple[str, float, float]]:
     for rt in ("asyncio", "trio", "blocking"):
         ratio(f"PUB one by one {rt} / best peer", f"pub1/sansio-{rt}", p1, 1.3)
     for rt in ("asyncio", "trio", "blocking"):
-        # Informational: the share of the physical ceiling (no target, reported as >= 0).
+        # Informational: the share of the physical ceiling (no target: goal 0).
         ratio(f"PUB one by one {rt} / bare socket", f"pub1/sansio-{rt}", "pub1/bare-socket", 0.0)
     ratio("consume asyncio `async for` / Go", "consume/sansio-asyncio-iter", "consume/go", 0.6)
     ratio("consume blocking `for msg` / Go", "consume/sansio-blocking-iter", "consume/go", 0.75)
