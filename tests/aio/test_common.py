@@ -1,4 +1,4 @@
-"""transports/_common.py: the pieces every transport shares (no sockets here)."""
+"""transports/_common: the pieces every transport shares (no sockets here)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from nsq_sansio.config import Config
 from nsq_sansio.errors import ConfigError, ConnectionLost
 from transports._common import (
+    TOPICS_REMEMBERED,
     ConnectionLogger,
     HTTPPublishClient,
     HTTPPublishError,
@@ -19,6 +20,7 @@ from transports._common import (
     make_config,
     parse_address,
     parse_http_url,
+    remember_topic,
     split_options,
 )
 
@@ -112,3 +114,12 @@ def test_connection_logger_puts_the_address_in_each_record(
     assert first.getMessage() == "[127.0.0.1:4150] hello 1"
     assert getattr(first, "nsq_address", None) == "127.0.0.1:4150"
     assert getattr(second, "nsq_address", None) == "10.0.0.2:4150"
+
+
+def test_remember_topic_starts_again_when_full() -> None:
+    checked: set[str] = set()
+    for i in range(TOPICS_REMEMBERED):
+        remember_topic(checked, f"t{i}")
+    assert len(checked) == TOPICS_REMEMBERED
+    remember_topic(checked, "one more")
+    assert checked == {"one more"}

@@ -10,13 +10,18 @@ What only one API has (cancelling a task, a future's own deadline, memory under 
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
 from support.brokers import needs_real, running_nsqd, topic_count, unique
 from support.runtimes import Runtime, recorder
 
-from nsq_sansio.errors import BadMessage, IdentifyRejected
+import transports.anyio
+import transports.sync
+import transports.trio
+from nsq_sansio.errors import BadMessage, IdentifyRejected, InvalidName
+from transports._common import TOPICS_REMEMBERED, NoNSQDAvailable
 from transports.testing.real_nsq import RealNSQD
 
 pytestmark = pytest.mark.anyio
@@ -158,3 +163,36 @@ async def test_publish_observer_sees_every_request_once(runtime: Runtime) -> Non
     assert all(0 <= s < 10 for _, _, s, _ in seen)
     # Settable later as an attribute; None switches it off.
     p.client.publish_observer = None
+
+
+# --- one error class for "no nsqd took it", bounded topic memory --------------------------
+
+
+def _closed_port() -> str:
+    """A loopback address nothing listens on (bound once, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_no_nsqd_available_is_one_class_on_every_runtime(runtime: Runtime) -> None:
+    assert transports.sync.NoNSQDAvailable is transports.anyio.NoNSQDAvailable
+    assert transports.trio.NoNSQDAvailable is NoNSQDAvailable
+    address = _closed_port()
+    async with runtime.producer([address], connect_timeout=0.5, timeout=3) as p:
+        with pytest.raises(NoNSQDAvailable) as caught:
+            await p.publish(unique(), b"x")
+    assert address in str(caught.value)
+
+
+async def test_topic_names_remembered_stay_bounded(runtime: Runtime) -> None:
+    with running_nsqd() as (server, _):
+        async with runtime.producer(server.tcp_address) as p:
+            for i in range(TOPICS_REMEMBERED + 10):
+                await p.publish(f"many_{i}", b"x")
+            assert 0 < len(p.client._valid_topics) <= TOPICS_REMEMBERED
+            # a name forgotten is checked again, and a bad one is still refused
+            with pytest.raises(InvalidName):
+                await p.publish("bad name", b"x")
+            await p.publish("many_0", b"again")
+            assert p.stats().published == TOPICS_REMEMBERED + 11

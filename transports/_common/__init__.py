@@ -8,6 +8,8 @@
   :class:`ConnectionStats` snapshots.
 * :mod:`.connection_log`: :class:`ConnectionLogger`, the ``[host:port]`` on every log line.
 * :mod:`.http_publish`: nsqd's HTTP ``/pub`` and ``/mpub`` as bytes in and out over h11.
+* :mod:`.publishing`: :class:`NoNSQDAvailable` (one class for every runtime) and the bounded
+  set of checked topic names.
 
 This package re-exports their names, so ``from transports._common import TLSOptions`` keeps
 working. Nothing here opens a socket; ``build_ssl_context`` reads certificate files when
@@ -42,6 +44,7 @@ from .options import (
     make_config,
     split_options,
 )
+from .publishing import TOPICS_REMEMBERED, NoNSQDAvailable, remember_topic
 from .stats import ConnectionStats, ConsumerStats, ProducerStats
 from .tls import TLSOptions, build_ssl_context
 
@@ -52,11 +55,13 @@ __all__ = [
     "HTTPURL",
     "MAX_CONNECTIONS_PER_NSQD",
     "READ_SIZE",
+    "TOPICS_REMEMBERED",
     "ConnectionLogger",
     "ConnectionStats",
     "ConsumerStats",
     "HTTPPublishClient",
     "HTTPPublishError",
+    "NoNSQDAvailable",
     "ProducerStats",
     "PubResponse",
     "TLSOptions",
@@ -70,5 +75,6 @@ __all__ = [
     "parse_address",
     "parse_http_url",
     "parse_pub_response",
+    "remember_topic",
     "split_options",
 ]

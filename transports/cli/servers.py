@@ -22,6 +22,7 @@ from .common import flag, parse_duration
 
 __all__ = ["lookupd_main", "nsqd_main", "nsqd_options_from_args"]
 
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "t", "true", "yes", "on"):

@@ -651,7 +651,6 @@ class EmbeddedNSQD(ListenerAddresses):
             client.writer_done.set()
             client.drained.set()
 
-
     # -- HTTP -----------------------------------------------------------------------------------
 
     async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
@@ -696,7 +695,6 @@ class EmbeddedNSQD(ListenerAddresses):
             return error_response(err.status, err.code)
         self._after(events)
         return response
-
 
 
 def _tls_required_mode(value: bool | str) -> tuple[bool, bool]:

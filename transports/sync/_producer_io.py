@@ -330,7 +330,7 @@ class ProducerIOThread:
                     self._fail_request(
                         request,
                         NoNSQDAvailable(
-                            f"{request.kind} to {request.topic!r}: no nsqd available "
+                            message=f"{request.kind} to {request.topic!r}: no nsqd available "
                             f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
                         ),
                     )

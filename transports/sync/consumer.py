@@ -66,7 +66,6 @@ _log = logging.getLogger("nsq_sansio.sync.consumer")
 _T = TypeVar("_T")
 
 
-
 #: ``on_event`` receives the coordinator's reports (ConnectionUp, Disconnected, GiveUp,
 #: TakenBack, LookupdFailed) and KeepaliveExpired, on the IO thread: it must not block.
 EventCallback = Callable[[object], None]

@@ -72,6 +72,7 @@ from transports._common import (
     check_connections_per_nsqd,
     format_address,
     parse_address,
+    remember_topic,
     split_options,
 )
 from transports._common.arguments import check_seconds
@@ -233,7 +234,7 @@ class Producer(CallerReads, ProducerIOThread):
         """``PUB`` and wait for nsqd's OK; raises the server's error or a timeout."""
         if topic not in self._valid_topics or type(body) is not bytes or not body:
             encode_pub(topic, body)
-            self._valid_topics.add(topic)
+            remember_topic(self._valid_topics, topic)
         self._call("PUB", topic, body, timeout)
 
     def multi_publish(
@@ -259,7 +260,7 @@ class Producer(CallerReads, ProducerIOThread):
         # Validate here, in the caller's thread (cheaply: topics are remembered).
         if topic not in self._valid_topics or type(body) is not bytes or not body:
             encode_pub(topic, body)
-            self._valid_topics.add(topic)
+            remember_topic(self._valid_topics, topic)
         return self._submit("PUB", topic, body, timeout, False)[0]
 
     def multi_publish_async(
@@ -277,7 +278,7 @@ class Producer(CallerReads, ProducerIOThread):
         # which says what is wrong.
         if topic not in self._valid_topics:
             validate_topic(topic)
-            self._valid_topics.add(topic)
+            remember_topic(self._valid_topics, topic)
         plain = bool(bodies)
         for body in bodies:
             if type(body) is not bytes or not body:
@@ -587,8 +588,8 @@ class Producer(CallerReads, ProducerIOThread):
             self._fail_request(
                 request,
                 NoNSQDAvailable(
-                    f"{request.kind} to {request.topic!r}: sent {request.attempts} times, every "
-                    f"connection died before answering "
+                    message=f"{request.kind} to {request.topic!r}: sent {request.attempts} "
+                    f"times, every connection died before answering "
                     f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
                 ),
             )

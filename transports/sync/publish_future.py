@@ -1,5 +1,5 @@
-"""What a blocking publish returns: :class:`PublishFuture`, and the error when no nsqd took
-it, :class:`NoNSQDAvailable`.
+"""What a blocking publish returns: :class:`PublishFuture` (or, when no nsqd took it,
+raises :class:`~transports._common.NoNSQDAvailable`, the class every runtime raises).
 
 A light ``concurrent.futures.Future`` look-alike set once by the producer's IO thread (or by a
 caller reading its own answer); a lock to wait on is only made when someone waits.
@@ -13,15 +13,11 @@ from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable
 from typing import Any
 
-from nsq_sansio.errors import NSQError
+from transports._common import NoNSQDAvailable
 
 __all__ = ["FUTURE_LOCK", "NoNSQDAvailable", "PublishFuture", "PublishObserver"]
 
 _log = logging.getLogger("nsq_sansio.sync.producer")
-
-
-class NoNSQDAvailable(NSQError):
-    """No nsqd of the pool could take the publish before its deadline."""
 
 
 #: Guards the waiter lock and the callbacks of every future (held for a few lines only).
