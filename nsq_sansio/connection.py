@@ -25,6 +25,7 @@ from typing import Any
 from . import frames
 from .compression import Codec, DeflateCodec, SnappyCodec
 from .errors import (
+    CoalescedPublishRefused,
     CompressionError,
     ConnectionLost,
     IdentifyRejected,
@@ -77,6 +78,7 @@ class _Awaiting(Enum):
     SUB = 4
     PUBLISH = 5
     CLS = 6
+    PUBLISH_GROUP = 7  # PUBs coalesced into one MPUB: one answer for consecutive request ids
 
 
 _S = ConnectionState
@@ -92,6 +94,10 @@ _MESSAGE_STATES = frozenset({_S.SUBSCRIBED, _S.CLOSING})
 _PUB_HEADERS_KEPT = 256
 _MAX_BODY = 0x7FFFFFFF  # what a frame's size field can say (frames checks the same)
 _PUBLISH_AWAITING = _Awaiting.PUBLISH
+_GROUP_AWAITING = _Awaiting.PUBLISH_GROUP
+#: PUBs coalesced into one MPUB carry at most this many bytes of bodies together (far below
+#: nsqd's default ``--max-body-size`` of 5 MiB, and a write's worth on a busy connection).
+COALESCE_BYTES = 256 * 1024
 _NON_FATAL_COMMANDS = {"E_FIN_FAILED": "FIN", "E_REQ_FAILED": "REQ", "E_TOUCH_FAILED": "TOUCH"}
 #: Heartbeats nsqd sends when IDENTIFY does not set an interval (ms).
 _DEFAULT_HEARTBEAT_MS = 30_000
@@ -112,6 +118,9 @@ class ClientConnection:
         "_awaiting",
         "_close_wait_received",
         "_codec",
+        "_group",
+        "_group_bytes",
+        "_group_sizes",
         "_in_flight",
         "_last_received",
         "_max_frame_size",
@@ -126,6 +135,7 @@ class ClientConnection:
         "_requested",
         "_state",
         "_switch",
+        "_tail_pub",
         "auth",
         "channel",
         "heartbeat_interval",
@@ -179,6 +189,14 @@ class ClientConnection:
         self._next_request_id = 1
         #: ``PUB <topic>\n`` per topic already validated (the hot path of one-message PUB).
         self._pub_headers: dict[str, bytes] = {}
+        #: The last command queued, when it is a PUB others may still join (not written yet):
+        #: (topic, its awaiting entry, its index in ``_out``, its body).
+        self._tail_pub: tuple[str, tuple[_Awaiting, int], int, bytes] | None = None
+        #: The PUBs coalesced so far with that one (None: it is alone).
+        self._group: list[bytes] | None = None
+        self._group_bytes = 0
+        #: How many request ids each coalesced MPUB answers, by its first id.
+        self._group_sizes: dict[int, int] = {}
         self._in_flight: set[bytes] = set()
         self._rdy = 0
         self._rdy_remaining = 0
@@ -231,6 +249,8 @@ class ClientConnection:
 
     def data_to_send(self) -> bytes:
         """Everything queued since the last call, compressed when compression is on."""
+        if self._tail_pub is not None:
+            self._close_group()
         plain = self._out_plain
         if not self._out:
             if plain:
@@ -394,11 +414,44 @@ class ClientConnection:
             raise self._not_in_flight("touch()", message_id)
         self._out.append(frames.encode_touch(message_id))
 
-    def publish(self, topic: str, body: bytes) -> int:
-        """``PUB``; returns the request id its answer will carry."""
+    def publish(self, topic: str, body: bytes, coalesce: bool = False) -> int:
+        """``PUB``; returns the request id its answer will carry.
+
+        With ``coalesce``, a PUB to the topic of the PUB queued just before it (also with
+        ``coalesce``, and not yet taken by :meth:`data_to_send`) joins that one: they go out as
+        one MPUB (up to :data:`COALESCE_BYTES` of bodies), one write and one answer for nsqd
+        instead of one each. Its answer is still one event per request id: a
+        :class:`PublishAcknowledged` each, or, if nsqd refused the MPUB, a
+        :class:`PublishFailed` each with :class:`CoalescedPublishRefused` (nothing of it was
+        stored: send each again without ``coalesce`` to get its own answer).
+        """
         state = self._state
         if state is not _S.READY and state not in _PUBLISH_STATES:  # READY: no enum hash
             self._require("publish()", _PUBLISH_STATES)
+        tail = self._tail_pub
+        if tail is not None:
+            if (
+                coalesce
+                and tail[0] == topic
+                and type(body) is bytes
+                and body
+                and self._awaiting
+                and self._awaiting[-1] is tail[1]
+                and self._group_bytes + len(body) <= COALESCE_BYTES
+            ):
+                request_id = self._next_request_id
+                self._next_request_id = request_id + 1
+                self._group_bytes += len(body)
+                group = self._group
+                if group is not None:
+                    group.append(body)
+                else:  # the second one: the first PUB's answer becomes the group's
+                    entry = (_GROUP_AWAITING, tail[1][1])
+                    self._awaiting[-1] = entry
+                    self._tail_pub = (topic, entry, tail[2], tail[3])
+                    self._group = [tail[3], body]
+                return request_id
+            self._close_group()
         header = self._pub_headers.get(topic)
         if header is None or type(body) is not bytes or not body or len(body) > _MAX_BODY:
             # First PUB to this topic, or a body to check: the full encoder says what is wrong.
@@ -411,8 +464,29 @@ class ClientConnection:
         request_id = self._next_request_id
         self._next_request_id = request_id + 1
         self._out.append(command)
-        self._awaiting.append((_PUBLISH_AWAITING, request_id))
+        entry = (_PUBLISH_AWAITING, request_id)
+        self._awaiting.append(entry)
+        if coalesce and type(body) is bytes:
+            self._tail_pub = (topic, entry, len(self._out) - 1, body)
+            self._group_bytes = len(body)
         return request_id
+
+    def _close_group(self) -> None:
+        """No more PUBs join the last one: write the coalesced MPUB into its place."""
+        tail = self._tail_pub
+        assert tail is not None
+        self._tail_pub = None
+        group = self._group
+        if group is None:
+            return
+        self._group = None
+        self._group_sizes[tail[1][1]] = len(group)
+        sizes: list[bytes] = [b""] * (2 * len(group))
+        sizes[0::2] = map(_SIZE.pack, map(len, group))
+        sizes[1::2] = group
+        payload = _SIZE.pack(len(group)) + b"".join(sizes)
+        header = b"MPUB " + tail[0].encode() + b"\n" + _SIZE.pack(len(payload))
+        self._out[tail[2]] = header + payload
 
     def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> int:
         """``MPUB`` (atomic); returns the request id its answer will carry."""
@@ -460,7 +534,17 @@ class ClientConnection:
     @property
     def pending_requests(self) -> tuple[int, ...]:
         """Publish request ids still waiting for their answer, oldest first."""
-        return tuple(rid for kind, rid in self._awaiting if kind is _Awaiting.PUBLISH)
+        ids: list[int] = []
+        for kind, rid in self._awaiting:
+            if kind is _PUBLISH_AWAITING:
+                ids.append(rid)
+            elif kind is _GROUP_AWAITING:
+                size = self._group_sizes.get(rid)  # kept once written
+                if size is None:  # the group still open
+                    assert self._group is not None
+                    size = len(self._group)
+                ids.extend(range(rid, rid + size))
+        return tuple(ids)
 
     # --- internals -----------------------------------------------------------------------------
 
@@ -644,6 +728,13 @@ class ClientConnection:
                 events.append(PublishFailed(request_id, error))
                 raise error
             events.append(PublishAcknowledged(request_id))
+        elif kind is _GROUP_AWAITING:
+            ids = range(request_id, request_id + self._group_sizes.pop(request_id))
+            if payload != frames.OK:
+                error = ProtocolError(f"publish answered {payload[:64]!r} instead of OK")
+                events.extend(PublishFailed(rid, error) for rid in ids)
+                raise error
+            events.extend(map(PublishAcknowledged, ids))
         elif kind is _Awaiting.IDENTIFY:
             self._on_identify(payload, events)
         elif kind is _Awaiting.TLS_OK or kind is _Awaiting.COMPRESSION_OK:
@@ -761,6 +852,11 @@ class ClientConnection:
             kind = self._awaiting[0][0]
             if kind is _Awaiting.PUBLISH:
                 events.append(PublishFailed(self._awaiting.popleft()[1], error))
+            elif kind is _GROUP_AWAITING:
+                first = self._awaiting.popleft()[1]
+                refused = CoalescedPublishRefused(error)
+                for rid in range(first, first + self._group_sizes.pop(first)):
+                    events.append(PublishFailed(rid, refused))
             elif kind is _Awaiting.IDENTIFY:
                 # A refused IDENTIFY is the configuration's fault: retrying cannot help.
                 self._fail(IdentifyRejected(error), events)
@@ -787,6 +883,9 @@ class ClientConnection:
         events.append(ConnectionClosed(error, tuple(self._in_flight), self.pending_requests))
         self._in_flight.clear()
         self._awaiting.clear()
+        self._tail_pub = None
+        self._group = None
+        self._group_sizes.clear()
         self._out.clear()
         self._out_plain = b""
         self._rdy = self._rdy_remaining = 0

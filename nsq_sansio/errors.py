@@ -13,6 +13,7 @@ __all__ = [
     "BadChannel",
     "BadMessage",
     "BadTopic",
+    "CoalescedPublishRefused",
     "CompressionError",
     "ConfigError",
     "ConnectionLost",
@@ -128,6 +129,19 @@ class IdentifyRejected(ConfigError):
         self.error = error
         self.code = error.code
         self.text = error.text
+
+
+class CoalescedPublishRefused(NSQError):
+    """nsqd refused the MPUB that this PUB was coalesced into (``error`` is its answer).
+
+    MPUB is all or nothing, so nothing of it was stored, and the fault may be another
+    message's: the PUB is to be sent again on its own (``publish(..., coalesce=False)``), where
+    it gets its own answer. Transports do that; a caller never sees this error.
+    """
+
+    def __init__(self, error: ServerError) -> None:
+        super().__init__(f"the MPUB this publish was coalesced into was refused: {error}")
+        self.error = error
 
 
 class InvalidCommand(ServerError):

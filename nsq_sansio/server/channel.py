@@ -404,9 +404,7 @@ class Channel(Generic[S]):
         conn.message_count += 1
         body = msg.body
         out = conn.out
-        out.append(
-            _pack_message_header(30 + len(body), FRAME_MESSAGE, msg.timestamp, attempts)
-        )
+        out.append(_pack_message_header(30 + len(body), FRAME_MESSAGE, msg.timestamp, attempts))
         out.append(message_id)
         out.append(body)
         conn.out_len += 34 + len(body)

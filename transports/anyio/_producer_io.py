@@ -20,7 +20,13 @@ import anyio.abc
 
 from nsq_sansio.config import Config
 from nsq_sansio.connection import ClientConnection
-from nsq_sansio.errors import ConnectionLost, IdentifyRejected, NSQError, ServerError
+from nsq_sansio.errors import (
+    CoalescedPublishRefused,
+    ConnectionLost,
+    IdentifyRejected,
+    NSQError,
+    ServerError,
+)
 from nsq_sansio.events import (
     ConnectionClosed,
     ConnectionReady,
@@ -33,7 +39,7 @@ from transports._common import READ_SIZE, ConnectionLogger, TransportOptions, fo
 
 from ._net import SOCKET_ERRORS, connect, plain_socket, start_tls
 
-__all__ = ["Call", "Node", "NotRead", "ProducerConnections"]
+__all__ = ["Call", "Node", "NotRead", "ProducerConnections", "SendAlone"]
 
 _wait_writable: Callable[[socket.socket], Any] = getattr(
     anyio, "wait_writable", anyio.wait_socket_writable
@@ -47,14 +53,8 @@ class NotRead(ConnectionLost):
 
 
 class SendAlone(NotRead):
-    """nsqd refused the MPUB this publish was coalesced into (MPUB is all or nothing, so
-    nothing of it was stored): send it again as a PUB of its own, so that only a publish that
-    is itself at fault fails."""
-
-
-#: PUBs to one topic queued in the same pass are coalesced into one MPUB up to this many
-#: bytes of bodies (well under nsqd's default ``--max-body-size`` of 5 MiB).
-COALESCE_BYTES = 256 * 1024
+    """nsqd refused the MPUB this PUB was coalesced into (all or nothing: not stored): send it
+    again as a PUB of its own, so that only a publish at fault itself fails."""
 
 
 class Call:
@@ -66,26 +66,10 @@ class Call:
     request, then reported to the observer.
     """
 
-    __slots__ = (
-        "alone",
-        "count",
-        "deadline",
-        "done",
-        "kind",
-        "orphan",
-        "payload",
-        "result",
-        "start",
-        "topic",
-        "waker",
-    )
+    __slots__ = ("count", "deadline", "done", "orphan", "result", "start", "topic", "waker")
 
-    def __init__(
-        self, kind: int, topic: str, payload: Any, count: int, start: float, deadline: float
-    ) -> None:
-        self.kind = kind  # PUB, MPUB or DPUB
+    def __init__(self, topic: str, count: int, start: float, deadline: float) -> None:
         self.topic = topic
-        self.payload = payload  # a body, a list of bodies, or (body, delay)
         self.count = count
         self.start = start
         self.deadline = deadline
@@ -93,8 +77,6 @@ class Call:
         self.done = False
         self.result: BaseException | None = None
         self.orphan = False
-        #: Never coalesced into an MPUB (set after a coalesced MPUB was refused).
-        self.alone = False
 
     def abort(self, _: object) -> Any:
         """trio: the parked caller is cancelled. Its answer still comes, matched to it."""
@@ -122,10 +104,7 @@ class Node:
         self.reader_fd: int | None = None  # asyncio: the descriptor the loop watches for us
         self.connecting: anyio.Event | None = None
         self.scope: anyio.CancelScope | None = None
-        #: Sent and unanswered, by request id: a publish, or the publishes one MPUB coalesced.
-        self.pending: dict[int, Call | list[Call]] = {}
-        #: Publishes of this loop pass not encoded yet (a PUB among them may join an MPUB).
-        self.queue: list[Call] = []
+        self.pending: dict[int, Call] = {}
         self.wake = anyio.Event()
         self.wake_set = False
         #: Plain TCP: the socket, written directly (no task switch); bytes the kernel did not
@@ -164,8 +143,6 @@ class ProducerConnections:
         def _resolve(self, call: Call, error: BaseException | None) -> None: ...
 
         def _write_now(self, node: Node, proto: ClientConnection) -> None: ...
-
-        def _encode_queued(self, node: Node, proto: ClientConnection) -> None: ...
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -338,31 +315,30 @@ class ProducerConnections:
         node.bytes_in += len(data)
         pending = node.pending
         answer_heartbeat = False
-        resolve = self._resolve
+        refused_group: BaseException | None = None
         for event in proto.receive_data(data, monotonic()):
             if type(event) is PublishAcknowledged:
-                entry = pending.pop(event.request_id, None)
-                if isinstance(entry, Call):
-                    resolve(entry, None)
-                elif entry is not None:
-                    for call in entry:
-                        resolve(call, None)
+                call = pending.pop(event.request_id, None)
+                if call is not None:
+                    self._resolve(call, None)
             elif isinstance(event, PublishFailed):
-                entry = pending.pop(event.request_id, None)
-                if isinstance(entry, Call):
-                    node.log.warning("publish to %r refused: %s", entry.topic, event.error)
-                    resolve(entry, event.error)
-                elif entry:
-                    node.log.warning(
-                        "MPUB of %d coalesced publishes to %r refused (%s): each is sent again "
-                        "on its own",
-                        len(entry),
-                        entry[0].topic,
-                        event.error,
-                    )
-                    again = SendAlone(f"{node.address}: coalesced MPUB refused: {event.error}")
-                    for call in entry:
-                        resolve(call, again)
+                call = pending.pop(event.request_id, None)
+                if call is None:
+                    continue
+                error = event.error
+                if isinstance(error, CoalescedPublishRefused):
+                    # Not stored; maybe another message's fault: each goes again on its own.
+                    if error is not refused_group:
+                        refused_group = error
+                        node.log.warning(
+                            "coalesced MPUB to %r refused (%s): each PUB goes again alone",
+                            call.topic,
+                            error.error,
+                        )
+                    self._resolve(call, SendAlone(f"{node.address}: {error}"))
+                else:
+                    node.log.warning("publish to %r refused: %s", call.topic, error)
+                    self._resolve(call, error)
             elif isinstance(event, ConnectionClosed):
                 # Mark the node gone before any woken caller runs, so the next publish
                 # reconnects (or fails over) instead of writing to a closed connection.
@@ -391,14 +367,13 @@ class ProducerConnections:
             node.wake_set = False
             node.flush_scheduled = False
             if sock is None:  # TLS: the stream encrypts
-                if node.queue:
-                    self._encode_queued(node, proto)
                 data = proto.data_to_send()
                 if data:
                     await stream.send(data)
                     node.bytes_out += len(data)
                 continue
-            self._write_now(node, proto)  # what the kernel does not take waits in node.out
+            if not node.out:
+                self._write_now(node, proto)
             while node.out:  # the kernel's buffer was full: wait until it takes more
                 await _wait_writable(sock)
                 try:
@@ -432,7 +407,7 @@ class ProducerConnections:
         node.last_error = str(error)
         if not self._closed:
             node.down_until = monotonic() + 1.0
-        if node.pending or node.queue:
+        if node.pending:
             lost = (
                 error
                 if isinstance(error, ConnectionLost)
@@ -440,14 +415,7 @@ class ProducerConnections:
                 if isinstance(error, ServerError)
                 else ConnectionLost(str(error))
             )
-            # Those queued for this pass's write (never sent) fail over like the ones sent.
-            calls = node.queue
-            node.queue = []
-            for entry in node.pending.values():
-                if isinstance(entry, Call):
-                    calls.append(entry)
-                else:
-                    calls.extend(entry)
+            calls = list(node.pending.values())
             node.pending.clear()
             for call in calls:
                 self._resolve(call, lost)

@@ -13,6 +13,9 @@ Cost per publish: no cancel scope and no :class:`anyio.Event`. A waiting publish
 cheapest primitive of the running loop (an asyncio future, or trio's
 ``wait_task_rescheduled``); one writer task per connection sends everything queued since it last
 ran in one write; one timer task enforces every publish's deadline and the heartbeat checks.
+PUBs to one topic that tasks make in the same loop pass, while others are in flight, go out as
+one MPUB (``coalesce``, see :class:`Producer`): one write and one answer for nsqd instead of
+one each.
 The connections themselves (handshake, reads, writes, teardown) are in ``_producer_io.py``.
 """
 
@@ -44,7 +47,6 @@ from nsq_sansio.errors import (
 from nsq_sansio.events import (
     ConnectionClosed,
 )
-from nsq_sansio.frames import encode_pub
 from nsq_sansio.names import validate_topic
 from transports._common import (
     DEFAULT_TCP_PORT,
@@ -59,7 +61,7 @@ from transports._common import (
     split_options,
 )
 
-from ._producer_io import COALESCE_BYTES, Call, Node, NotRead, ProducerConnections, SendAlone
+from ._producer_io import Call, Node, NotRead, ProducerConnections, SendAlone
 
 __all__ = ["NoNSQDAvailable", "Producer", "PublishObserver"]
 
@@ -84,9 +86,9 @@ class Producer(ProducerConnections):
     PUB/MPUB/DPUB when it completes (for metrics; it must not block).
     ``connections_per_nsqd`` opens that many connections to each nsqd and spreads the
     publishes over them (see docs/producers.md for when it helps). With ``coalesce`` (the
-    default), PUBs to one topic that concurrent callers make while others are in flight go out
-    together as one MPUB, each still answered (or refused) on its own; ``coalesce=False``
-    writes one PUB per publish.
+    default), PUBs to one topic that concurrent callers make in one loop pass, while others
+    are in flight, go out as one MPUB; each is still answered, or refused, on its own.
+    ``coalesce=False`` writes one PUB per publish.
     """
 
     def __init__(
@@ -112,7 +114,7 @@ class Producer(ProducerConnections):
         check_connections_per_nsqd(connections_per_nsqd)
         if not isinstance(coalesce, bool):
             raise ConfigError(f"coalesce={coalesce!r} must be True or False")
-        #: PUBs of concurrent callers written in the same pass go out as one MPUB.
+        #: PUBs that concurrent callers queue in one loop pass go out as one MPUB.
         self._coalesce = coalesce
         self._config, self._options = split_options(config, options)
         self._identify = self._config.identify_body()
@@ -190,7 +192,7 @@ class Producer(ProducerConnections):
         self._closed = True
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(timeout if timeout is not None else float("inf")):
-                while any(node.pending or node.queue for node in self._nodes):
+                while any(node.pending for node in self._nodes):
                     await anyio.sleep(0.005)
             for node in self._nodes:
                 self._disconnect(node, ConnectionLost("producer closed"), node.generation)
@@ -201,9 +203,6 @@ class Producer(ProducerConnections):
         """``PUB``: returns once nsqd confirmed it."""
         if topic not in self._valid_topics:
             self._remember_topic(topic)
-        if type(body) is not bytes or not body:
-            encode_pub(topic, body)  # says what is wrong (checked now: it may join an MPUB)
-            body = bytes(body)  # a bytearray or memoryview
         await self._request(_PUB, topic, body, 1)
 
     async def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
@@ -268,7 +267,7 @@ class Producer(ProducerConnections):
                 if observer is not None:
                     self._observe(observer, topic, count, start, exc)
                 raise
-        call = Call(kind, topic, payload, count, start, start + self._timeout)
+        call = Call(topic, count, start, start + self._timeout)
         try:
             nodes = self._nodes
             node = nodes[0] if len(nodes) == 1 else nodes[next(self._rr) % len(nodes)]
@@ -278,6 +277,7 @@ class Producer(ProducerConnections):
                 candidates = self._candidates()
             errors: list[BaseException] = _NO_ERRORS  # a list of its own on the first one
             sent = 0
+            coalesce = self._coalesce
             i = 0
             while i < len(candidates):
                 node = candidates[i]
@@ -299,40 +299,31 @@ class Producer(ProducerConnections):
                         if len(candidates) == 1 and self._nsqd_count > 1:
                             candidates = [node, *self._others(node)]
                         continue
+                try:
+                    if kind == _PUB:
+                        request_id = proto.publish(topic, payload, coalesce)
+                    elif kind == _MPUB:
+                        request_id = proto.multi_publish(topic, payload)
+                    else:
+                        request_id = proto.deferred_publish(topic, payload[0], payload[1])
+                except LocalProtocolError:
+                    if proto.state is not ConnectionState.CLOSED:
+                        self._failed += 1
+                        raise  # the arguments are wrong, not the connection
+                    # The connection died and its task has not yet been told: treat as lost.
+                    self._disconnect(node, ConnectionLost("connection closed"), node.generation)
+                    if errors is _NO_ERRORS:
+                        errors = []
+                    errors.append(ConnectionLost(f"{node.address}: connection closed"))
+                    if i >= len(candidates) and sent <= self._nsqd_count:
+                        candidates.append(node)
+                    continue
                 if call.done:  # a resend: the last attempt's outcome is not this one's
                     call.done = False
                     call.result = None
-                if node.queue or (
-                    node.pending and kind == _PUB and self._coalesce and not call.alone
-                ):
-                    # Others are in flight: go out with this pass's write, encoded in order
-                    # then (PUBs to one topic side by side become one MPUB).
-                    node.queue.append(call)
-                    if not node.flush_scheduled:
-                        self._schedule_flush(node, proto)
-                else:
-                    try:
-                        if kind == _PUB:
-                            request_id = proto.publish(topic, payload)
-                        elif kind == _MPUB:
-                            request_id = proto.multi_publish(topic, payload)
-                        else:
-                            request_id = proto.deferred_publish(topic, payload[0], payload[1])
-                    except LocalProtocolError:
-                        if proto.state is not ConnectionState.CLOSED:
-                            self._failed += 1
-                            raise  # the arguments are wrong, not the connection
-                        # The connection died and its task has not yet been told: lost.
-                        self._disconnect(node, ConnectionLost("connection closed"), node.generation)
-                        if errors is _NO_ERRORS:
-                            errors = []
-                        errors.append(ConnectionLost(f"{node.address}: connection closed"))
-                        if i >= len(candidates) and sent <= self._nsqd_count:
-                            candidates.append(node)
-                        continue
-                    node.pending[request_id] = call
-                    self._send_soon(node, proto)
                 sent += 1
+                node.pending[request_id] = call
+                self._send_soon(node, proto)
                 # Park until the reader, the timer or a disconnect resolves the call.
                 if call.done:
                     error = call.result
@@ -353,14 +344,14 @@ class Producer(ProducerConnections):
                     node.published += 1
                     self._published += 1
                     break
-                if isinstance(error, ServerError | TimeoutError | LocalProtocolError):
+                if isinstance(error, ServerError | TimeoutError):
                     self._failed += 1
                     raise error
                 if isinstance(error, NotRead):
                     sent -= 1
                     self._retried += 1
                     if type(error) is SendAlone:
-                        call.alone = True
+                        coalesce = False  # its coalesced MPUB was refused: on its own now
                     candidates.append(node)  # nsqd never read it: the same node again
                     continue
                 if errors is _NO_ERRORS:
@@ -428,17 +419,12 @@ class Producer(ProducerConnections):
         if node.sock is not None and len(node.pending) == 1 and not node.out:
             self._write_now(node, proto)
         elif not node.flush_scheduled:
-            self._schedule_flush(node, proto)
-
-    def _schedule_flush(self, node: Node, proto: ClientConnection) -> None:
-        """Write once for everything queued in this loop pass (asyncio: a callback at the end
-        of the pass; elsewhere: the writer task)."""
-        node.flush_scheduled = True
-        if self._loop is not None and node.sock is not None:
-            self._loop.call_soon(self._flush_scheduled, node, proto)
-        elif not node.wake_set:
-            node.wake_set = True
-            node.wake.set()
+            node.flush_scheduled = True
+            if self._loop is not None and node.sock is not None:
+                self._loop.call_soon(self._flush_scheduled, node, proto)
+            elif not node.wake_set:
+                node.wake_set = True
+                node.wake.set()
 
     def _flush_scheduled(self, node: Node, proto: ClientConnection) -> None:
         node.flush_scheduled = False
@@ -448,8 +434,6 @@ class Producer(ProducerConnections):
     def _write_now(self, node: Node, proto: ClientConnection) -> None:
         """Plain TCP: write what ``proto`` queued straight to the socket; what the kernel does
         not take now waits in ``node.out`` for the writer task."""
-        if node.queue:
-            self._encode_queued(node, proto)
         data = proto.data_to_send()
         if not data:
             return
@@ -471,54 +455,6 @@ class Producer(ProducerConnections):
             if not node.wake_set:
                 node.wake_set = True
                 node.wake.set()
-
-    def _encode_queued(self, node: Node, proto: ClientConnection) -> None:
-        """Encode the publishes queued in this pass, in order. PUBs to one topic side by side
-        go out as one MPUB (up to ``COALESCE_BYTES`` of bodies) answered for all of them: one
-        write and one answer for nsqd instead of one each. If nsqd refuses it, each is sent
-        again alone (``SendAlone``), so a refused publish still fails only itself."""
-        queue = node.queue
-        node.queue = []
-        pending = node.pending
-        count = len(queue)
-        i = 0
-        while i < count:
-            call = queue[i]
-            kind = call.kind
-            try:
-                if kind == _PUB:
-                    topic = call.topic
-                    j = i + 1
-                    if not call.alone:
-                        size = len(call.payload)
-                        while j < count and size < COALESCE_BYTES:
-                            other = queue[j]
-                            if other.kind != _PUB or other.alone or other.topic != topic:
-                                break
-                            size += len(other.payload)
-                            j += 1
-                    if j - i > 1:
-                        batch = queue[i:j]
-                        pending[proto.multi_publish(topic, [c.payload for c in batch])] = batch
-                        i = j
-                        continue
-                    request_id = proto.publish(topic, call.payload)
-                elif kind == _MPUB:
-                    request_id = proto.multi_publish(call.topic, call.payload)
-                else:
-                    body, delay = call.payload
-                    request_id = proto.deferred_publish(call.topic, body, delay)
-            except LocalProtocolError as exc:
-                if proto.state is ConnectionState.CLOSED:
-                    # The connection died: nothing from here on was sent.
-                    node.queue = queue[i:] + node.queue
-                    self._disconnect(node, ConnectionLost("connection closed"), node.generation)
-                    return
-                self._resolve(call, exc)  # its own arguments (a PUB's are checked before)
-                i += 1
-                continue
-            pending[request_id] = call
-            i += 1
 
     async def _wait_for_slot(self) -> None:
         event = anyio.Event()
@@ -557,19 +493,9 @@ class Producer(ProducerConnections):
                                 self._disconnect(node, error, node.generation)
                 if not node.pending:
                     continue
-                late: list[Call] = []
-                for request_id, entry in list(node.pending.items()):
-                    if isinstance(entry, Call):
-                        if now >= entry.deadline:
-                            del node.pending[request_id]
-                            late.append(entry)
-                    else:  # a coalesced MPUB: its members' deadlines are their own
-                        for call in [c for c in entry if now >= c.deadline]:
-                            entry.remove(call)
-                            late.append(call)
-                        if not entry:
-                            del node.pending[request_id]
-                for call in late:
+                expired = [rid for rid, call in node.pending.items() if now >= call.deadline]
+                for request_id in expired:
+                    call = node.pending.pop(request_id)
                     message = f"no answer from {node.address} after {self._timeout:g}s"
                     self._resolve(call, TimeoutError(message))
 
@@ -581,7 +507,7 @@ class Producer(ProducerConnections):
         return ProducerStats(
             published=self._published,
             failed=self._failed,
-            pending=sum(_unanswered(n) for n in self._nodes),
+            pending=sum(len(n.pending) for n in self._nodes),
             reconnects=sum(max(n.connects - 1, 0) for n in self._nodes),
             connections=tuple(
                 ConnectionStats(
@@ -601,12 +527,3 @@ class Producer(ProducerConnections):
     def retried(self) -> int:
         """Publishes sent again to another nsqd after a connection failure."""
         return self._retried
-
-
-def _unanswered(node: Node) -> int:
-    """Publishes written to ``node`` or queued for it, and not answered yet (safe from another
-    thread: ``list()`` copies the entries in one step under the GIL)."""
-    total = len(node.queue)
-    for entry in list(node.pending.values()):
-        total += 1 if isinstance(entry, Call) else len(entry)
-    return total

@@ -68,6 +68,10 @@ class CallerReads:
 
         def _locked(self, fn: Callable[..., None], *args: Any) -> None: ...
 
+        def _refused(
+            self, node: Node, inflight: dict[int, Request], event: PublishFailed
+        ) -> None: ...
+
     def _take_output(self, node: Node, wire: Wire, conn: ClientConnection) -> bytes:
         """Lock held: what ``conn`` queued, with the writer role, when it is free (else b"")."""
         if wire.sending or wire.retired or node.out_pending:
@@ -262,13 +266,7 @@ class CallerReads:
                     self._published += 1
                     self._complete(request, None)
             elif isinstance(event, PublishFailed):
-                request = inflight.pop(event.request_id, None)
-                node.failed += 1
-                if request is not None:
-                    node.log.warning(
-                        "%s to %r refused: %s", request.kind, request.topic, event.error
-                    )
-                    self._fail_request(request, event.error)
+                self._refused(node, inflight, event)
             elif type(event) is Heartbeat:
                 self._loop.wake()  # the IO thread writes the NOP the core queued
             elif isinstance(event, ConnectionClosed):

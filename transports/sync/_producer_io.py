@@ -22,6 +22,7 @@ from nsq_sansio.backoff import reconnect_delay
 from nsq_sansio.config import Config
 from nsq_sansio.connection import ConnectionState
 from nsq_sansio.errors import (
+    CoalescedPublishRefused,
     ConnectionLost,
     IdentifyRejected,
     NSQError,
@@ -80,6 +81,29 @@ class ProducerIOThread:
 
         def _check_direct(self, now: float) -> None: ...
 
+    def _refused(self, node: Node, inflight: dict[int, Request], event: PublishFailed) -> None:
+        """nsqd refused a publish (lock held): it fails with nsqd's error. A PUB refused as a
+        member of a coalesced MPUB was not stored and may not be at fault: it stays in
+        ``inflight`` marked ``alone``, and when the connection closes (nsqd closes it after any
+        publish error) it is sent again as a PUB of its own, like a publish nsqd never read."""
+        error = event.error
+        if isinstance(error, CoalescedPublishRefused):
+            request = inflight.get(event.request_id)
+            if request is not None:
+                if not any(r.alone for r in inflight.values()):
+                    node.log.warning(
+                        "coalesced MPUB to %r refused (%s): each PUB goes again alone",
+                        request.topic,
+                        error.error,
+                    )
+                request.alone = True
+            return
+        request = inflight.pop(event.request_id, None)
+        node.failed += 1
+        if request is not None:
+            node.log.warning("%s to %r refused: %s", request.kind, request.topic, error)
+            self._fail_request(request, error)
+
     def _node_of(self, link: Link) -> Node:
         node = link.key
         assert isinstance(node, Node)
@@ -104,13 +128,7 @@ class ProducerIOThread:
                     self._published += 1
                     self._complete(request, None)
             elif isinstance(event, PublishFailed):
-                request = node.inflight.pop(event.request_id, None)
-                node.failed += 1
-                if request is not None:
-                    node.log.warning(
-                        "%s to %r refused: %s", request.kind, request.topic, event.error
-                    )
-                    self._fail_request(request, event.error)
+                self._refused(node, node.inflight, event)
             elif isinstance(event, ConnectionReady):
                 node.ready = True
                 node.ready_by = None

@@ -53,6 +53,7 @@ class Request(PublishFuture):
 
     __slots__ = (
         "_signaled",
+        "alone",
         "attempts",
         "deadline",
         "kind",
@@ -94,6 +95,8 @@ class Request(PublishFuture):
         self.waiting = 0
         #: The node whose read role was handed to this request's thread, until it takes it.
         self.promoted: Node | None = None
+        #: Never coalesced into an MPUB (set once a coalesced MPUB with it was refused).
+        self.alone = False
 
     def _wait(self, timeout: float | None) -> None:
         if not self._done:

@@ -15,6 +15,12 @@ and nsqd's answers are matched to them in order by the core. ``max_pending`` bou
 publishes not yet answered: a call beyond it blocks (back-pressure) instead of buffering
 without limit.
 
+PUBs to one topic queued together (threads publishing at once, a burst of ``publish_async``)
+go out as one MPUB: one write and one answer for nsqd instead of one each, which is what
+bounds PUB throughput (nsqd flushes every answer). Each publish still gets its own answer; if
+nsqd refuses the MPUB (all or nothing: nothing was stored), each PUB is sent again alone, so
+only one at fault fails. ``coalesce=False`` writes one PUB per publish.
+
 Who does the IO (plain TCP): a thread that publishes writes its request itself, together with
 whatever other threads queued meanwhile (one writer at a time per connection). A thread that
 waits for an answer (``publish()``, ``PublishFuture.result()``) reads the socket itself while
@@ -111,6 +117,7 @@ class Producer(CallerReads, ProducerIOThread):
         timeout: float = 30.0,
         publish_observer: PublishObserver | None = None,
         connections_per_nsqd: int = 1,
+        coalesce: bool = True,
         **options: Any,
     ) -> None:
         addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
@@ -121,6 +128,10 @@ class Producer(CallerReads, ProducerIOThread):
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ConfigError(f"max_pending={max_pending!r} must be an int >= 1")
         check_connections_per_nsqd(connections_per_nsqd)
+        if not isinstance(coalesce, bool):
+            raise ConfigError(f"coalesce={coalesce!r} must be True or False")
+        #: PUBs queued together (threads, ``publish_async``) go out as one MPUB.
+        self._coalesce = coalesce
         check_seconds("Producer timeout", timeout, zero=False, error=ConfigError)
         self._config, self._options = split_options(config, options)
         self._timeout = timeout
@@ -624,7 +635,9 @@ class Producer(CallerReads, ProducerIOThread):
         request.attempts += 1
         try:
             if request.kind == "PUB":
-                request_id = conn.publish(request.topic, request.payload)
+                request_id = conn.publish(
+                    request.topic, request.payload, self._coalesce and not request.alone
+                )
             elif request.kind == "MPUB":
                 request_id = conn.multi_publish(request.topic, request.payload)
             else:
