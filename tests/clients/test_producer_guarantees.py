@@ -10,9 +10,11 @@ What only one API has (cancelling a task, a future's own deadline, memory under 
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
+import anyio
 import pytest
 from support.brokers import needs_real, running_nsqd, topic_count, unique
 from support.runtimes import Runtime, recorder
@@ -22,6 +24,8 @@ import transports.sync
 import transports.trio
 from nsq_sansio.errors import BadMessage, IdentifyRejected, InvalidName
 from transports._common import TOPICS_REMEMBERED, NoNSQDAvailable
+from transports.embedded import EmbeddedNSQD
+from transports.embedded.thread import ServerThread
 from transports.testing.real_nsq import RealNSQD
 
 pytestmark = pytest.mark.anyio
@@ -196,3 +200,82 @@ async def test_topic_names_remembered_stay_bounded(runtime: Runtime) -> None:
                 await p.publish("bad name", b"x")
             await p.publish("many_0", b"again")
             assert p.stats().published == TOPICS_REMEMBERED + 11
+
+
+# --- PUBs coalesced into MPUBs: still one answer each ----------------------------------------
+
+
+def _embedded_count(runner: ServerThread[EmbeddedNSQD], topic: str) -> int:
+    server = runner.server
+
+    def read() -> int:
+        stats = server.core.stats(server.now(), topic=topic)
+        return sum(t["message_count"] for t in stats["topics"] if t["topic_name"] == topic)
+
+    return int(runner.call(read))
+
+
+async def _coalesced_with_bad_bodies(
+    runtime: Runtime, address: str, caplog: pytest.LogCaptureFixture, coalesce: bool
+) -> str:
+    """100 concurrent PUBs, every tenth too big for nsqd: only those fail, each stored once."""
+    topic = unique()
+    async with runtime.producer(address, coalesce=coalesce, timeout=20) as p:
+        await p.publish(topic, b"warm")
+        with caplog.at_level(logging.WARNING):
+            outcomes = await p.concurrently(
+                [
+                    ("publish", (topic, b"B" * 2000 if i % 10 == 5 else b"%d" % i))
+                    for i in range(100)
+                ],
+                timeout=20,
+            )
+        stats = p.stats()
+    failed = {i for i, error in enumerate(outcomes) if error is not None}
+    assert failed == set(range(5, 100, 10))
+    assert all(isinstance(outcomes[i], BadMessage) for i in failed)
+    assert (stats.published, stats.failed) == (91, 10)
+    coalesced = [r for r in caplog.records if "coalesced MPUB" in r.getMessage()]
+    assert bool(coalesced) == coalesce  # the MPUB path was taken (or not, when turned off)
+    return topic
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+async def test_pubs_coalesced_with_a_bad_one_fail_only_it_embedded(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture, coalesce: bool
+) -> None:
+    with running_nsqd(max_msg_size=1024) as (server, runner):
+        topic = await _coalesced_with_bad_bodies(runtime, server.tcp_address, caplog, coalesce)
+        assert _embedded_count(runner, topic) == 91  # the refused MPUBs stored nothing
+
+
+@needs_real
+async def test_pubs_coalesced_with_a_bad_one_fail_only_it_real(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    with RealNSQD(["--max-msg-size=1024"]) as nsqd:
+        topic = await _coalesced_with_bad_bodies(runtime, nsqd.tcp_address, caplog, True)
+        assert topic_count(nsqd, topic) == 91
+
+
+async def test_concurrent_coalesced_pubs_are_each_stored_once(runtime: Runtime) -> None:
+    """Many callers at once (their PUBs coalesced): every body is stored exactly once."""
+    topic = unique()
+    with running_nsqd() as (server, runner):
+        async with runtime.producer(server.tcp_address) as p:
+            await p.publish(topic, b"warm")
+            calls = [("publish", (topic, b"%d:%d" % (i % 20, i // 20))) for i in range(2000)]
+            outcomes = await p.concurrently(calls, timeout=30)
+            assert outcomes == [None] * 2000
+            assert p.stats().published == 2001
+        assert _embedded_count(runner, topic) == 2001
+        got: list[bytes] = []
+        async with runtime.consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=500) as c:
+            with anyio.fail_after(20):
+                async for msg in c.messages():
+                    got.append(msg.body)
+                    await c.finish(msg)
+                    if len(got) == 2001:
+                        break
+    assert sorted(got) == sorted([b"warm"] + [body for _, (_, body) in calls])
+    assert len(set(got)) == 2001
