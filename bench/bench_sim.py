@@ -49,8 +49,11 @@ def main() -> int:
     parser.add_argument("--nsqd", type=int, default=3)
     parser.add_argument("--consumers", type=int, default=4)
     args = parser.parse_args()
-    consumer = ConsumerSpec(count=args.consumers, handler=Handler(duration=0.001),
-                            config=ConsumerSpec().config.replace(max_in_flight=100))
+    consumer = ConsumerSpec(
+        count=args.consumers,
+        handler=Handler(duration=0.001),
+        config=ConsumerSpec().config.replace(max_in_flight=100),
+    )
     cluster = ClusterSpec(nsqd=args.nsqd, consumers=(consumer,))
     busy = Workload(messages=args.messages, rate=5_000.0, batch=20)
     _run("busy cluster", Scenario(cluster=cluster, workload=busy, duration=10.0, settle=300.0))
@@ -60,16 +63,25 @@ def main() -> int:
         Fault(4.0, FaultKind.KILL_CONSUMER, "c0.0", 1.0),
         Fault(5.0, FaultKind.DRAIN_CONSUMER, "c0.1", 1.0),
     )
-    _run("busy cluster + faults",
-         Scenario(cluster=cluster, workload=busy, faults=faults, duration=10.0, settle=300.0))
+    _run(
+        "busy cluster + faults",
+        Scenario(cluster=cluster, workload=busy, faults=faults, duration=10.0, settle=300.0),
+    )
     # production-like timers: lookupd polls every 60 s, heartbeats every 30 s
-    calm = ConsumerSpec(count=args.consumers, config=ConsumerSpec().config.replace(
-        lookupd_poll_interval=60.0, heartbeat_interval=30.0))
-    idle = dataclasses.replace(cluster, consumers=(calm,), lookup_ping_interval=15.0,
-                               nsqd_options=dataclasses.replace(cluster.nsqd_options,
-                                                                client_timeout=60.0))
-    _run("idle cluster (1 day)",
-         Scenario(cluster=idle, workload=Workload(messages=0), duration=86400.0, settle=0.0))
+    calm = ConsumerSpec(
+        count=args.consumers,
+        config=ConsumerSpec().config.replace(lookupd_poll_interval=60.0, heartbeat_interval=30.0),
+    )
+    idle = dataclasses.replace(
+        cluster,
+        consumers=(calm,),
+        lookup_ping_interval=15.0,
+        nsqd_options=dataclasses.replace(cluster.nsqd_options, client_timeout=60.0),
+    )
+    _run(
+        "idle cluster (1 day)",
+        Scenario(cluster=idle, workload=Workload(messages=0), duration=86400.0, settle=0.0),
+    )
     return 0
 
 

@@ -38,6 +38,12 @@ async def test_connections_per_nsqd_is_checked(value: object, runtime: Runtime) 
         runtime.module.Producer("127.0.0.1:4150", connections_per_nsqd=value)
 
 
+@pytest.mark.parametrize("value", [None, 1, "yes"])
+async def test_coalesce_is_checked(value: object, runtime: Runtime) -> None:
+    with pytest.raises(ConfigError, match="coalesce"):
+        runtime.module.Producer("127.0.0.1:4150", coalesce=value)
+
+
 @needs_real
 async def test_publishes_spread_over_the_pool_real(runtime: Runtime) -> None:
     with RealNSQD() as nsqd:

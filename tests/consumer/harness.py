@@ -47,8 +47,7 @@ class World:
         self.addresses = [NSQDAddress(f"10.0.0.{i + 1}", 4150) for i in range(n_nodes)]
         options = NSQDOptions(**(node_options or {}))  # type: ignore[arg-type]
         self.nodes: dict[NSQDAddress, NSQD] = {
-            a: NSQD(options, random.Random(seed + i), now=0.0)
-            for i, a in enumerate(self.addresses)
+            a: NSQD(options, random.Random(seed + i), now=0.0) for i, a in enumerate(self.addresses)
         }
         self.down: set[NSQDAddress] = set()
         self.coordinator = ConsumerCoordinator(

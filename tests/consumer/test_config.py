@@ -82,8 +82,14 @@ def test_frozen() -> None:
 
 def test_identify_body_converts_to_milliseconds() -> None:
     body = Config(
-        client_id="c", hostname="h.example", heartbeat_interval=5.0, msg_timeout=120.0,
-        output_buffer_timeout=0.1, deflate=True, deflate_level=3, sample_rate=10,
+        client_id="c",
+        hostname="h.example",
+        heartbeat_interval=5.0,
+        msg_timeout=120.0,
+        output_buffer_timeout=0.1,
+        deflate=True,
+        deflate_level=3,
+        sample_rate=10,
     ).identify_body()
     assert body["heartbeat_interval"] == 5000
     assert body["msg_timeout"] == 120000
@@ -96,8 +102,9 @@ def test_identify_body_converts_to_milliseconds() -> None:
 
 
 def test_identify_body_disabled_and_unset_fields() -> None:
-    body = Config(heartbeat_interval=None, output_buffer_size=-1, output_buffer_timeout=-1,
-                  msg_timeout=None).identify_body()
+    body = Config(
+        heartbeat_interval=None, output_buffer_size=-1, output_buffer_timeout=-1, msg_timeout=None
+    ).identify_body()
     assert body["heartbeat_interval"] == -1
     assert body["output_buffer_size"] == -1
     assert body["output_buffer_timeout"] == -1

@@ -22,9 +22,15 @@ from .harness import World
 
 
 def lookup_body(*addresses: NSQDAddress) -> bytes:
-    return json.dumps({"channels": [], "producers": [
-        {"broadcast_address": a.host, "tcp_port": a.port, "http_port": 4151}
-        for a in addresses]}).encode()
+    return json.dumps(
+        {
+            "channels": [],
+            "producers": [
+                {"broadcast_address": a.host, "tcp_port": a.port, "http_port": 4151}
+                for a in addresses
+            ],
+        }
+    ).encode()
 
 
 # --- backoff ---------------------------------------------------------------------------------
@@ -152,8 +158,13 @@ def test_direct_mode_reconnects_with_capped_exponential_backoff() -> None:
 
 
 def test_connection_that_never_subscribes_times_out_and_is_retried() -> None:
-    c = ConsumerCoordinator("t", "c", Config(connect_timeout=3.0, reconnect_jitter=0.0),
-                            rng=random.Random(0), nsqd=["n:4150"])
+    c = ConsumerCoordinator(
+        "t",
+        "c",
+        Config(connect_timeout=3.0, reconnect_jitter=0.0),
+        rng=random.Random(0),
+        nsqd=["n:4150"],
+    )
     c.start(0.0)
     (connect,) = c.take_actions()
     assert isinstance(connect, Connect)
@@ -225,8 +236,7 @@ def test_failing_lookupd_is_reported_and_never_removes_nodes() -> None:
     w.start()
     r1, r2 = sorted(w.http.values(), key=lambda r: r.request_id)
     answer(w, r1, *w.addresses)
-    w.coordinator.http_data(r2.request_id, b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n",
-                            w.now)
+    w.coordinator.http_data(r2.request_id, b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n", w.now)
     w.pump()
     failed = [a for a in w.of_type(LookupdFailed) if isinstance(a, LookupdFailed)]
     assert len(failed) == 1 and failed[0].error.status == 500
@@ -247,8 +257,7 @@ def test_tls_upgrade_is_asked_of_the_transport_then_subscribes() -> None:
     from nsq_sansio.consumer import StartTLS
     from nsq_sansio.frames import encode_frame
 
-    c = ConsumerCoordinator("t", "c", Config(tls_v1=True), rng=random.Random(0),
-                            nsqd=["n:4150"])
+    c = ConsumerCoordinator("t", "c", Config(tls_v1=True), rng=random.Random(0), nsqd=["n:4150"])
     c.start(0.0)
     (connect,) = c.take_actions()
     assert isinstance(connect, Connect)

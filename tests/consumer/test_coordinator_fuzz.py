@@ -15,7 +15,9 @@ from nsq_sansio.frames import encode_frame, encode_message_frame
 
 MESSAGES = st.builds(
     lambda i, attempts, body: encode_message_frame(b"%016x" % i, 0, attempts, body),
-    st.integers(0, 5), st.integers(0, 9), st.binary(max_size=8),
+    st.integers(0, 5),
+    st.integers(0, 9),
+    st.binary(max_size=8),
 )
 FRAMES = st.one_of(
     MESSAGES,
@@ -23,12 +25,14 @@ FRAMES = st.one_of(
     MESSAGES,
     st.just(encode_frame(0, b"_heartbeat_")),
     st.just(encode_frame(1, b"E_FIN_FAILED FIN 0123456789abcdef failed")),
-    st.sampled_from([
-        encode_frame(0, b'{"max_rdy_count": 3, "msg_timeout": 5000}'),
-        encode_frame(0, b"OK"),
-        encode_frame(0, b"CLOSE_WAIT"),
-        encode_frame(1, b"E_INVALID nope"),
-    ]),
+    st.sampled_from(
+        [
+            encode_frame(0, b'{"max_rdy_count": 3, "msg_timeout": 5000}'),
+            encode_frame(0, b"OK"),
+            encode_frame(0, b"CLOSE_WAIT"),
+            encode_frame(1, b"E_INVALID nope"),
+        ]
+    ),
     st.binary(max_size=24),
 )
 
@@ -37,17 +41,25 @@ FRAMES = st.one_of(
 @given(
     frames=st.lists(FRAMES, max_size=25),
     cuts=st.lists(st.integers(1, 40), max_size=10),
-    answers=st.lists(st.sampled_from(["fin", "req", "touch", "timer", "mif", "drain"]),
-                     max_size=12),
+    answers=st.lists(
+        st.sampled_from(["fin", "req", "touch", "timer", "mif", "drain"]), max_size=12
+    ),
     lookup=st.binary(max_size=120),
     seed=st.integers(0, 100),
     handshake=st.booleans(),
 )
-def test_garbage_never_raises(frames: list[bytes], cuts: list[int], answers: list[str],
-                              lookup: bytes, seed: int, handshake: bool) -> None:
+def test_garbage_never_raises(
+    frames: list[bytes],
+    cuts: list[int],
+    answers: list[str],
+    lookup: bytes,
+    seed: int,
+    handshake: bool,
+) -> None:
     config = Config(max_in_flight=5, max_attempts=3, heartbeat_interval=1.0)
-    c = ConsumerCoordinator("t", "c", config, rng=random.Random(seed),
-                            nsqd=["a:1", "b:1"], lookupd=["l:1"])
+    c = ConsumerCoordinator(
+        "t", "c", config, rng=random.Random(seed), nsqd=["a:1", "b:1"], lookupd=["l:1"]
+    )
     now = 0.0
     c.start(now)
     actions = c.take_actions()

@@ -43,8 +43,7 @@ def test_zero_max_attempts_means_unlimited() -> None:
 
 
 def test_requeue_delay_grows_with_attempts_and_is_capped() -> None:
-    w = World(1, Config(default_requeue_delay=90.0, max_requeue_delay=200.0,
-                        backoff_enabled=False))
+    w = World(1, Config(default_requeue_delay=90.0, max_requeue_delay=200.0, backoff_enabled=False))
     c = w.coordinator
     assert [c.requeue_delay(a) for a in (1, 2, 3, 10)] == [90.0, 180.0, 200.0, 200.0]
     w.start()
@@ -173,8 +172,9 @@ def test_consumer_needs_heartbeats() -> None:
     from nsq_sansio.errors import ConfigError
 
     with pytest.raises(ConfigError, match="heartbeat_interval"):
-        ConsumerCoordinator("t", "c", Config(heartbeat_interval=None), rng=random.Random(0),
-                            nsqd=["a:1"])
+        ConsumerCoordinator(
+            "t", "c", Config(heartbeat_interval=None), rng=random.Random(0), nsqd=["a:1"]
+        )
 
 
 def test_taken_back_names_the_copy_it_is_about() -> None:

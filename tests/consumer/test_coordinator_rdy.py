@@ -68,8 +68,7 @@ def test_fewer_rdy_than_connections_rotates_to_serve_every_nsqd() -> None:
     assert sum(rdy.values()) == 1
     holder = next(c for c, n in rdy.items() if n)
     # Only an nsqd that does not hold the RDY has messages.
-    target = next(i for i, a in enumerate(w.addresses)
-                  if a != w.coordinator._links[holder].address)
+    target = next(i for i, a in enumerate(w.addresses) if a != w.coordinator._links[holder].address)
     w.publish(target, 1)
     assert not w.inbox
     w.advance(60.0)
@@ -127,8 +126,12 @@ def _deliveries(w: World) -> list[Deliver]:
 
 
 def test_busy_holder_gives_rdy_up_after_low_rdy_timeout() -> None:
-    config = Config(max_in_flight=1, low_rdy_idle_timeout=10.0, low_rdy_timeout=30.0,
-                    rdy_redistribute_interval=5.0)
+    config = Config(
+        max_in_flight=1,
+        low_rdy_idle_timeout=10.0,
+        low_rdy_timeout=30.0,
+        rdy_redistribute_interval=5.0,
+    )
     w = World(2, config, seed=1)
     w.start()
     w.publish(0, 200)

@@ -53,8 +53,14 @@ class CoordinatorMachine(RuleBasedStateMachine):
             lookupd_poll_interval=10.0,
             heartbeat_interval=5.0,
         )
-        self.world = World(NODES, config, seed=seed, pull=pull, lookupd=["l1:4161"],
-                           node_options={"max_rdy_count": MAX_RDY, "msg_timeout": 20.0})
+        self.world = World(
+            NODES,
+            config,
+            seed=seed,
+            pull=pull,
+            lookupd=["l1:4161"],
+            node_options={"max_rdy_count": MAX_RDY, "msg_timeout": 20.0},
+        )
         self._check_every_rdy(self.world)
         self.world.start()
         assert len(self.world.coordinator.connection_ids()) == NODES  # not a vacuous run
@@ -110,9 +116,14 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 w.coordinator.http_data(request.request_id, b"HTTP/1.1 200 OK\r\n\r\n{[", w.now)
                 w.coordinator.http_data(request.request_id, b"", w.now)
             else:
-                body = json.dumps({"producers": [
-                    {"broadcast_address": w.addresses[i].host, "tcp_port": 4150}
-                    for i in sorted(nodes)]}).encode()
+                body = json.dumps(
+                    {
+                        "producers": [
+                            {"broadcast_address": w.addresses[i].host, "tcp_port": 4150}
+                            for i in sorted(nodes)
+                        ]
+                    }
+                ).encode()
                 w.coordinator.http_response(request.request_id, 200, body, w.now)
         w.pump()
 
@@ -136,8 +147,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             self.answered.append(d)
             self.world.pump()
 
-    @rule(index=st.integers(0, 50), delay=st.sampled_from([None, 0.0, 3.0]),
-          backoff=st.booleans())
+    @rule(index=st.integers(0, 50), delay=st.sampled_from([None, 0.0, 3.0]), backoff=st.booleans())
     def requeue(self, index: int, delay: float | None, backoff: bool) -> None:
         d = self._take(index)
         if d is not None:
@@ -159,8 +169,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.world.pump()
 
     @precondition(lambda self: self.pull)
-    @rule(batch=st.integers(1, 6), expires=st.sampled_from([None, 1.0, 5.0]),
-          no_wait=st.booleans())
+    @rule(batch=st.integers(1, 6), expires=st.sampled_from([None, 1.0, 5.0]), no_wait=st.booleans())
     def fetch(self, batch: int, expires: float | None, no_wait: bool) -> None:
         self.world.coordinator.fetch(batch, self.world.now, expires=expires, no_wait=no_wait)
         self.world.pump()
@@ -232,13 +241,21 @@ class CoordinatorMachine(RuleBasedStateMachine):
         remaining = w.server_depth()
         # FINs nsqd accepted: every FIN written (user or give-up) minus those it refused as
         # too late (E_FIN_FAILED: the message had timed out and is counted in ``remaining``).
-        refused = [a for a in w.actions if isinstance(a, TakenBack) and a.command == "FIN"
-                   and isinstance(a.error, ServerError)]
+        refused = [
+            a
+            for a in w.actions
+            if isinstance(a, TakenBack) and a.command == "FIN" and isinstance(a.error, ServerError)
+        ]
         accepted = len(w.lines(b"FIN ")) - len(refused)
         given_up = len([a for a in w.actions if isinstance(a, GiveUp)])
         assert accepted >= given_up
         assert self.published == accepted + remaining, (
-            self.published, accepted, remaining, self.finished, given_up)
+            self.published,
+            accepted,
+            remaining,
+            self.finished,
+            given_up,
+        )
         assert not any(isinstance(a, FetchResult) for a in w.coordinator.take_actions())
 
 

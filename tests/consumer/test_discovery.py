@@ -32,8 +32,9 @@ def http(status: int, body: bytes, reason: str = "OK") -> bytes:
 
 
 def producers(*pairs: tuple[str, int]) -> list[dict[str, object]]:
-    return [{"broadcast_address": h, "tcp_port": p, "http_port": 4151, "hostname": h}
-            for h, p in pairs]
+    return [
+        {"broadcast_address": h, "tcp_port": p, "http_port": 4151, "hostname": h} for h, p in pairs
+    ]
 
 
 def test_addresses_parse_and_print() -> None:
@@ -74,8 +75,11 @@ def test_current_shape_any_chunking() -> None:
 
 
 def test_old_envelope_shape_and_legacy_address_field() -> None:
-    body = {"status_code": 200, "status_txt": "OK",
-            "data": {"channels": [], "producers": [{"address": "old", "tcp_port": 4150}]}}
+    body = {
+        "status_code": 200,
+        "status_txt": "OK",
+        "data": {"channels": [], "producers": [{"address": "old", "tcp_port": 4150}]},
+    }
     out = parse_lookup_response(L, 200, json.dumps(body).encode())
     assert out == LookupAnswer(L, (NSQDAddress("old", 4150),))
     bad = {"status_code": 500, "status_txt": "INTERNAL_ERROR", "data": None}
@@ -89,9 +93,14 @@ def test_topic_not_found_is_an_empty_answer_in_both_shapes() -> None:
 
 
 def test_union_key_dedups_and_bad_entries_are_skipped() -> None:
-    entries = [*producers(("a", 1), ("a", 1), ("a", 2)), {"broadcast_address": "x"},
-               {"broadcast_address": "", "tcp_port": 1}, {"broadcast_address": "y",
-               "tcp_port": True}, "junk", {"broadcast_address": "z", "tcp_port": 70000}]
+    entries = [
+        *producers(("a", 1), ("a", 1), ("a", 2)),
+        {"broadcast_address": "x"},
+        {"broadcast_address": "", "tcp_port": 1},
+        {"broadcast_address": "y", "tcp_port": True},
+        "junk",
+        {"broadcast_address": "z", "tcp_port": 70000},
+    ]
     out = parse_lookup_response(L, 200, json.dumps({"producers": entries}).encode())
     assert isinstance(out, LookupAnswer)
     assert out.producers == (NSQDAddress("a", 1), NSQDAddress("a", 2))
@@ -100,8 +109,14 @@ def test_union_key_dedups_and_bad_entries_are_skipped() -> None:
 
 @pytest.mark.parametrize(
     ("status", "body"),
-    [(500, b'{"message":"INTERNAL_ERROR"}'), (200, b"not json"), (200, b"[1,2]"),
-     (200, b'{"producers": 3}'), (200, b'{"status_code":"x"}'), (503, b"")],
+    [
+        (500, b'{"message":"INTERNAL_ERROR"}'),
+        (200, b"not json"),
+        (200, b"[1,2]"),
+        (200, b'{"producers": 3}'),
+        (200, b'{"status_code":"x"}'),
+        (503, b""),
+    ],
 )
 def test_error_status_and_garbage_are_failures(status: int, body: bytes) -> None:
     out = parse_lookup_response(L, status, body)
@@ -142,8 +157,9 @@ def test_garbage_never_raises(data: bytes) -> None:
 
 
 def make_poller(*lookupds: str, seed: int = 0) -> LookupdPoller:
-    return LookupdPoller(lookupds, "t", interval=60.0, jitter=0.3, timeout=5.0,
-                         rng=random.Random(seed))
+    return LookupdPoller(
+        lookupds, "t", interval=60.0, jitter=0.3, timeout=5.0, rng=random.Random(seed)
+    )
 
 
 def test_poller_bootstraps_all_then_polls_each_with_jitter() -> None:
@@ -162,10 +178,12 @@ def test_poller_bootstraps_all_then_polls_each_with_jitter() -> None:
 def test_poller_timeout_and_failure_keep_previous_answer() -> None:
     poller = make_poller("a:1", "b:1")
     ra, rb = poller.start(0.0)
-    poller.receive_response(ra.request_id, 200,
-                            json.dumps({"producers": producers(("n1", 1))}).encode())
-    poller.receive_response(rb.request_id, 200,
-                            json.dumps({"producers": producers(("n2", 1))}).encode())
+    poller.receive_response(
+        ra.request_id, 200, json.dumps({"producers": producers(("n1", 1))}).encode()
+    )
+    poller.receive_response(
+        rb.request_id, 200, json.dumps({"producers": producers(("n2", 1))}).encode()
+    )
     assert poller.known_nodes() == {NSQDAddress("n1", 1), NSQDAddress("n2", 1)}
     reqs, _ = poller.poll_due(100.0)
     ra2, rb2 = reqs
@@ -177,8 +195,9 @@ def test_poller_timeout_and_failure_keep_previous_answer() -> None:
 
 
 def test_poller_does_not_pile_up_requests_and_stop() -> None:
-    poller = LookupdPoller(["a:1"], "t", interval=1.0, jitter=0.0, timeout=10.0,
-                           rng=random.Random(0))
+    poller = LookupdPoller(
+        ["a:1"], "t", interval=1.0, jitter=0.0, timeout=10.0, rng=random.Random(0)
+    )
     (first,) = poller.start(0.0)
     reqs, _ = poller.poll_due(1.0)
     assert reqs == []  # the first request is still waiting

@@ -19,6 +19,7 @@ import transports
 
 ROOTS = (Path(nsq_sansio.__file__).parent, Path(transports.__file__).parent)
 
+
 def _module_name(root: Path, path: Path) -> str:
     parts = [root.name, *path.relative_to(root).with_suffix("").parts]
     if parts[-1] == "__init__":

@@ -20,9 +20,19 @@ _EXAMPLES = os.environ.get("NSQ_SIM_EXAMPLES")
 
 #: Settings for whole-cluster property tests.
 SIM = (
-    settings(max_examples=int(_EXAMPLES or "1000"), deadline=None,
-             suppress_health_check=_HEALTH, print_blob=True)
+    settings(
+        max_examples=int(_EXAMPLES or "1000"),
+        deadline=None,
+        suppress_health_check=_HEALTH,
+        print_blob=True,
+    )
     if NIGHTLY
-    else settings(max_examples=int(_EXAMPLES or "30"), derandomize=True, database=None,
-                  deadline=None, suppress_health_check=_HEALTH, print_blob=True)
+    else settings(
+        max_examples=int(_EXAMPLES or "30"),
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=_HEALTH,
+        print_blob=True,
+    )
 )

@@ -36,8 +36,9 @@ class Recorder(SimNode):
         self.log.append(("eof", conn.id, b"", now))
 
 
-def make(link: LinkSpec | None = None, seed: int = 0) -> tuple[Scheduler, Network, Recorder,
-                                                              Recorder]:
+def make(
+    link: LinkSpec | None = None, seed: int = 0
+) -> tuple[Scheduler, Network, Recorder, Recorder]:
     scheduler = Scheduler()
     net = Network(scheduler, random.Random(seed), link or LinkSpec(latency=0.01, jitter=0.0))
     client = Recorder(None, "client")

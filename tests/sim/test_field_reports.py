@@ -82,8 +82,11 @@ def test_discovery_follows_partitions_and_converges_after_they_heal() -> None:
 
     def connected(name: str) -> set[str]:
         node = sim.nodes[name]
-        return {c.address for c in node.conn_of.values()  # type: ignore[attr-defined]
-                if c.state.name == "OPEN"}
+        return {
+            c.address
+            for c in node.conn_of.values()  # type: ignore[attr-defined]
+            if c.state.name == "OPEN"
+        }
 
     everything = {"nsqd0:4150", "nsqd1:4150", "nsqd2:4150"}
     sim.run_until(20.0)

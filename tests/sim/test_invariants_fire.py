@@ -30,9 +30,16 @@ from nsq_sansio.testing import (
 CONFIG = ConsumerSpec().config
 
 
-def scenario(*, nsqd: int = 2, config: Config = CONFIG, handler: Handler | None = None,
-             count: int = 2, faults: tuple[Fault, ...] = (), messages: int = 200,
-             seed: int = 11) -> Scenario:
+def scenario(
+    *,
+    nsqd: int = 2,
+    config: Config = CONFIG,
+    handler: Handler | None = None,
+    count: int = 2,
+    faults: tuple[Fault, ...] = (),
+    messages: int = 200,
+    seed: int = 11,
+) -> Scenario:
     consumers = (ConsumerSpec(count=count, config=config, handler=handler or Handler()),)
     return Scenario(
         cluster=ClusterSpec(nsqd=nsqd, consumers=consumers),
@@ -66,8 +73,12 @@ def test_holding_more_than_max_in_flight_is_caught(monkeypatch: pytest.MonkeyPat
     # a connection joins while the user holds its max_in_flight). The mutant is the rule
     # before issue 12.2: only the sum of RDY counts, not what is in flight elsewhere.
     faults = (Fault(2.0, FaultKind.STOP, "nsqd1", 3.0),)
-    scn = scenario(config=CONFIG.replace(max_in_flight=8), handler=Handler(duration=0.4),
-                   faults=faults, messages=300)
+    scn = scenario(
+        config=CONFIG.replace(max_in_flight=8),
+        handler=Handler(duration=0.4),
+        faults=faults,
+        messages=300,
+    )
     run_scenario(scn)
 
     def rdy_only(self: ConsumerCoordinator, link: Any) -> None:
@@ -79,8 +90,9 @@ def test_holding_more_than_max_in_flight_is_caught(monkeypatch: pytest.MonkeyPat
 
 
 def test_rdy_above_one_while_backing_off_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    scn = scenario(config=CONFIG.replace(max_in_flight=8),
-                   handler=Handler(duration=0.01, failure_rate=0.3))
+    scn = scenario(
+        config=CONFIG.replace(max_in_flight=8), handler=Handler(duration=0.01, failure_rate=0.3)
+    )
     run_scenario(scn)
 
     def ignore_backoff(self: Backoff, max_in_flight: int) -> int:
@@ -95,9 +107,7 @@ def test_nsqd_pushing_past_rdy_is_caught(monkeypatch: pytest.MonkeyPatch) -> Non
     run_scenario(scn)
     original = ProtocolV2._cmd_rdy
 
-    def generous(
-        self: ProtocolV2, conn: Any, params: list[bytes], now: float, events: Any
-    ) -> None:
+    def generous(self: ProtocolV2, conn: Any, params: list[bytes], now: float, events: Any) -> None:
         original(self, conn, params, now, events)
         if conn.ready_count:
             conn.ready_count += 2  # nsqd believes the client asked for more
@@ -125,8 +135,11 @@ def test_a_broker_losing_requeued_messages_is_caught(monkeypatch: pytest.MonkeyP
 
 def test_a_drain_that_just_closes_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     faults = (Fault(2.0, FaultKind.DRAIN_CONSUMER, "c0.0", 1.0),)
-    scn = scenario(handler=Handler(duration=0.3, concurrency=1),
-                   config=CONFIG.replace(max_in_flight=5), faults=faults)
+    scn = scenario(
+        handler=Handler(duration=0.3, concurrency=1),
+        config=CONFIG.replace(max_in_flight=5),
+        faults=faults,
+    )
     run_scenario(scn)
 
     def hasty_drain(self: ConsumerCoordinator, now: float, timeout: float | None = None) -> None:
@@ -188,8 +201,9 @@ def test_rdy_sum_holds_after_every_single_write() -> None:
 def test_pull_rdy_sum_holds_after_every_single_write() -> None:
     from nsq_sansio.testing import LinkSpec, Simulator
 
-    config = CONFIG.replace(max_in_flight=1, low_rdy_idle_timeout=1.0,
-                            rdy_redistribute_interval=0.5)
+    config = CONFIG.replace(
+        max_in_flight=1, low_rdy_idle_timeout=1.0, rdy_redistribute_interval=0.5
+    )
     consumer = ConsumerSpec(config=config, use_lookupd=False, pull=True, fetch_batch=1)
     spec = ClusterSpec(nsqd=5, consumers=(consumer,), link=LinkSpec(latency=0.05, jitter=0.0))
     sim = Simulator(spec, seed=0, rdy_per_write=True)

@@ -17,8 +17,9 @@ from ._profile import SIM
 def test_cluster_keeps_its_promises_under_faults(scenario: Scenario) -> None:
     note(replay_line(scenario))
     result = run_scenario(scenario)
-    accounted = result.messages_finished + len(result.monitor.excused - result.monitor.finished
-                                               - result.monitor.given_up)
+    accounted = result.messages_finished + len(
+        result.monitor.excused - result.monitor.finished - result.monitor.given_up
+    )
     assert accounted == result.messages_expected
 
 

@@ -23,14 +23,21 @@ from nsq_sansio.testing.__main__ import main
 
 SCENARIO = Scenario(
     cluster=ClusterSpec(
-        nsqd=3, lookupd=2, durable=False, link=LinkSpec(latency=0.002, jitter=0.01),
-        consumers=(ConsumerSpec(count=2, handler=Handler(duration=0.05, failure_rate=0.2)),
-                   ConsumerSpec(count=1, channel="audit", use_lookupd=False)),
+        nsqd=3,
+        lookupd=2,
+        durable=False,
+        link=LinkSpec(latency=0.002, jitter=0.01),
+        consumers=(
+            ConsumerSpec(count=2, handler=Handler(duration=0.05, failure_rate=0.2)),
+            ConsumerSpec(count=1, channel="audit", use_lookupd=False),
+        ),
     ),
     workload=Workload(messages=150, rate=100.0, batch=5),
-    faults=(Fault(1.5, FaultKind.PARTITION, "nsqd1", 3.0),
-            Fault(2.0, FaultKind.CRASH, "nsqd2", 4.0),
-            Fault(2.5, FaultKind.KILL_CONSUMER, "c0.1", 1.0)),
+    faults=(
+        Fault(1.5, FaultKind.PARTITION, "nsqd1", 3.0),
+        Fault(2.0, FaultKind.CRASH, "nsqd2", 4.0),
+        Fault(2.5, FaultKind.KILL_CONSUMER, "c0.1", 1.0),
+    ),
     seed=1234,
 )
 
@@ -44,12 +51,24 @@ def test_same_scenario_same_run() -> None:
     first = run_scenario(SCENARIO)
     second = run_scenario(scenario_from_blob(scenario_blob(SCENARIO)))
     assert (first.events, first.deliveries, first.end_time) == (
-        second.events, second.deliveries, second.end_time)
+        second.events,
+        second.deliveries,
+        second.end_time,
+    )
     assert first.monitor.finished == second.monitor.finished
     assert first.monitor.excused == second.monitor.excused
     # and the seed matters
-    runs = [run_scenario(Scenario(cluster=SCENARIO.cluster, workload=SCENARIO.workload,
-                                  faults=SCENARIO.faults, seed=seed)) for seed in (99, 100, 101)]
+    runs = [
+        run_scenario(
+            Scenario(
+                cluster=SCENARIO.cluster,
+                workload=SCENARIO.workload,
+                faults=SCENARIO.faults,
+                seed=seed,
+            )
+        )
+        for seed in (99, 100, 101)
+    ]
     signatures = {(r.events, r.deliveries, r.end_time, r.monitor.messages_sent) for r in runs}
     signatures.add((first.events, first.deliveries, first.end_time, first.monitor.messages_sent))
     assert len(signatures) > 1  # other seeds make other runs
@@ -90,10 +109,13 @@ def test_crash_excuses_per_channel_copy() -> None:
     # channel even though the other channel's copy is still on disk.
     from nsq_sansio.testing import Simulator
 
-    spec = ClusterSpec(nsqd=1, consumers=(
-        ConsumerSpec(count=1, handler=Handler(duration=5.0)),
-        ConsumerSpec(count=1, channel="audit", handler=Handler(duration=0.01), start_at=60.0),
-    ))
+    spec = ClusterSpec(
+        nsqd=1,
+        consumers=(
+            ConsumerSpec(count=1, handler=Handler(duration=5.0)),
+            ConsumerSpec(count=1, channel="audit", handler=Handler(duration=0.01), start_at=60.0),
+        ),
+    )
     sim = Simulator(spec, seed=3)
     sim.schedule_workload(Workload(messages=1, via_tcp=False))
     sim.run_until(3.0)  # archive holds m0 in flight; audit has it on disk
@@ -107,10 +129,19 @@ def test_crash_excuses_per_channel_copy() -> None:
 
 def test_a_cluster_works_when_every_frame_arrives_in_pieces() -> None:
     # every parser (client, nsqd, lookupd V1 and HTTP, the wire observers) sees cut frames
-    cluster = ClusterSpec(nsqd=2, link=LinkSpec(latency=0.001, jitter=0.001, segment=3),
-                          consumers=(ConsumerSpec(count=2),))
-    result = run_scenario(Scenario(cluster=cluster, workload=Workload(messages=100, batch=5),
-                                   faults=(Fault(2.0, FaultKind.CRASH, "nsqd1", 2.0),), seed=8))
+    cluster = ClusterSpec(
+        nsqd=2,
+        link=LinkSpec(latency=0.001, jitter=0.001, segment=3),
+        consumers=(ConsumerSpec(count=2),),
+    )
+    result = run_scenario(
+        Scenario(
+            cluster=cluster,
+            workload=Workload(messages=100, batch=5),
+            faults=(Fault(2.0, FaultKind.CRASH, "nsqd1", 2.0),),
+            seed=8,
+        )
+    )
     assert result.messages_finished + len(result.monitor.excused) == result.messages_expected
     assert result.messages_finished > 0
 
@@ -119,8 +150,11 @@ def test_big_bodies_go_through_nsqd_output_back_pressure() -> None:
     # 200 KB bodies, RDY up to 50: nsqd's per-connection output high-water mark (64 KiB) holds
     # deliveries back until the consumer's node takes the output; nothing may get stuck
     config = ConsumerSpec().config.replace(max_in_flight=50)
-    cluster = ClusterSpec(nsqd=2, consumers=(ConsumerSpec(count=2, config=config),),
-                          link=LinkSpec(latency=0.001, jitter=0.0, bandwidth=5e7, segment=1460))
+    cluster = ClusterSpec(
+        nsqd=2,
+        consumers=(ConsumerSpec(count=2, config=config),),
+        link=LinkSpec(latency=0.001, jitter=0.0, bandwidth=5e7, segment=1460),
+    )
     workload = Workload(messages=120, rate=1000.0, batch=10, body_size=200_000)
     result = run_scenario(Scenario(cluster=cluster, workload=workload, seed=2))
     assert result.messages_finished == result.messages_expected == 120

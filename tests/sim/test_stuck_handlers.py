@@ -28,8 +28,9 @@ def stuck_on_first() -> Handler:
 
 def scenario(*, pull: bool, max_in_flight: int = 1) -> Scenario:
     config = ConsumerSpec().config.replace(max_in_flight=max_in_flight, max_attempts=0)
-    consumer = ConsumerSpec(count=1, config=config, handler=stuck_on_first(), pull=pull,
-                            fetch_batch=1)
+    consumer = ConsumerSpec(
+        count=1, config=config, handler=stuck_on_first(), pull=pull, fetch_batch=1
+    )
     return Scenario(
         cluster=ClusterSpec(consumers=(consumer,)),
         workload=Workload(messages=10, rate=50.0, via_tcp=False),
