@@ -16,7 +16,7 @@ import time
 
 import anyio
 import pytest
-from support.brokers import needs_real, running_nsqd, topic_count, unique
+from support.brokers import embedded_topic_count, needs_real, running_nsqd, topic_count, unique
 from support.runtimes import Runtime, recorder
 
 import transports.anyio
@@ -24,8 +24,6 @@ import transports.sync
 import transports.trio
 from nsq_sansio.errors import BadMessage, IdentifyRejected, InvalidName
 from transports._common import TOPICS_REMEMBERED, NoNSQDAvailable
-from transports.embedded import EmbeddedNSQD
-from transports.embedded.thread import ServerThread
 from transports.testing.real_nsq import RealNSQD
 
 pytestmark = pytest.mark.anyio
@@ -205,16 +203,6 @@ async def test_topic_names_remembered_stay_bounded(runtime: Runtime) -> None:
 # --- PUBs coalesced into MPUBs: still one answer each ----------------------------------------
 
 
-def _embedded_count(runner: ServerThread[EmbeddedNSQD], topic: str) -> int:
-    server = runner.server
-
-    def read() -> int:
-        stats = server.core.stats(server.now(), topic=topic)
-        return sum(t["message_count"] for t in stats["topics"] if t["topic_name"] == topic)
-
-    return int(runner.call(read))
-
-
 async def _coalesced_with_bad_bodies(
     runtime: Runtime, address: str, caplog: pytest.LogCaptureFixture, coalesce: bool
 ) -> str:
@@ -246,7 +234,7 @@ async def test_pubs_coalesced_with_a_bad_one_fail_only_it_embedded(
 ) -> None:
     with running_nsqd(max_msg_size=1024) as (server, runner):
         topic = await _coalesced_with_bad_bodies(runtime, server.tcp_address, caplog, coalesce)
-        assert _embedded_count(runner, topic) == 91  # the refused MPUBs stored nothing
+        assert embedded_topic_count(runner, topic) == 91  # the refused MPUBs stored nothing
 
 
 @needs_real
@@ -268,7 +256,7 @@ async def test_concurrent_coalesced_pubs_are_each_stored_once(runtime: Runtime) 
             outcomes = await p.concurrently(calls, timeout=30)
             assert outcomes == [None] * 2000
             assert p.stats().published == 2001
-        assert _embedded_count(runner, topic) == 2001
+        assert embedded_topic_count(runner, topic) == 2001
         got: list[bytes] = []
         async with runtime.consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=500) as c:
             with anyio.fail_after(20):
@@ -279,3 +267,35 @@ async def test_concurrent_coalesced_pubs_are_each_stored_once(runtime: Runtime) 
                         break
     assert sorted(got) == sorted([b"warm"] + [body for _, (_, body) in calls])
     assert len(set(got)) == 2001
+
+
+@pytest.fixture(scope="module")
+def tls_ca(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    pytest.importorskip("cryptography")
+    from support.tls import make_test_ca
+
+    return make_test_ca(tmp_path_factory.mktemp("ca")).as_dict()
+
+
+@pytest.mark.parametrize("transport", ["snappy", "deflate", "tls"])
+async def test_coalesced_pubs_over_compression_and_tls(
+    runtime: Runtime, transport: str, tls_ca: dict[str, str]
+) -> None:
+    """The coalesced MPUB is written through the compressor or the TLS stream like any
+    command; a refused one (a body too big) still fails only its own publish."""
+    topic = unique()
+    server_options: dict[str, object] = {"max_msg_size": 4096}
+    client_options: dict[str, object] = {}
+    if transport == "tls":
+        server_options |= {"tls_cert": tls_ca["cert"], "tls_key": tls_ca["key"]}
+        client_options["tls_ca_file"] = tls_ca["ca"]
+    else:
+        client_options[transport] = True
+    with running_nsqd(**server_options) as (server, runner):
+        async with runtime.producer(server.tcp_address, timeout=20, **client_options) as p:
+            await p.publish(topic, b"warm")
+            bodies = [b"B" * 5000 if i == 150 else b"%d" % i * 20 for i in range(300)]
+            outcomes = await p.concurrently([("publish", (topic, b)) for b in bodies], timeout=20)
+        assert [i for i, error in enumerate(outcomes) if error is not None] == [150]
+        assert isinstance(outcomes[150], BadMessage)
+        assert embedded_topic_count(runner, topic) == 300

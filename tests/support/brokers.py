@@ -65,6 +65,17 @@ def running_nsqd(**options: Any) -> Iterator[tuple[EmbeddedNSQD, ServerThread[Em
         runner.stop()
 
 
+def embedded_topic_count(runner: ServerThread[EmbeddedNSQD], topic: str) -> int:
+    """Messages the embedded nsqd stored for ``topic`` (0 when it has no such topic)."""
+    server = runner.server
+
+    def read() -> int:
+        stats = server.core.stats(server.now(), topic=topic)
+        return sum(int(t["message_count"]) for t in stats["topics"] if t["topic_name"] == topic)
+
+    return runner.call(read)
+
+
 @contextmanager
 def running_cluster(nsqd_count: int, **options: Any) -> Iterator[ServerThread[Cluster]]:
     """An embedded nsqlookupd plus ``nsqd_count`` nsqd registered with it, on a thread."""

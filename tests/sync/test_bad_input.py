@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import pytest
+from support.brokers import embedded_topic_count
 
 from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports.embedded import EmbeddedNSQD, ServerThread
@@ -266,16 +267,6 @@ def test_failing_fin_batch_on_io_thread_is_logged_once_and_answerable_again(
     assert ch is not None and ch["depth"] == 0 and ch["requeue_count"] == 0
 
 
-def topic_message_count(runner: ServerThread[EmbeddedNSQD], topic: str) -> int:
-    server = runner.server
-
-    def read() -> int:
-        stats = server.core.stats(server.now(), topic=topic)
-        return sum(t["message_count"] for t in stats["topics"] if t["topic_name"] == topic)
-
-    return runner.call(read)
-
-
 def test_bad_producer_arguments_raise_in_caller_and_publish_nothing(nsqd: Pair) -> None:
     server, runner = nsqd
     topic = unique()
@@ -300,10 +291,10 @@ def test_bad_producer_arguments_raise_in_caller_and_publish_nothing(nsqd: Pair) 
                 producer.close(timeout)
         assert producer.stats().pending == 0
         assert producer._loop.failure is None
-        assert topic_message_count(runner, topic) == 0  # nothing bad was sent
+        assert embedded_topic_count(runner, topic) == 0  # nothing bad was sent
         producer.publish(topic, b"ok")  # still open and working
         producer.flush(5)
-    assert topic_message_count(runner, topic) == 1
+    assert embedded_topic_count(runner, topic) == 1
     not_counts: tuple[Any, ...] = (0, -1, 1.5, "8", True)
     for bad_pending in not_counts:
         with pytest.raises(ConfigError, match="max_pending"):

@@ -11,9 +11,10 @@ import threading
 import time
 
 import pytest
-from support.brokers import needs_real, paused, topic_count
+from support.brokers import embedded_topic_count, needs_real, paused, running_nsqd, topic_count
 from support.runtimes import recorder
 
+from nsq_sansio.errors import BadMessage
 from transports.sync import Producer
 from transports.testing.real_nsq import RealNSQD
 
@@ -108,3 +109,36 @@ def test_waiting_for_a_slot_counts_against_the_deadline_real() -> None:
         "TimeoutError",
         "TimeoutError",
     ]
+
+
+def test_threads_publishing_at_once_with_a_bad_body_fail_only_it() -> None:
+    """100 threads calling publish() together (their PUBs coalesced by whichever thread
+    writes): every tenth body is too big for nsqd, and only those calls fail."""
+    topic = unique()
+    with running_nsqd(max_msg_size=1024) as (server, runner):
+        with Producer(server.tcp_address, timeout=20) as producer:
+            producer.publish(topic, b"warm")
+            outcomes: dict[int, BaseException | None] = {}
+            start = threading.Barrier(100)
+
+            def publish(i: int) -> None:
+                start.wait()
+                body = b"B" * 2000 if i % 10 == 5 else b"%d" % i
+                try:
+                    for _ in range(5):
+                        producer.publish(topic, body)
+                    outcomes[i] = None
+                except Exception as exc:
+                    outcomes[i] = exc
+
+            threads = [threading.Thread(target=publish, args=(i,)) for i in range(100)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            stats = producer.stats()
+        failed = sorted(i for i, error in outcomes.items() if error is not None)
+        assert failed == list(range(5, 100, 10))
+        assert all(isinstance(outcomes[i], BadMessage) for i in failed)
+        assert (stats.published, stats.failed) == (1 + 90 * 5, 10)
+        assert embedded_topic_count(runner, topic) == 1 + 90 * 5
