@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
+import threading
 import time
 
 import anyio
@@ -299,3 +301,69 @@ async def test_coalesced_pubs_over_compression_and_tls(
         assert [i for i, error in enumerate(outcomes) if error is not None] == [150]
         assert isinstance(outcomes[150], BadMessage)
         assert embedded_topic_count(runner, topic) == 300
+
+
+# --- a connection reset by nsqd ---------------------------------------------------------------
+
+
+class _ResettingNSQD:
+    """A fake nsqd on loopback: answers IDENTIFY with OK, then resets the connection (RST,
+    not FIN) as soon as the first command after it arrives, as a real nsqd does when it
+    closes with pipelined commands unread."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.listener.settimeout(0.1)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.resets = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    data = b""
+                    while b"IDENTIFY\n" not in data or len(data) < data.index(b"IDENTIFY\n") + 13:
+                        data += conn.recv(4096)
+                    at = data.index(b"IDENTIFY\n") + 9
+                    size = int.from_bytes(data[at : at + 4], "big")
+                    while len(data) < at + 4 + size:
+                        data += conn.recv(4096)
+                    conn.sendall(b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
+                    rest = data[at + 4 + size :]
+                    while not rest:
+                        rest = conn.recv(4096)
+                except OSError:
+                    continue
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.resets += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.listener.close()
+
+
+async def test_a_connection_reset_fails_the_publish_not_the_producer(runtime: Runtime) -> None:
+    server = _ResettingNSQD()
+    try:
+        async with runtime.producer(server.address, timeout=5, connect_timeout=2) as p:
+            for _ in range(2):  # and the producer is still there for the next publish
+                with pytest.raises(NoNSQDAvailable, match=r"reset|closed|lost"):
+                    await p.publish(unique(), b"x")
+            outcomes = await p.concurrently(
+                [("publish", (unique(), b"%d" % i)) for i in range(20)], timeout=20
+            )
+            assert all(isinstance(o, NoNSQDAvailable) for o in outcomes)
+        assert server.resets >= 2
+    finally:
+        server.close()

@@ -204,10 +204,16 @@ class ProducerConnections:
                     assert self._tg is not None
                     self._tg.start_soon(self._timer)
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._writer, node, stream, proto)
-                    if node.reader_fd is not None:
-                        await anyio.sleep_forever()
-                    await self._reader(node, stream, proto, generation)
+                    tg.start_soon(self._writer, node, stream, proto, generation)
+                    try:
+                        if node.reader_fd is not None:
+                            await anyio.sleep_forever()
+                        await self._reader(node, stream, proto, generation)
+                    except (*SOCKET_ERRORS, NSQError) as exc:
+                        # Caught here, not around the task group, which would wrap it in an
+                        # ExceptionGroup that no ``except`` below matches (a reset by nsqd
+                        # would then end the whole producer).
+                        error = exc if isinstance(exc, NSQError) else ConnectionLost(str(exc))
                     tg.cancel_scope.cancel()
         except (*SOCKET_ERRORS, NSQError) as exc:
             error = exc if isinstance(exc, NSQError) else ConnectionLost(str(exc))
@@ -357,6 +363,17 @@ class ProducerConnections:
         return False
 
     async def _writer(
+        self, node: Node, stream: anyio.abc.ByteStream, proto: ClientConnection, generation: int
+    ) -> None:
+        """Write what direct writes could not; a failed write tears down this connection
+        (``generation``) like a failed read, instead of escaping its task group."""
+        try:
+            await self._write_loop(node, stream, proto)
+        except (*SOCKET_ERRORS, NSQError) as exc:
+            node.log.warning("connection lost: send failed: %s", exc)
+            self._disconnect(node, ConnectionLost(f"send failed: {exc}"), generation)
+
+    async def _write_loop(
         self, node: Node, stream: anyio.abc.ByteStream, proto: ClientConnection
     ) -> None:
         sock = node.sock
