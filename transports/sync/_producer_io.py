@@ -90,7 +90,8 @@ class ProducerIOThread:
         if isinstance(error, CoalescedPublishRefused):
             request = inflight.get(event.request_id)
             if request is not None:
-                if not any(r.alone for r in inflight.values()):
+                if error is not node.last_refused:  # one error object per refused group
+                    node.last_refused = error
                     node.log.warning(
                         "coalesced MPUB to %r refused (%s): each PUB goes again alone",
                         request.topic,

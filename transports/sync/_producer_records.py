@@ -198,6 +198,8 @@ class Node:
     published: int = 0
     failed: int = 0
     connects: int = 0
+    #: The last coalesced MPUB refusal logged (one warning per refused group, not per PUB).
+    last_refused: BaseException | None = None
 
     def __post_init__(self) -> None:
         self.inflight: dict[int, Request] = {}
