@@ -245,7 +245,11 @@ async def test_pubs_coalesced_with_a_bad_one_fail_only_it_real(
 ) -> None:
     with RealNSQD(["--max-msg-size=1024"]) as nsqd:
         topic = await _coalesced_with_bad_bodies(runtime, nsqd.tcp_address, caplog, True)
-        assert topic_count(nsqd, topic) == 91
+        # At least once: the real nsqd closes a connection it refused a publish on with our
+        # later commands unread, so the kernel resets it; now and then (seen on trio, about
+        # one run in three) the reset comes before nsqd's last answers and its error frame,
+        # and the publishes they answered, stored, are sent again.
+        assert topic_count(nsqd, topic) >= 91
 
 
 async def test_concurrent_coalesced_pubs_are_each_stored_once(runtime: Runtime) -> None:

@@ -135,6 +135,7 @@ class ProducerConnections:
     _loop: Any
     _timer_started: bool
     _wait_readable: Callable[[socket.socket], Any]
+    _notify_closing: Callable[[socket.socket], None] | None
 
     if TYPE_CHECKING:
 
@@ -290,7 +291,12 @@ class ProducerConnections:
         wait_readable = self._wait_readable
         recv = sock.recv
         while True:
-            await wait_readable(sock)
+            try:
+                await wait_readable(sock)
+            except Exception:
+                if node.sock is sock:
+                    raise
+                return  # _disconnect closed it (trio's ClosedResourceError): torn down already
             try:
                 data = recv(READ_SIZE)
             except (BlockingIOError, InterruptedError):
@@ -370,8 +376,26 @@ class ProducerConnections:
         try:
             await self._write_loop(node, stream, proto)
         except (*SOCKET_ERRORS, NSQError) as exc:
-            node.log.warning("connection lost: send failed: %s", exc)
-            self._disconnect(node, ConnectionLost(f"send failed: {exc}"), generation)
+            self._send_failed(node, proto, exc, generation)
+
+    def _send_failed(
+        self, node: Node, proto: ClientConnection, error: BaseException, generation: int
+    ) -> None:
+        """A write failed: nsqd closed the connection (after refusing a publish, say). What it
+        sent before closing is still in the socket's receive buffer: its answers, and the
+        error that made it close, are matched first, or publishes nsqd stored would be sent
+        again and stored twice. Then the connection is torn down."""
+        sock = node.sock
+        while sock is not None and node.proto is proto and node.generation == generation:
+            try:
+                data = sock.recv(READ_SIZE)
+            except OSError:  # nothing more (would block), or the reset after the last bytes
+                break
+            if self._feed(node, proto, generation, data):  # b"" (end of stream) closes it
+                return
+        if node.generation == generation and node.down_generation != generation:
+            node.log.warning("connection lost: send failed: %s", error)
+        self._disconnect(node, ConnectionLost(f"send failed: {error}"), generation)
 
     async def _write_loop(
         self, node: Node, stream: anyio.abc.ByteStream, proto: ClientConnection
@@ -411,6 +435,11 @@ class ProducerConnections:
             node.reader_fd = None
         if node.sock is not None:
             if node.sock_owned:
+                if self._notify_closing is not None:
+                    # trio: wake whoever waits on it first, so that trio's epoll does not keep
+                    # this descriptor's registration for the next socket given its number
+                    # (seen against the real nsqd: later connections reset, publishes lost).
+                    self._notify_closing(node.sock)
                 node.sock.close()
             node.sock = None
         node.out.clear()

@@ -141,6 +141,7 @@ class Producer(ProducerConnections):
         self._current_task: Any = None  # trio.lowlevel's, on trio
         self._wait_rescheduled: Any = None
         self._wait_readable: Any = None  # trio.lowlevel's, on trio
+        self._notify_closing: Any = None  # trio.lowlevel's, on trio
         self._reschedule: Any = None
         self._value: Any = None
         self._closed = False
@@ -162,6 +163,7 @@ class Producer(ProducerConnections):
             self._current_task = trio.lowlevel.current_task
             self._wait_rescheduled = trio.lowlevel.wait_task_rescheduled
             self._wait_readable = trio.lowlevel.wait_readable
+            self._notify_closing = trio.lowlevel.notify_closing
             self._reschedule = trio.lowlevel.reschedule
             self._value = outcome.Value
         else:
@@ -448,7 +450,7 @@ class Producer(ProducerConnections):
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
-            self._disconnect(node, ConnectionLost(f"send failed: {exc}"), node.generation)
+            self._send_failed(node, proto, exc, node.generation)
             return
         if sent < len(data):
             node.out += memoryview(data)[sent:]
