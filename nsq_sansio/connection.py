@@ -480,13 +480,9 @@ class ClientConnection:
         if group is None:
             return
         self._group = None
-        self._group_sizes[tail[1][1]] = len(group)
-        sizes: list[bytes] = [b""] * (2 * len(group))
-        sizes[0::2] = map(_SIZE.pack, map(len, group))
-        sizes[1::2] = group
-        payload = _SIZE.pack(len(group)) + b"".join(sizes)
-        header = b"MPUB " + tail[0].encode() + b"\n" + _SIZE.pack(len(payload))
-        self._out[tail[2]] = header + payload
+        topic, (_, first_id), slot, _ = tail
+        self._group_sizes[first_id] = len(group)
+        self._out[slot] = frames.encode_checked_mpub(topic, group)
 
     def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> int:
         """``MPUB`` (atomic); returns the request id its answer will carry."""

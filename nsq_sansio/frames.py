@@ -29,6 +29,7 @@ __all__ = [
     "FrameType",
     "decode_message",
     "encode_auth",
+    "encode_checked_mpub",
     "encode_cls",
     "encode_dpub",
     "encode_fin",
@@ -240,12 +241,16 @@ def encode_mpub(topic: str, bodies: Sequence[bytes]) -> bytes:
         raise LocalProtocolError("multi_publish takes a sequence of bodies, not one body")
     if not bodies:
         raise LocalProtocolError("multi_publish needs at least one message body")
-    parts = [_U32.pack(len(bodies))]
-    for body in bodies:
-        body = _check_body(body)
-        parts.append(_U32.pack(len(body)))
-        parts.append(body)
-    payload = b"".join(parts)
+    return encode_checked_mpub(topic, list(map(_check_body, bodies)))
+
+
+def encode_checked_mpub(topic: str, bodies: Sequence[bytes]) -> bytes:
+    """``MPUB`` of bodies already checked (non-empty ``bytes``) to a topic already validated:
+    the encoding alone, for a caller that checked each body as it came (coalesced PUBs)."""
+    parts: list[bytes] = [b""] * (2 * len(bodies))
+    parts[0::2] = map(_U32.pack, map(len, bodies))
+    parts[1::2] = bodies
+    payload = _U32.pack(len(bodies)) + b"".join(parts)
     return b"MPUB " + topic.encode() + b"\n" + _sized(payload)
 
 

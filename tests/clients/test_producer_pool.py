@@ -111,14 +111,8 @@ async def _in_order(runtime: Runtime, address: str) -> None:
         for i in range(200):  # each waits for its answer before the next is sent
             await p.publish(topic, b"%d" % i)
         assert sum(c.connected for c in p.stats().connections) == 4
-    got: list[bytes] = []
     async with runtime.consumer(topic, "c", nsqd=[address], max_in_flight=50) as consumer:
-        with anyio.fail_after(10):
-            async for msg in consumer.messages():
-                got.append(msg.body)
-                await consumer.finish(msg)
-                if len(got) == 204:
-                    break
+        got = await consumer.bodies(204, timeout=10)
     assert got == [b"warm%d" % i for i in range(4)] + [b"%d" % i for i in range(200)]
 
 

@@ -135,6 +135,18 @@ class ConsumerDriver:
     async def fetch(self, batch: int, timeout: float) -> list[Any]:
         raise NotImplementedError
 
+    async def bodies(self, count: int, timeout: float) -> list[bytes]:
+        """The bodies of the next ``count`` messages, in delivery order, each finished;
+        TimeoutError when they do not all come within ``timeout`` seconds."""
+        got: list[bytes] = []
+        with anyio.fail_after(timeout):
+            async for msg in self.messages():
+                got.append(msg.body)
+                await self.finish(msg)
+                if len(got) == count:
+                    break
+        return got
+
 
 class AnyioConsumer(ConsumerDriver):
     def __init__(self, client: transports.anyio.Consumer) -> None:

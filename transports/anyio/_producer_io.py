@@ -52,6 +52,11 @@ class NotRead(ConnectionLost):
     not count against the publish's retries (another publish's refusal is not its fault)."""
 
 
+def _as_nsq_error(exc: BaseException) -> NSQError:
+    """A socket error as the ``ConnectionLost`` it means; an ``NSQError`` as it is."""
+    return exc if isinstance(exc, NSQError) else ConnectionLost(str(exc))
+
+
 class SendAlone(NotRead):
     """nsqd refused the MPUB this PUB was coalesced into (all or nothing: not stored): send it
     again as a PUB of its own, so that only a publish at fault itself fails."""
@@ -214,10 +219,10 @@ class ProducerConnections:
                         # Caught here, not around the task group, which would wrap it in an
                         # ExceptionGroup that no ``except`` below matches (a reset by nsqd
                         # would then end the whole producer).
-                        error = exc if isinstance(exc, NSQError) else ConnectionLost(str(exc))
+                        error = _as_nsq_error(exc)
                     tg.cancel_scope.cancel()
         except (*SOCKET_ERRORS, NSQError) as exc:
-            error = exc if isinstance(exc, NSQError) else ConnectionLost(str(exc))
+            error = _as_nsq_error(exc)
         finally:
             if error is not None and node.generation == generation:
                 node.log.warning("connection lost: %s", error)
@@ -327,7 +332,8 @@ class ProducerConnections:
         node.bytes_in += len(data)
         pending = node.pending
         answer_heartbeat = False
-        refused_group: BaseException | None = None
+        refused_group: BaseException | None = None  # the coalesced MPUB refused last
+        send_alone: SendAlone | None = None
         for event in proto.receive_data(data, monotonic()):
             if type(event) is PublishAcknowledged:
                 call = pending.pop(event.request_id, None)
@@ -340,14 +346,15 @@ class ProducerConnections:
                 error = event.error
                 if isinstance(error, CoalescedPublishRefused):
                     # Not stored; maybe another message's fault: each goes again on its own.
-                    if error is not refused_group:
+                    if error is not refused_group:  # the core makes one error per group
                         refused_group = error
+                        send_alone = SendAlone(f"{node.address}: {error}")
                         node.log.warning(
                             "coalesced MPUB to %r refused (%s): each PUB goes again alone",
                             call.topic,
                             error.error,
                         )
-                    self._resolve(call, SendAlone(f"{node.address}: {error}"))
+                    self._resolve(call, send_alone)
                 else:
                     node.log.warning("publish to %r refused: %s", call.topic, error)
                     self._resolve(call, error)
@@ -385,16 +392,17 @@ class ProducerConnections:
         sent before closing is still in the socket's receive buffer: its answers, and the
         error that made it close, are matched first, or publishes nsqd stored would be sent
         again and stored twice. Then the connection is torn down."""
+        if node.proto is not proto:
+            return  # torn down already (``proto`` is this connection's until then)
         sock = node.sock
-        while sock is not None and node.proto is proto and node.generation == generation:
+        while sock is not None and node.proto is proto:
             try:
                 data = sock.recv(READ_SIZE)
             except OSError:  # nothing more (would block), or the reset after the last bytes
                 break
             if self._feed(node, proto, generation, data):  # b"" (end of stream) closes it
                 return
-        if node.generation == generation and node.down_generation != generation:
-            node.log.warning("connection lost: send failed: %s", error)
+        node.log.warning("connection lost: send failed: %s", error)
         self._disconnect(node, ConnectionLost(f"send failed: {error}"), generation)
 
     async def _write_loop(

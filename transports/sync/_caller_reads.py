@@ -68,9 +68,7 @@ class CallerReads:
 
         def _locked(self, fn: Callable[..., None], *args: Any) -> None: ...
 
-        def _refused(
-            self, node: Node, inflight: dict[int, Request], event: PublishFailed
-        ) -> None: ...
+        def _refused(self, node: Node, event: PublishFailed) -> None: ...
 
     def _take_output(self, node: Node, wire: Wire, conn: ClientConnection) -> bytes:
         """Lock held: what ``conn`` queued, with the writer role, when it is free (else b"")."""
@@ -266,7 +264,7 @@ class CallerReads:
                     self._published += 1
                     self._complete(request, None)
             elif isinstance(event, PublishFailed):
-                self._refused(node, inflight, event)
+                self._refused(node, event)
             elif type(event) is Heartbeat:
                 self._loop.wake()  # the IO thread writes the NOP the core queued
             elif isinstance(event, ConnectionClosed):

@@ -81,12 +81,13 @@ class ProducerIOThread:
 
         def _check_direct(self, now: float) -> None: ...
 
-    def _refused(self, node: Node, inflight: dict[int, Request], event: PublishFailed) -> None:
+    def _refused(self, node: Node, event: PublishFailed) -> None:
         """nsqd refused a publish (lock held): it fails with nsqd's error. A PUB refused as a
         member of a coalesced MPUB was not stored and may not be at fault: it stays in
         ``inflight`` marked ``alone``, and when the connection closes (nsqd closes it after any
         publish error) it is sent again as a PUB of its own, like a publish nsqd never read."""
         error = event.error
+        inflight = node.inflight
         if isinstance(error, CoalescedPublishRefused):
             request = inflight.get(event.request_id)
             if request is not None:
@@ -129,7 +130,7 @@ class ProducerIOThread:
                     self._published += 1
                     self._complete(request, None)
             elif isinstance(event, PublishFailed):
-                self._refused(node, node.inflight, event)
+                self._refused(node, event)
             elif isinstance(event, ConnectionReady):
                 node.ready = True
                 node.ready_by = None
