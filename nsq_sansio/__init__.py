@@ -15,6 +15,7 @@ from .errors import (
     LocalProtocolError,
     NSQError,
     ProtocolError,
+    RemoteProtocolError,
     ServerError,
 )
 from .events import (
@@ -57,6 +58,7 @@ __all__ = [
     "ProtocolError",
     "PublishAcknowledged",
     "PublishFailed",
+    "RemoteProtocolError",
     "ServerError",
     "ServerSettings",
     "Subscribed",

@@ -31,7 +31,7 @@ from .errors import (
     IdentifyRejected,
     LocalProtocolError,
     NSQError,
-    ProtocolError,
+    RemoteProtocolError,
     ServerError,
 )
 from .events import (
@@ -662,8 +662,8 @@ class ClientConnection:
                     break
                 if frame_type == 2:
                     if size < 30:
-                        raise ProtocolError(f"message frame of {size} bytes is too short")
-                    raise ProtocolError(f"message received in state {self._state.name}")
+                        raise RemoteProtocolError(f"message frame of {size} bytes is too short")
+                    raise RemoteProtocolError(f"message received in state {self._state.name}")
                 if len(events) > mark:
                     self._count_received(len(events) - mark)
                 payload = data[pos + 8 : stop]
@@ -673,7 +673,7 @@ class ClientConnection:
                 elif frame_type == 1:
                     self._on_error(payload, events)
                 else:
-                    raise ProtocolError(f"unknown frame type {frame_type}")
+                    raise RemoteProtocolError(f"unknown frame type {frame_type}")
                 if self._switch or self._state is _S.CLOSED:
                     break
                 mark = len(events)
@@ -687,7 +687,9 @@ class ClientConnection:
             else:
                 need = 8
         except (NSQError, ValueError, RecursionError) as exc:  # bad (or absurdly nested) JSON
-            error = exc if isinstance(exc, NSQError) else ProtocolError(f"bad answer: {exc!r}")
+            error = (
+                exc if isinstance(exc, NSQError) else RemoteProtocolError(f"bad answer: {exc!r}")
+            )
             self._fail(error, events)
             return
         if pos < end:
@@ -716,18 +718,20 @@ class ClientConnection:
             events.append(Heartbeat())
             return
         if not self._awaiting:
-            raise ProtocolError(f"unexpected response {payload[:64]!r} in state {self._state.name}")
+            raise RemoteProtocolError(
+                f"unexpected response {payload[:64]!r} in state {self._state.name}"
+            )
         kind, request_id = self._awaiting.popleft()
         if kind is _Awaiting.PUBLISH:
             if payload != frames.OK:
-                error = ProtocolError(f"publish answered {payload[:64]!r} instead of OK")
+                error = RemoteProtocolError(f"publish answered {payload[:64]!r} instead of OK")
                 events.append(PublishFailed(request_id, error))
                 raise error
             events.append(PublishAcknowledged(request_id))
         elif kind is _GROUP_AWAITING:
             ids = range(request_id, request_id + self._group_sizes.pop(request_id))
             if payload != frames.OK:
-                error = ProtocolError(f"publish answered {payload[:64]!r} instead of OK")
+                error = RemoteProtocolError(f"publish answered {payload[:64]!r} instead of OK")
                 events.extend(PublishFailed(rid, error) for rid in ids)
                 raise error
             events.extend(map(PublishAcknowledged, ids))
@@ -735,7 +739,7 @@ class ClientConnection:
             self._on_identify(payload, events)
         elif kind is _Awaiting.TLS_OK or kind is _Awaiting.COMPRESSION_OK:
             if payload != frames.OK:
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"expected OK after the {kind.name} upgrade, got {payload[:64]!r}"
                 )
             if kind is _Awaiting.TLS_OK and self._start_compression():
@@ -745,14 +749,14 @@ class ClientConnection:
             self._on_auth(payload, events)
         elif kind is _Awaiting.SUB:
             if payload != frames.OK:
-                raise ProtocolError(f"SUB answered {payload[:64]!r} instead of OK")
+                raise RemoteProtocolError(f"SUB answered {payload[:64]!r} instead of OK")
             self._state = _S.SUBSCRIBED
             self._accepts_messages = True
             assert self.topic is not None and self.channel is not None
             events.append(Subscribed(self.topic, self.channel))
         else:  # CLS
             if payload != frames.CLOSE_WAIT:
-                raise ProtocolError(f"CLS answered {payload[:64]!r} instead of CLOSE_WAIT")
+                raise RemoteProtocolError(f"CLS answered {payload[:64]!r} instead of CLOSE_WAIT")
             self._close_wait_received = True
             self._rdy = self._rdy_remaining = 0
             events.append(CloseWait())
@@ -763,20 +767,20 @@ class ClientConnection:
             # Compression is an optimisation and falls back to none; TLS never falls back.
             for feature in ("tls_v1",):
                 if self._requested.get(feature):
-                    raise ProtocolError(
+                    raise RemoteProtocolError(
                         f"{feature} was requested but nsqd does not negotiate features"
                     )
             self._after_upgrades(events)
             return
         data = json.loads(payload)
         if not isinstance(data, dict):
-            raise ProtocolError(f"IDENTIFY answer is not a JSON object: {payload[:64]!r}")
+            raise RemoteProtocolError(f"IDENTIFY answer is not a JSON object: {payload[:64]!r}")
         settings = ServerSettings.from_json(data)
         for feature in ("tls_v1", "snappy", "deflate"):
             if getattr(settings, feature) and not self._requested.get(feature):
-                raise ProtocolError(f"nsqd enabled {feature}, which was not requested")
+                raise RemoteProtocolError(f"nsqd enabled {feature}, which was not requested")
         if self._requested.get("tls_v1") and not settings.tls_v1:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 "TLS was requested but nsqd did not enable it (is TLS set up there?)"
             )
         self.settings = settings
@@ -824,10 +828,10 @@ class ClientConnection:
     def _on_auth(self, payload: bytes, events: list[Event]) -> None:
         data = json.loads(payload)
         if not isinstance(data, dict):
-            raise ProtocolError(f"AUTH answer is not a JSON object: {payload[:64]!r}")
+            raise RemoteProtocolError(f"AUTH answer is not a JSON object: {payload[:64]!r}")
         count = data.get("permission_count", 0)
         if isinstance(count, bool) or not isinstance(count, int):
-            raise ProtocolError(f"AUTH answer permission_count must be an int, got {count!r}")
+            raise RemoteProtocolError(f"AUTH answer permission_count must be an int, got {count!r}")
         self.auth = AuthResult(
             identity=str(data.get("identity", "")),
             identity_url=str(data.get("identity_url", "")),

@@ -1,8 +1,9 @@
 """The exception hierarchy: every error the library raises or reports is an :class:`NSQError`.
 
-Three families, as in h11: the peer broke the protocol (:class:`ProtocolError`), this side used
-the API wrongly (:class:`LocalProtocolError`), or nsqd answered with an ``E_*`` error frame
-(:class:`ServerError`, which keeps NSQ's code and text and knows whether NSQ treats it as fatal).
+Three families, as in h11: a :class:`ProtocolError` is either the peer breaking the protocol
+(:class:`RemoteProtocolError`) or this side using the API wrongly (:class:`LocalProtocolError`);
+or nsqd answered with an ``E_*`` error frame (:class:`ServerError`, which keeps NSQ's code and
+text and knows whether NSQ treats it as fatal).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "NSQError",
     "ProtocolError",
     "PubFailed",
+    "RemoteProtocolError",
     "ReqFailed",
     "ServerError",
     "TouchFailed",
@@ -42,10 +44,15 @@ class NSQError(Exception):
 
 
 class ProtocolError(NSQError):
+    """The protocol was broken: by the peer (:class:`RemoteProtocolError`) or by this side's use
+    of the API (:class:`LocalProtocolError`). Catch this to catch both."""
+
+
+class RemoteProtocolError(ProtocolError):
     """The peer sent bytes that break protocol V2 (malformed or oversized frame, bad JSON...)."""
 
 
-class FrameTooLarge(ProtocolError):
+class FrameTooLarge(RemoteProtocolError):
     """A frame announced a size above the configured maximum; nothing was buffered for it."""
 
     def __init__(self, size: int, limit: int) -> None:
@@ -54,7 +61,7 @@ class FrameTooLarge(ProtocolError):
         self.limit = limit
 
 
-class CompressionError(ProtocolError):
+class CompressionError(RemoteProtocolError):
     """A compressed stream was corrupt, or expanded past the allowed bound."""
 
 
@@ -62,7 +69,7 @@ class ConnectionLost(NSQError):
     """The connection ended (EOF or transport failure) before it was closed cleanly."""
 
 
-class LocalProtocolError(NSQError):
+class LocalProtocolError(ProtocolError):
     """This side asked for something the protocol or the current state does not allow."""
 
 

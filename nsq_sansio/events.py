@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Union
 
-from .errors import NSQError, ProtocolError, ServerError
+from .errors import NSQError, RemoteProtocolError, ServerError
 
 __all__ = [
     "AuthResult",
@@ -78,11 +78,15 @@ class ServerSettings:
         def read(name: str, kind: type, default: Any) -> Any:
             value = data.get(name, default)
             if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ProtocolError(f"IDENTIFY answer field {name!r} must be an int, got {value!r}")
+                raise RemoteProtocolError(
+                    f"IDENTIFY answer field {name!r} must be an int, got {value!r}"
+                )
             if kind is bool and not isinstance(value, bool):
-                raise ProtocolError(f"IDENTIFY answer field {name!r} must be a bool, got {value!r}")
+                raise RemoteProtocolError(
+                    f"IDENTIFY answer field {name!r} must be a bool, got {value!r}"
+                )
             if kind is str and not isinstance(value, str):
-                raise ProtocolError(
+                raise RemoteProtocolError(
                     f"IDENTIFY answer field {name!r} must be a string, got {value!r}"
                 )
             return value
@@ -106,11 +110,11 @@ class ServerSettings:
             raw=dict(data),
         )
         if settings.max_rdy_count < 1:
-            raise ProtocolError(
+            raise RemoteProtocolError(
                 f"IDENTIFY answer max_rdy_count must be >= 1, got {settings.max_rdy_count}"
             )
         if settings.snappy and settings.deflate:
-            raise ProtocolError("IDENTIFY answer enabled both snappy and deflate")
+            raise RemoteProtocolError("IDENTIFY answer enabled both snappy and deflate")
         return settings
 
 

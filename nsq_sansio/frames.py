@@ -12,7 +12,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from enum import IntEnum
 
-from .errors import FrameTooLarge, LocalProtocolError, ProtocolError
+from .errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 from .events import Message
 from .names import validate_channel, validate_topic
 
@@ -102,7 +102,7 @@ def encode_message_frame(message_id: bytes, timestamp_ns: int, attempts: int, bo
 def decode_message(data: bytes) -> Message:
     """Decode a message frame's data (timestamp, attempts, id, body)."""
     if len(data) < MESSAGE_HEADER_SIZE:
-        raise ProtocolError(
+        raise RemoteProtocolError(
             f"message frame of {len(data)} bytes is shorter than its "
             f"{MESSAGE_HEADER_SIZE}-byte header"
         )
@@ -113,7 +113,7 @@ def decode_message(data: bytes) -> Message:
 def check_frame_size(size: int, max_frame_size: int) -> None:
     """Refuse a frame size before buffering anything for it."""
     if size < 4:
-        raise ProtocolError(f"frame size {size} is smaller than the 4-byte frame type")
+        raise RemoteProtocolError(f"frame size {size} is smaller than the 4-byte frame type")
     if size > max_frame_size:
         raise FrameTooLarge(size, max_frame_size)
 
@@ -132,7 +132,7 @@ class FrameDecoder:
             raise LocalProtocolError(f"max_frame_size must be at least 30, got {max_frame_size}")
         self.max_frame_size = max_frame_size
         self._buffer = bytearray()
-        self._error: ProtocolError | None = None
+        self._error: RemoteProtocolError | None = None
 
     @property
     def buffered(self) -> int:
@@ -142,7 +142,7 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         """Add ``data``; return every frame it completes as ``(frame_type, payload)``.
 
-        A broken stream raises :class:`ProtocolError`; frames completed before the break are
+        A broken stream raises :class:`RemoteProtocolError`; frames completed before the break are
         returned first and the error is raised by the next call, so no chunking loses frames.
         """
         if self._error is not None:
@@ -166,7 +166,7 @@ class FrameDecoder:
                     pos = stop
                 if end - pos >= 4:
                     check_frame_size(_U32.unpack_from(buffer, pos)[0], limit)
-        except ProtocolError as exc:
+        except RemoteProtocolError as exc:
             self._error = exc
             buffer.clear()
             pos = 0

@@ -126,8 +126,8 @@ class HTTPPublishClient:
 
     def receive_data(self, data: bytes) -> PubResponse | None:
         """Feed response bytes; returns the response once complete. Raises
-        :class:`~nsq_sansio.errors.ProtocolError` for a broken answer or EOF mid-answer."""
-        from nsq_sansio.errors import ConnectionLost, ProtocolError
+        :class:`~nsq_sansio.errors.RemoteProtocolError` for a broken answer or EOF mid-answer."""
+        from nsq_sansio.errors import ConnectionLost, RemoteProtocolError
 
         try:
             self._conn.receive_data(data)
@@ -150,7 +150,7 @@ class HTTPPublishClient:
         except h11.RemoteProtocolError as exc:
             if not data:
                 raise ConnectionLost("nsqd closed the HTTP connection mid-answer") from exc
-            raise ProtocolError(f"bad HTTP answer from nsqd: {exc}") from exc
+            raise RemoteProtocolError(f"bad HTTP answer from nsqd: {exc}") from exc
 
 
 def build_pub_request(

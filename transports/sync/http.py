@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from nsq_sansio.errors import ConnectionLost, NSQError, ProtocolError
+from nsq_sansio.errors import ConnectionLost, NSQError, RemoteProtocolError
 from nsq_sansio.frames import encode_dpub, encode_mpub, encode_pub
 from transports._common import (
     DEFAULT_HTTP_PORT,
@@ -136,7 +136,7 @@ class HTTPProducer:
                     break
                 try:
                     response = conn.exchange(build(conn.client))
-                except (OSError, ConnectionLost, ProtocolError) as exc:
+                except (OSError, ConnectionLost, RemoteProtocolError) as exc:
                     conn.close()
                     if fresh:
                         errors.append(f"{url.address}: {exc}")
