@@ -22,6 +22,7 @@ __all__ = [
     "FinFailed",
     "FrameTooLarge",
     "IdentifyRejected",
+    "IncompatibleNSQD",
     "InvalidCommand",
     "InvalidName",
     "LocalProtocolError",
@@ -123,7 +124,15 @@ class ServerError(NSQError):
         return error_class(code, text)
 
 
-class IdentifyRejected(ConfigError):
+class IncompatibleNSQD(ConfigError):
+    """The nsqd at this address cannot serve this configuration, so reconnecting cannot help.
+
+    Consumers fail with it (iteration, ``run()`` and ``fetch()`` raise it) and publishes raise
+    it instead of retrying. :class:`IdentifyRejected` is the case where nsqd refused IDENTIFY.
+    """
+
+
+class IdentifyRejected(IncompatibleNSQD):
     """nsqd refused IDENTIFY (``E_BAD_BODY IDENTIFY output buffer timeout (10) is invalid``...).
 
     The configuration asks for something this nsqd does not allow (a value outside its

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..connection import ClientConnection
 from ..discovery import LookupAnswer, LookupFailure, NSQDAddress
-from ..errors import ConnectionLost, IdentifyRejected, LocalProtocolError, NSQError
+from ..errors import ConnectionLost, IncompatibleNSQD, LocalProtocolError, NSQError
 from ..events import ConnectionClosed, Event, MessageTakenBack
 from .actions import (
     CloseConnection,
@@ -209,7 +209,7 @@ class Connections(PullMode):
         if self._pull and unanswered:
             self._forget_pull_messages(conn_id)
         # nsqd refused the configuration: reconnecting cannot help, the consumer fails.
-        refused = isinstance(error, IdentifyRejected) and self._state is ConsumerState.RUNNING
+        refused = isinstance(error, IncompatibleNSQD) and self._state is ConsumerState.RUNNING
         reconnect_at: float | None = None
         retry = self._direct.get(link.address)
         if retry is not None and self._state is ConsumerState.RUNNING and not refused:

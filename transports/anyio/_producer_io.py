@@ -23,7 +23,7 @@ from nsq_sansio.connection import ClientConnection
 from nsq_sansio.errors import (
     CoalescedPublishRefused,
     ConnectionLost,
-    IdentifyRejected,
+    IncompatibleNSQD,
     NSQError,
     ServerError,
 )
@@ -120,7 +120,7 @@ class Node:
         self.flush_scheduled = False
         self.last_error: str | None = None
         #: The last attempt's error when it was a configuration error (a refused IDENTIFY).
-        self.config_error: IdentifyRejected | None = None
+        self.config_error: IncompatibleNSQD | None = None
         self.down_until = 0.0
         self.connects = 0
         self.published = 0
@@ -454,7 +454,7 @@ class ProducerConnections:
         if node.proto is not None:
             node.proto.close()
             node.proto = None
-        if isinstance(error, IdentifyRejected):
+        if isinstance(error, IncompatibleNSQD):
             node.config_error = error
         elif not isinstance(error, ConnectionLost | ServerError):
             error = ConnectionLost(str(error))

@@ -39,7 +39,7 @@ from nsq_sansio.connection import ClientConnection, ConnectionState
 from nsq_sansio.errors import (
     ConfigError,
     ConnectionLost,
-    IdentifyRejected,
+    IncompatibleNSQD,
     LocalProtocolError,
     NSQError,
     ServerError,
@@ -291,7 +291,7 @@ class Producer(ProducerConnections):
                     try:
                         with anyio.fail_after(max(call.deadline - monotonic(), 0)):
                             proto = await self._ensure(node)
-                    except IdentifyRejected:
+                    except IncompatibleNSQD:
                         self._failed += 1
                         raise  # the configuration's fault: no other node will take it either
                     except (NSQError, TimeoutError) as exc:

@@ -24,7 +24,7 @@ from nsq_sansio.connection import ConnectionState
 from nsq_sansio.errors import (
     CoalescedPublishRefused,
     ConnectionLost,
-    IdentifyRejected,
+    IncompatibleNSQD,
     NSQError,
     ServerError,
 )
@@ -229,7 +229,7 @@ class ProducerIOThread:
         node.ready_by = None
         if self._closing:
             return
-        if isinstance(error, IdentifyRejected):
+        if isinstance(error, IncompatibleNSQD):
             # The configuration's fault: reconnecting cannot help, so nothing retries it.
             # Publishes waiting for a connection fail with it; a later publish tries again.
             node.config_error = error

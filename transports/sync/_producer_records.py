@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from nsq_sansio.connection import ClientConnection
 from nsq_sansio.errors import (
-    IdentifyRejected,
+    IncompatibleNSQD,
 )
 from transports._common import (
     ConnectionLogger,
@@ -194,7 +194,7 @@ class Node:
     connecting: bool = False
     last_error: str | None = None
     #: nsqd refused IDENTIFY on the last attempt: no reconnect until a publish asks for one.
-    config_error: IdentifyRejected | None = None
+    config_error: IncompatibleNSQD | None = None
     published: int = 0
     failed: int = 0
     connects: int = 0
