@@ -1,0 +1,368 @@
+"""The command line against hostile or careless surroundings: ``--tls-*`` flags never leave a
+connection in plaintext, ``to-file`` never writes through a planted link or into a world-readable
+file, and an HTTP server cannot take the process's memory or time with an endless answer."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from transports.cli.archive import FileArchive
+from transports.embedded import EmbeddedNSQD, ServerThread
+from transports.sync import Producer
+
+from .conftest import _command, _env, channel_stats, cli, http_post, one_line_error
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def certificate() -> Iterator[tuple[str, str]]:
+    from transports.testing.tls import self_signed_certificate
+
+    try:
+        with self_signed_certificate() as files:
+            yield files
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("neither the cryptography package nor an openssl binary is available")
+
+
+# --- TLS: every --tls-* flag turns it on, or is refused -------------------------------------
+
+
+@pytest.mark.parametrize("command", ["tail", "pub"])
+def test_tls_insecure_skip_verify_alone_turns_tls_on(
+    command: str, certificate: tuple[str, str]
+) -> None:
+    """Against an nsqd that requires TLS of TCP clients, ``--tls-insecure-skip-verify`` alone
+    must connect with TLS (in plaintext nsqd refuses the client)."""
+    cert, key = certificate
+    with ServerThread(EmbeddedNSQD(tls_cert=cert, tls_key=key, tls_required="tcp-https")) as nsqd:
+        http_post(nsqd.http_address, "/topic/create?topic=secure")
+        http_post(nsqd.http_address, "/channel/create?topic=secure&channel=c")
+        common = ("--topic", "secure", "--nsqd-tcp-address", nsqd.tcp_address)
+        if command == "pub":
+            result = cli("pub", *common, "--tls-insecure-skip-verify", input=b"hello\n")
+            assert result.returncode == 0, result.stderr
+            assert channel_stats(nsqd.http_address, "secure", "c")["depth"] == 1
+        else:
+            publish = urllib.request.Request(  # plain HTTP is allowed by tcp-https
+                f"http://{nsqd.http_address}/pub?topic=secure", data=b"hello", method="POST"
+            )
+            urllib.request.urlopen(publish, timeout=5).close()
+            result = cli("tail", *common, "--channel", "c", "-n", "1", "--tls-insecure-skip-verify")
+            assert result.returncode == 0, result.stderr
+            assert result.stdout == b"hello\n"
+
+
+@pytest.mark.parametrize("command", ["tail", "pub", "to-file"])
+def test_tls_key_without_its_certificate_is_a_usage_error(command: str, tmp_path: Path) -> None:
+    key = tmp_path / "client.key"
+    key.write_text("not used")
+    result = cli(
+        command, "--topic", "t", "--nsqd-tcp-address", "127.0.0.1:1", "--tls-key", str(key)
+    )
+    line = one_line_error(result)
+    assert result.returncode == 2
+    assert (
+        line
+        == f"nsq-sansio {command}: --tls-key needs --tls-cert (the certificate the key belongs to)"
+    )
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--tls-root-ca-file", "ca.pem"),
+        ("--tls-client-auth-policy", "require-verify"),
+        ("--tls-required", "true"),
+        ("--tls-key", "key.pem"),
+    ],
+    ids=lambda flags: flags[0],
+)
+def test_nsqd_tls_flag_without_a_certificate_is_refused_not_served_in_plaintext(
+    flags: tuple[str, str],
+) -> None:
+    result = cli(
+        "nsqd", "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", *flags, timeout=20
+    )
+    line = one_line_error(result)
+    assert result.returncode == 2
+    assert flags[0] in line and "--tls-cert" in line
+
+
+# --- to-file: private files, no planted links, a safe default folder ------------------------
+
+
+def _publish(nsqd: EmbeddedNSQD, topic: str, bodies: list[bytes]) -> None:
+    http_post(nsqd.http_address, f"/topic/create?topic={topic}")
+    http_post(nsqd.http_address, f"/channel/create?topic={topic}&channel=arch")
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish(topic, bodies)
+
+
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    """The children started inside get this umask (the test does not depend on the caller's)."""
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip+work-dir"])
+def test_to_file_files_are_0640_or_narrower(gzip: bool, nsqd: EmbeddedNSQD, tmp_path: Path) -> None:
+    _publish(nsqd, "private", [b"a", b"b", b"c"])
+    out = tmp_path / "out"
+    out.mkdir()
+    extra = ["--gzip", "--work-dir", str(tmp_path)] if gzip else []
+    with _umask(0o022):
+        result = cli(
+            "to-file",
+            "--topic",
+            "private",
+            "--channel",
+            "arch",
+            "--nsqd-tcp-address",
+            nsqd.tcp_address,
+            "--output-dir",
+            str(out),
+            "-n",
+            "3",
+            *extra,
+        )
+    assert result.returncode == 0, result.stderr
+    files = list(out.iterdir())
+    assert files
+    for path in files:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & ~0o640 == 0, f"{path.name}: {oct(mode)}"
+
+
+@pytest.mark.parametrize("target_exists", [True, False], ids=["to-a-file", "dangling"])
+def test_to_file_refuses_a_planted_symbolic_link(
+    target_exists: bool, nsqd: EmbeddedNSQD, tmp_path: Path
+) -> None:
+    """The archive's name is predictable: a link planted under it must not be followed
+    (neither appended to nor created through); the message stays in nsqd."""
+    _publish(nsqd, "planted", [b"payload"])
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    if target_exists:
+        victim.write_bytes(b"precious\n")
+    (out / "planted.log").symlink_to(victim)
+    result = cli(
+        "to-file",
+        "--topic",
+        "planted",
+        "--channel",
+        "arch",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--output-dir",
+        str(out),
+        "--filename-format",
+        "<TOPIC>.log",
+        "-n",
+        "1",
+    )
+    line = one_line_error(result)
+    assert result.returncode == 1
+    assert (
+        line == f"nsq-sansio to-file: refusing to open {out / 'planted.log'}: it is a symbolic link"
+    )
+    if target_exists:
+        assert victim.read_bytes() == b"precious\n"
+    else:
+        assert not victim.exists()
+    deadline = time.monotonic() + 10  # back in the queue once nsqd saw the connection close
+    while channel_stats(nsqd.http_address, "planted", "arch")["depth"] != 1:
+        assert time.monotonic() < deadline, "the message was not given back"
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs chown")
+def test_to_file_refuses_a_planted_file_of_another_user(nsqd: EmbeddedNSQD, tmp_path: Path) -> None:
+    _publish(nsqd, "foreign", [b"payload"])
+    planted = tmp_path / "foreign.log"
+    planted.write_bytes(b"")
+    os.chown(planted, 65534, 65534)
+    result = cli(
+        "to-file",
+        "--topic",
+        "foreign",
+        "--channel",
+        "arch",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--output-dir",
+        str(tmp_path),
+        "--filename-format",
+        "<TOPIC>.log",
+        "-n",
+        "1",
+    )
+    assert "owned by another user" in one_line_error(result)
+    assert planted.read_bytes() == b""
+
+
+def test_to_file_writes_to_the_current_directory_by_default(
+    nsqd: EmbeddedNSQD, tmp_path: Path
+) -> None:
+    _publish(nsqd, "here", [b"x"])
+    result = cli(
+        "to-file",
+        "--topic",
+        "here",
+        "--channel",
+        "arch",
+        "--nsqd-tcp-address",
+        nsqd.tcp_address,
+        "--filename-format",
+        "<TOPIC>.log",
+        "-n",
+        "1",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "here.log").read_bytes() == b"x\n"
+    assert f"in {tmp_path}" in result.stderr.decode()
+
+
+def test_recover_leaves_a_planted_link_in_the_work_directory_alone(tmp_path: Path) -> None:
+    """At start, files left in the work directory are cut to whole gzip members and moved:
+    a link planted there under an archive's name must not truncate what it points to."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"not gzip, and not ours to cut")
+    (work / "events-000000.log.gz").symlink_to(victim)
+    files = FileArchive(
+        output_dir=str(out),
+        work_dir=str(work),
+        filename_format="<TOPIC><REV>.log",
+        topic="events",
+        gzip_level=6,
+    )
+    assert files.recover() == []
+    assert victim.read_bytes() == b"not gzip, and not ours to cut"
+    assert list(out.iterdir()) == []
+
+
+# --- HTTP answers: capped in size and time ---------------------------------------------------
+
+
+class HostileHTTPServer:
+    """Answers every request with 200 and an endless chunked body: ``chunk`` bytes per chunk,
+    every ``pause`` seconds, until the client goes away."""
+
+    def __init__(self, chunk: int, pause: float = 0.0) -> None:
+        self.chunk = chunk
+        self.pause = pause
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sent = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> HostileHTTPServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
+        self.listener.close()
+        self.thread.join(timeout=10)
+
+    def _serve(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            request = b""
+            while b"\r\n\r\n" not in request:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                request += data
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            piece = b"%x\r\n" % self.chunk + b" " * self.chunk + b"\r\n"
+            while not self.stopping.is_set():
+                conn.sendall(piece)
+                self.sent += self.chunk
+                if self.pause:
+                    time.sleep(self.pause)
+
+
+def _run_measured(*args: str, timeout: float = 60.0) -> tuple[int, str, int]:
+    """Run ``nsq-sansio *args``; its exit code, stderr and peak resident memory in bytes."""
+    proc = subprocess.Popen(
+        _command(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env()
+    )
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    try:
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        watchdog.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, err, usage.ru_maxrss * 1024  # KiB on Linux
+
+
+@pytest.mark.skipif(not hasattr(os, "wait4"), reason="needs wait4 for the child's peak memory")
+@pytest.mark.parametrize(
+    ("args", "limit"),
+    [
+        (("stat", "--count", "1", "--nsqd-http-address"), "16,777,216"),
+        (("tail", "--topic", "t", "--lookupd-http-address"), "4,194,304"),
+    ],
+    ids=["stat-nsqd", "tail-lookupd"],
+)
+def test_an_endless_http_answer_is_refused_at_a_bound(args: tuple[str, ...], limit: str) -> None:
+    with HostileHTTPServer(chunk=1024 * 1024) as hostile:
+        code, err, peak = _run_measured(*args, hostile.address)
+        sent = hostile.sent
+    lines = err.strip().splitlines()
+    assert (code, len(lines)) == (1, 1), err
+    assert f"answer longer than {limit} bytes refused" in lines[0]
+    assert sent < 200 * 1024 * 1024  # it stopped reading (the server has no end)
+    assert peak < 150 * 1024 * 1024, f"peak memory {peak / 2**20:.0f} MiB"
+
+
+def test_a_trickling_http_answer_is_refused_at_the_timeout() -> None:
+    """A byte every 50 ms keeps each read within a socket timeout: the whole answer has one."""
+    with HostileHTTPServer(chunk=1, pause=0.05) as hostile:
+        started = time.monotonic()
+        result = cli(
+            "stat", "--count", "1", "--http-timeout", "1s", "--nsqd-http-address", hostile.address
+        )
+        elapsed = time.monotonic() - started
+    line = one_line_error(result)
+    assert result.returncode == 1
+    assert "no complete answer in time" in line
+    assert elapsed < 10
