@@ -16,8 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from transports.cli.archive import FileArchive
+from transports.cli.common import CLIError, producer_addresses
+from transports.cli.stat import _add_stats, format_stats
 from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.sync import Producer
 
@@ -366,3 +370,59 @@ def test_a_trickling_http_answer_is_refused_at_the_timeout() -> None:
     assert result.returncode == 1
     assert "no complete answer in time" in line
     assert elapsed < 10
+
+
+# --- HTTP answers: any JSON at all is either understood or one error line --------------------
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()  # json.loads reads Infinity and NaN too
+    | st.text(max_size=70),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+_CHANNEL = st.fixed_dictionaries(
+    {"channel_name": _JSON | st.just("c")},
+    optional={
+        key: _JSON | st.integers(min_value=0)
+        for key in ("depth", "in_flight_count", "message_count", "client_count", "clients")
+    },
+)
+_TOPIC = st.fixed_dictionaries(
+    {"topic_name": _JSON | st.just("t"), "channels": st.lists(_CHANNEL, max_size=3) | _JSON},
+    optional={"depth": _JSON, "message_count": _JSON},
+)
+_STATS = st.fixed_dictionaries({"topics": st.lists(_TOPIC, max_size=3) | _JSON}) | _JSON
+_PRODUCER = st.fixed_dictionaries(
+    {"broadcast_address": _JSON | st.just("h"), "tcp_port": _JSON | st.integers(0, 65535)}
+)
+_NODES = st.fixed_dictionaries({"producers": st.lists(_PRODUCER, max_size=3) | _JSON}) | _JSON
+
+
+@settings(max_examples=100, deadline=None)
+@given(answers=st.lists(_STATS, min_size=1, max_size=3))
+def test_any_stats_answer_is_a_table_or_one_error(answers: list[object]) -> None:
+    rows: dict[tuple[str, str], dict[str, int]] = {}
+    for answer in answers:
+        before = {key: dict(row) for key, row in rows.items()}
+        try:
+            _add_stats(rows, answer, "http://nsqd/stats", None, None)
+        except CLIError as err:
+            assert "not an nsqd /stats answer" in str(err)
+            assert rows == before  # all or nothing
+    text = format_stats(rows, None, 1.0)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert all(ch.isprintable() for ch in text.replace("\n", ""))
+
+
+@settings(max_examples=100, deadline=None)
+@given(answer=_NODES)
+def test_any_lookupd_answer_is_addresses_or_one_error(answer: object) -> None:
+    try:
+        found = producer_addresses(answer, "http://lookupd/nodes", "tcp_port")
+    except CLIError as err:
+        assert "not an nsqlookupd answer" in str(err)
+    else:
+        assert all(isinstance(address, str) for address in found)

@@ -53,6 +53,7 @@ __all__ = [
     "check_metrics_address",
     "check_sources",
     "client_options",
+    "describe_error",
     "first_error",
     "flag",
     "http_get_json",
@@ -63,6 +64,7 @@ __all__ = [
     "parse_duration",
     "positive",
     "probe_tcp",
+    "producer_addresses",
     "read_capped",
     "reports_errors",
     "run_reporting_errors",
@@ -148,7 +150,8 @@ def first_error(err: BaseException) -> BaseException:
         err = inner[0]
 
 
-def _one_line(err: BaseException) -> str:
+def describe_error(err: BaseException) -> str:
+    """``err`` as one line: its type and its text, whitespace folded."""
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
@@ -178,7 +181,7 @@ def run_reporting_errors(command: str, body: Callable[[], int]) -> int:
             message = f"needs the {top} package: python -m pip install 'nsq-sansio[{extra}]'"
             code = EXIT_FAILURE
         elif isinstance(err, (NSQError, OSError, ValueError)):
-            message, code = _one_line(err), EXIT_FAILURE
+            message, code = describe_error(err), EXIT_FAILURE
         elif isinstance(err, KeyboardInterrupt):
             return EXIT_INTERRUPTED
         else:
@@ -351,7 +354,7 @@ def tls_options(args: argparse.Namespace) -> TLSOptions | None:
     try:
         options.context()
     except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
-        reason = getattr(err, "reason", None) or _one_line(err)
+        reason = getattr(err, "reason", None) or describe_error(err)
         raise CLIError(f"cannot use the --tls-* files: {reason}") from None
     return options
 
@@ -465,13 +468,32 @@ def http_get_json(url: str, timeout: float, limit: int = LOOKUPD_ANSWER_LIMIT) -
     deadline = time.monotonic() + timeout
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return json.loads(read_capped(response, limit, url, deadline))
+            body = read_capped(response, limit, url, deadline)
     except urllib.error.HTTPError as err:
         err.close()  # its body is not read
         raise HTTPStatusError(f"GET {url}: HTTP {err.code}", err.code) from None
     except (OSError, ValueError) as err:
         reason = getattr(err, "reason", None) or err
         raise CLIError(f"cannot reach {url}: {reason}") from None
+    try:
+        return json.loads(body)
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise CLIError(f"{url}: the answer is not JSON ({err})") from None
+
+
+def producer_addresses(answer: Any, url: str, port_field: str) -> list[str]:
+    """``broadcast_address:<port_field>`` of each producer of an nsqlookupd answer
+    (``/lookup``, ``/nodes``), once each; an answer of another shape is a :class:`CLIError`."""
+    try:
+        data = answer.get("data", answer)  # nsqlookupd before 1.0 wrapped the answer
+        found: list[str] = []
+        for producer in data.get("producers") or []:
+            address = format_address(str(producer["broadcast_address"]), int(producer[port_field]))
+            if address not in found:
+                found.append(address)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as err:
+        raise CLIError(f"{url}: not an nsqlookupd answer ({describe_error(err)})") from None
+    return found
 
 
 def lookupd_nsqd_addresses(lookupd: Sequence[str], topic: str, timeout: float) -> list[str]:
@@ -487,9 +509,7 @@ def lookupd_nsqd_addresses(lookupd: Sequence[str], topic: str, timeout: float) -
                 if path.startswith("/lookup") and err.status == 404:  # no nsqd has the topic
                     continue
                 raise
-            data = data.get("data", data)  # nsqlookupd before 1.0 wrapped the answer
-            for producer in data.get("producers") or []:
-                address = format_address(producer["broadcast_address"], int(producer["tcp_port"]))
+            for address in producer_addresses(data, f"{url}{path}", "tcp_port"):
                 if address not in found:
                     found.append(address)
         return found
@@ -564,7 +584,7 @@ def _metrics_module() -> Any:
 
 def listen_failure(err: OSError, address: str, flag_name: str) -> CLIError:
     """One line naming the address a server could not listen on, its flag and the cause."""
-    reason = err.strerror or _one_line(err)
+    reason = err.strerror or describe_error(err)
     return CLIError(f"cannot listen on {address} ({flag_name}): {reason}")
 
 

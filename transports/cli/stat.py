@@ -9,7 +9,10 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
+from nsq_sansio.errors import NSQError
+from nsq_sansio.names import validate_channel, validate_topic
 from transports._common import (
     DEFAULT_HTTP_PORT,
     format_address,
@@ -21,11 +24,13 @@ from .common import (
     CLIError,
     CommandParser,
     UsageError,
+    describe_error,
     flag,
     http_get_json,
     lookupd_urls,
     parse_duration,
     positive,
+    producer_addresses,
     reports_errors,
     stop_on_signals,
     valid_channel,
@@ -101,9 +106,8 @@ def _nsqd_http_addresses(nsqd: Sequence[str], lookupd: Sequence[str], timeout: f
             raise UsageError(f"bad nsqd HTTP address {address!r}: {err}") from None
         found.append(format_address(host, port))
     for url in lookupd:
-        data = http_get_json(f"{url}/nodes", timeout)
-        for producer in data.get("producers") or []:
-            address = format_address(producer["broadcast_address"], int(producer["http_port"]))
+        nodes = f"{url}/nodes"
+        for address in producer_addresses(http_get_json(nodes, timeout), nodes, "http_port"):
             if address not in found:
                 found.append(address)
     return found
@@ -129,38 +133,73 @@ def collect_stats(
         query = "format=json&include_clients=false&include_mem=false"
         if topic:
             query += f"&topic={topic}"
+        url = f"http://{address}/stats?{query}"
         try:
-            data = http_get_json(f"http://{address}/stats?{query}", timeout, NSQD_ANSWER_LIMIT)
+            answer = http_get_json(url, timeout, NSQD_ANSWER_LIMIT)
+            _add_stats(rows, answer, url, topic, channel)
         except CLIError as err:
             if errors is None:
                 raise
             errors.append(str(err))
-            continue
-        data = data.get("data", data)  # nsqd before 1.0 wrapped the answer
-        for t in data.get("topics") or []:
-            name = t["topic_name"]
-            if topic and name != topic:
-                continue
-            row = rows.setdefault((name, ""), dict.fromkeys(_COLUMNS, 0))
-            row["nsqd"] += 1
-            row["depth"] += int(t.get("depth", 0))
-            row["messages"] += int(t.get("message_count", 0))
-            for c in t.get("channels") or []:
-                if channel and c["channel_name"] != channel:
-                    continue
-                crow = rows.setdefault((name, c["channel_name"]), dict.fromkeys(_COLUMNS, 0))
-                crow["nsqd"] += 1
-                crow["depth"] += int(c.get("depth", 0))
-                crow["in_flight"] += int(c.get("in_flight_count", 0))
-                crow["deferred"] += int(c.get("deferred_count", 0))
-                crow["requeued"] += int(c.get("requeue_count", 0))
-                crow["timed_out"] += int(c.get("timeout_count", 0))
-                crow["messages"] += int(c.get("message_count", 0))
-                if "client_count" in c:
-                    crow["clients"] += int(c["client_count"])
-                else:  # nsqd before 1.2 lists its clients
-                    crow["clients"] += len(c.get("clients") or [])
     return rows
+
+
+def _add_stats(
+    rows: dict[StatKey, dict[str, int]],
+    answer: Any,
+    url: str,
+    topic: str | None,
+    channel: str | None,
+) -> None:
+    """Add one nsqd's ``/stats`` answer to ``rows`` (all or nothing: an answer of another
+    shape is a :class:`CLIError` and leaves ``rows`` as they were)."""
+    mine: dict[StatKey, dict[str, int]] = {}
+    try:
+        _sum_stats(mine, answer.get("data", answer), topic, channel)  # nsqd < 1.0 wrapped it
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, NSQError) as err:
+        raise CLIError(f"{url}: not an nsqd /stats answer ({describe_error(err)})") from None
+    for key, row in mine.items():
+        total = rows.setdefault(key, dict.fromkeys(_COLUMNS, 0))
+        for field, value in row.items():
+            total[field] += value
+
+
+def _sum_stats(
+    rows: dict[StatKey, dict[str, int]], data: Any, topic: str | None, channel: str | None
+) -> None:
+    """Add the topics and channels of one nsqd's ``/stats`` (unwrapped) to ``rows``."""
+    for t in data.get("topics") or []:
+        name = validate_topic(str(t["topic_name"]))  # printed: no escape sequences
+        if topic and name != topic:
+            continue
+        row = rows.setdefault((name, ""), dict.fromkeys(_COLUMNS, 0))
+        row["nsqd"] += 1
+        row["depth"] += _count(t.get("depth", 0))
+        row["messages"] += _count(t.get("message_count", 0))
+        for c in t.get("channels") or []:
+            channel_name = validate_channel(str(c["channel_name"]))
+            if channel and channel_name != channel:
+                continue
+            crow = rows.setdefault((name, channel_name), dict.fromkeys(_COLUMNS, 0))
+            crow["nsqd"] += 1
+            crow["depth"] += _count(c.get("depth", 0))
+            crow["in_flight"] += _count(c.get("in_flight_count", 0))
+            crow["deferred"] += _count(c.get("deferred_count", 0))
+            crow["requeued"] += _count(c.get("requeue_count", 0))
+            crow["timed_out"] += _count(c.get("timeout_count", 0))
+            crow["messages"] += _count(c.get("message_count", 0))
+            if "client_count" in c:
+                crow["clients"] += _count(c["client_count"])
+            else:  # nsqd before 1.2 lists its clients
+                crow["clients"] += len(c.get("clients") or [])
+
+
+def _count(value: Any) -> int:
+    """A count of an nsqd answer: an integer >= 0, else ValueError."""
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"negative count {number}")
+    return number
 
 
 def missing_filter(
