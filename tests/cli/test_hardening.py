@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transports.cli.archive import FileArchive
+from transports.cli.archive import FileArchive, open_private
 from transports.cli.common import CLIError, producer_addresses
 from transports.cli.stat import _add_stats, format_stats
 from transports.embedded import EmbeddedNSQD, ServerThread
@@ -152,6 +152,17 @@ def test_to_file_files_are_0640_or_narrower(gzip: bool, nsqd: EmbeddedNSQD, tmp_
     for path in files:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode & ~0o640 == 0, f"{path.name}: {oct(mode)}"
+
+
+def test_an_existing_archive_file_opened_again_is_narrowed_to_0640(tmp_path: Path) -> None:
+    """Appending within the hour reopens the hour's file: one left wider (by an older
+    version, or a chmod) is narrowed, not kept readable by everyone."""
+    path = tmp_path / "events.log"
+    path.write_bytes(b"earlier\n")
+    path.chmod(0o666)
+    os.close(open_private(str(path), os.O_WRONLY | os.O_APPEND))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert path.read_bytes() == b"earlier\n"
 
 
 @pytest.mark.parametrize("target_exists", [True, False], ids=["to-a-file", "dangling"])

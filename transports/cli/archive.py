@@ -23,7 +23,13 @@ from typing import IO
 
 from .common import CLIError, UsageError
 
-__all__ = ["DEFAULT_FILENAME_FORMAT", "FILE_MODE", "FileArchive", "whole_gzip_members"]
+__all__ = [
+    "DEFAULT_FILENAME_FORMAT",
+    "FILE_MODE",
+    "FileArchive",
+    "open_private",
+    "whole_gzip_members",
+]
 
 
 DEFAULT_FILENAME_FORMAT = "<TOPIC>.<HOST><REV>.<DATETIME>.log"
@@ -51,7 +57,7 @@ def open_private(path: str, flags: int) -> int:
         if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
             raise CLIError(f"refusing to open {path}: owned by another user (uid {info.st_uid})")
         mode = stat.S_IMODE(info.st_mode)
-        if mode & ~FILE_MODE:
+        if mode & ~FILE_MODE and hasattr(os, "fchmod"):
             os.fchmod(fd, mode & FILE_MODE)
     except BaseException:
         os.close(fd)

@@ -406,8 +406,8 @@ def _serve(server: Any, announce: Callable[[Any], None], listeners: Any) -> None
 
     def announce_started(s: Any) -> None:
         nonlocal started
-        started = True
         announce(s)
+        started = True
 
     try:
         anyio.run(_serve_until_signal, server, announce_started)
