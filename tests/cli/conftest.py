@@ -31,11 +31,11 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def cli(
-    *args: str, input: bytes | None = None, timeout: float = 30.0
+    *args: str, input: bytes | None = None, timeout: float = 30.0, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``nsq-sansio *args`` in a child process and return what it did."""
     return subprocess.run(
-        _command(*args), input=input, capture_output=True, timeout=timeout, cwd=ROOT, env=_env()
+        _command(*args), input=input, capture_output=True, timeout=timeout, cwd=cwd, env=_env()
     )
 
 
@@ -56,6 +56,37 @@ def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any]
     if found is None:
         raise AssertionError(f"no channel {topic}/{channel}")
     return found
+
+
+def stat_tables(output: str) -> list[dict[tuple[str, str], list[str]]]:
+    """The tables ``nsq-sansio stat`` printed: per table, (topic, channel or "") -> the cells
+    (nsqd, depth, inflt, def, req, t-o, msgs, msg/s, clients). A topic line starts at column
+    0, its channels are indented by two spaces, and a name too long for its column stands on
+    its own line with the cells on the next (indented further)."""
+    tables: list[dict[tuple[str, str], list[str]]] = []
+    topic = ""
+    pending: tuple[str, str] | None = None
+    for line in output.splitlines():
+        if line.startswith("topic"):  # the heading starts a table
+            tables.append({})
+            continue
+        if not tables or not line.strip() or line.startswith(("20", "  !", "(no topics)")):
+            continue
+        words = line.split()
+        if line.startswith("   "):  # cells under a name that had its own line
+            assert pending is not None, line
+            tables[-1][pending], pending = words, None
+            continue
+        if line.startswith("  "):
+            key = (topic, words[0])
+        else:
+            topic = words[0]
+            key = (topic, "")
+        if len(words) == 1:
+            pending = key
+        else:
+            tables[-1][key] = words[1:]
+    return tables
 
 
 def one_line_error(result: subprocess.CompletedProcess[bytes]) -> str:

@@ -13,7 +13,7 @@ import pytest
 from transports.embedded import Cluster, EmbeddedNSQD
 from transports.sync import Producer
 
-from .conftest import channel_stats, cli, cli_popen, http_post, one_line_error
+from .conftest import channel_stats, cli, cli_popen, http_post, one_line_error, stat_tables
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,13 +130,14 @@ def test_stat_table_from_every_nsqd_found_through_lookupd() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout.decode()
     assert out.count("2 nsqd") == 2
-    rows = [line.split() for line in out.splitlines() if line.startswith("orders")]
-    # topic row and channel row, twice; the channel holds 3 + 4 messages over both nsqd
-    billing = [r for r in rows if r[1] == "billing"]
-    assert len(billing) == 2
-    nodes, depth, in_flight = billing[-1][2:5]
+    assert max(len(line) for line in out.splitlines()) <= 80
+    first, second = stat_tables(out)
+    # a topic row and a channel row; the channel holds 3 + 4 messages over both nsqd
+    assert set(second) == {("orders", ""), ("orders", "billing")}
+    nodes, depth, in_flight = second[("orders", "billing")][:3]
     assert (nodes, depth, in_flight) == ("2", "7", "0")
-    assert billing[-1][9] == "0"  # msg/s between the two tables: nothing published
+    assert first[("orders", "billing")][7] == "-"  # msg/s needs a previous table
+    assert second[("orders", "billing")][7] == "0"  # between the two: nothing published
 
 
 def test_stat_over_two_nsqd_when_one_lacks_the_topic() -> None:
@@ -158,9 +159,9 @@ def test_stat_over_two_nsqd_when_one_lacks_the_topic() -> None:
             "1",
         )
     assert result.returncode == 0, result.stderr
-    rows = [line.split() for line in result.stdout.decode().splitlines()]
-    topic_rows = [r for r in rows if r and r[0] == "only_here"]
-    assert [r[:3] for r in topic_rows] == [["only_here", "-", "1"]]  # found on one nsqd of two
+    (table,) = stat_tables(result.stdout.decode())
+    assert list(table) == [("only_here", "")]
+    assert table[("only_here", "")][0] == "1"  # found on one nsqd of two
 
 
 def test_to_file_writes_rolling_files_and_fins_only_after_fsync(
@@ -297,6 +298,7 @@ def test_bad_topic_name_is_one_line(nsqd: EmbeddedNSQD) -> None:
         result = cli(command, "--topic", "bad topic!", flag, address, input=b"x\n")
         line = one_line_error(result)
         assert "invalid topic name 'bad topic!'" in line
+        assert result.returncode == 2  # a bad value: a usage error
 
 
 def test_usage_errors_exit_2() -> None:

@@ -1,25 +1,31 @@
-"""What every ``nsq-sansio`` command shares: :class:`CLIError`, the flags (``--name`` with Go's
-``-name`` spelling, nsqd/lookupd sources, connection and TLS options, metrics, progress), Go's
-duration syntax, name validation, and the probes that fail fast with one clear line when an
-address does not answer.
+"""What every ``nsq-sansio`` command shares: the errors and exit codes (:class:`CLIError`,
+:class:`UsageError`, :func:`reports_errors`), the parser that reports a bad flag on one line
+(:class:`CommandParser`), the flags (``--name`` with Go's ``-name`` spelling, nsqd/lookupd
+sources, connection and TLS options, metrics, progress), value checks (Go's duration syntax,
+positive numbers, names), capped HTTP reads, and the probes that fail fast with one clear line
+when an address does not answer.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import os
 import re
 import signal
 import socket
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, NoReturn, TypeVar
 
-from nsq_sansio.errors import InvalidName
+from nsq_sansio.discovery import MAX_RESPONSE_SIZE
+from nsq_sansio.errors import InvalidName, NSQError
 from nsq_sansio.names import validate_channel, validate_topic
 from transports._common import (
     DEFAULT_LOOKUPD_HTTP_PORT,
@@ -31,21 +37,40 @@ from transports._common import (
 )
 
 __all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "LOOKUPD_ANSWER_LIMIT",
+    "NSQD_ANSWER_LIMIT",
     "CLIError",
+    "CommandParser",
+    "HTTPStatusError",
+    "UsageError",
     "add_client",
     "add_metrics_flag",
     "add_progress_flag",
     "add_sources",
+    "check_metrics_address",
     "check_sources",
     "client_options",
+    "describe_error",
+    "first_error",
     "flag",
     "http_get_json",
+    "listen_failure",
     "lookupd_nsqd_addresses",
     "lookupd_urls",
+    "non_negative",
     "parse_duration",
+    "positive",
     "probe_tcp",
+    "producer_addresses",
+    "read_capped",
+    "reports_errors",
+    "run_reporting_errors",
     "serving_metrics",
     "stop_on_signals",
+    "tls_options",
     "valid_channel",
     "valid_topic",
 ]
@@ -74,8 +99,150 @@ def parse_duration(text: str) -> float:
     return total
 
 
+# --- errors and exit codes ---------------------------------------------------------------------
+
+#: The command line is wrong: an unknown command or flag, a value that can never work (not a
+#: number, 0 where 0 makes no sense, an invalid topic name, contradictory flags). argparse's code.
+EXIT_USAGE = 2
+#: The command line is fine but the command cannot start or go on: a port in use, an nsqd or
+#: lookupd that does not answer, a missing file or directory, a missing optional package, a
+#: topic or channel ``stat`` does not find; the demo's accounting failed.
+EXIT_FAILURE = 1
+#: Stopped by Ctrl-C where the command has no clean stop of its own (the demo).
+EXIT_INTERRUPTED = 130
+
+
 class CLIError(Exception):
-    """A failure worth one line on stderr and exit code 1."""
+    """A failure to start or go on: one line on stderr, exit code :data:`EXIT_FAILURE`."""
+
+
+class UsageError(CLIError):
+    """A wrong command line (a bad value, contradictory flags): one line on stderr, exit code
+    :data:`EXIT_USAGE`."""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (``nsq-sansio tail: argument ...``),
+    exit code :data:`EXIT_USAGE`, like every other failure to start."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+# Optional packages and the extra that installs each.
+_EXTRAS = {
+    "anyio": "cli",
+    "cryptography": "cli",
+    "trio": "trio",
+    "prometheus_client": "metrics",
+    "pyspark": "spark",
+    "pyarrow": "spark",
+}
+
+
+def first_error(err: BaseException) -> BaseException:
+    """The first error inside (nested) exception groups (anyio's task groups wrap a server's
+    failure to start in one); ``err`` itself when it is not a group."""
+    while True:
+        inner = getattr(err, "exceptions", None)  # (Base)ExceptionGroup, also on 3.10
+        if not inner:
+            return err
+        err = inner[0]
+
+
+def describe_error(err: BaseException) -> str:
+    """``err`` as one line: its type and its text, whitespace folded."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def run_reporting_errors(command: str, body: Callable[[], int]) -> int:
+    """Run ``body`` and turn every failure to start into one stderr line,
+    ``nsq-sansio <command>: <what went wrong>``, and its exit code: :data:`EXIT_USAGE` for a
+    wrong command line, :data:`EXIT_FAILURE` for everything else; never a traceback for an
+    expected failure (an unexpected exception type is a bug and keeps its traceback)."""
+    try:
+        return body()
+    except BrokenPipeError:  # `nsq-sansio tail ... | head`
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BaseException as raised:
+        err = first_error(raised)
+        if isinstance(err, UsageError):
+            message, code = str(err), EXIT_USAGE
+        elif isinstance(err, CLIError):
+            message, code = str(err), EXIT_FAILURE
+        elif isinstance(err, ModuleNotFoundError) and err.name:
+            top = err.name.partition(".")[0]
+            extra = _EXTRAS.get(top, "cli")
+            message = f"needs the {top} package: python -m pip install 'nsq-sansio[{extra}]'"
+            code = EXIT_FAILURE
+        elif isinstance(err, (NSQError, OSError, ValueError)):
+            message, code = describe_error(err), EXIT_FAILURE
+        elif isinstance(err, KeyboardInterrupt):
+            return EXIT_INTERRUPTED
+        else:
+            raise
+        print(f"nsq-sansio {command}: {message}", file=sys.stderr, flush=True)
+        return code
+
+
+_Main = TypeVar("_Main", bound=Callable[..., int])
+
+
+def reports_errors(command: str) -> Callable[[_Main], _Main]:
+    """Decorate a command's ``*_main(argv)`` with :func:`run_reporting_errors`, so it keeps
+    the same one-line errors and exit codes when called as a function."""
+
+    def decorate(main: _Main) -> _Main:
+        @functools.wraps(main)
+        def wrapper(*args: Any, **kwargs: Any) -> int:
+            return run_reporting_errors(command, lambda: main(*args, **kwargs))
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+# --- value checks -------------------------------------------------------------------------------
+
+
+def positive(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type``: ``convert`` (int, float, :func:`parse_duration`), then > 0 (a
+    zero interval busy-loops, a zero max-in-flight receives nothing)."""
+
+    def check(text: str) -> Any:
+        value = _convert(convert, text)
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        return value
+
+    check.__name__ = getattr(convert, "__name__", "value")
+    return check
+
+
+def non_negative(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type``: ``convert``, then >= 0 (where 0 means "off" or "no limit")."""
+
+    def check(text: str) -> Any:
+        value = _convert(convert, text)
+        if not 0 <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+        return value
+
+    check.__name__ = getattr(convert, "__name__", "value")
+    return check
+
+
+def _convert(convert: Callable[[str], Any], text: str) -> Any:
+    try:
+        return convert(text)
+    except ValueError:
+        kind = {int: "an integer", float: "a number"}.get(convert, "a value")  # type: ignore[call-overload]
+        raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}") from None
 
 
 # --- shared flags ----------------------------------------------------------------------------
@@ -115,23 +282,87 @@ def add_sources(parser: argparse.ArgumentParser, *, http: bool = False) -> None:
 
 
 def add_client(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("connection")
+    """The connection flags of the commands that connect to nsqd (tail, pub, to-file)."""
+    group = parser.add_argument_group(
+        "connection", "every --tls-* flag turns TLS on: it is never silently left off"
+    )
     group.add_argument("--snappy", action="store_true", help="negotiate snappy compression")
     group.add_argument("--deflate", action="store_true", help="negotiate deflate compression")
-    group.add_argument("--tls", action="store_true", help="negotiate TLS (server verified)")
-    group.add_argument("--tls-root-ca-file", default=None, help="CA bundle to verify nsqd with")
-    group.add_argument("--tls-cert", default=None, help="client certificate (PEM)")
-    group.add_argument("--tls-key", default=None, help="client private key (PEM)")
     group.add_argument(
-        "--tls-insecure-skip-verify", action="store_true", help="do not verify nsqd's certificate"
+        "--tls", action="store_true", help="negotiate TLS, nsqd's certificate verified"
+    )
+    group.add_argument(
+        "--tls-root-ca-file",
+        default=None,
+        metavar="FILE",
+        help="CA bundle (PEM) to verify nsqd's certificate with, instead of the system's",
+    )
+    group.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="FILE",
+        help="client certificate to present (PEM; may hold the key too)",
+    )
+    group.add_argument(
+        "--tls-key",
+        default=None,
+        metavar="FILE",
+        help="private key of --tls-cert (PEM), when it is a separate file",
+    )
+    group.add_argument(
+        "--tls-insecure-skip-verify",
+        action="store_true",
+        help="TLS without verifying nsqd's certificate (encrypted, not authenticated)",
     )
     group.add_argument("--auth-secret", default=None, help="secret sent with AUTH")
     group.add_argument(
-        "--connect-timeout", type=parse_duration, default=5.0, help="TCP connect + handshake"
+        "--connect-timeout",
+        type=positive(parse_duration),
+        default=5.0,
+        metavar="DURATION",
+        help="bound on a TCP connect plus the IDENTIFY handshake (default 5s)",
     )
 
 
+def tls_options(args: argparse.Namespace) -> TLSOptions | None:
+    """The TLS settings the ``--tls*`` flags ask for; None only when none is given. Any of
+    them turns TLS on (a key without its certificate is a usage error); the files are loaded
+    once here, so a missing or unreadable one is one line now, not a reconnect loop later."""
+    if args.tls_key and not args.tls_cert:
+        raise UsageError("--tls-key needs --tls-cert (the certificate the key belongs to)")
+    wanted = (
+        args.tls
+        or args.tls_insecure_skip_verify
+        or args.tls_root_ca_file is not None
+        or args.tls_cert is not None
+    )
+    if not wanted:
+        return None
+    for name, path in (
+        ("--tls-root-ca-file", args.tls_root_ca_file),
+        ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key),
+    ):
+        if path is not None and not os.path.isfile(path):
+            raise CLIError(f"{name} {path!r} is not a file")
+    options = TLSOptions(
+        verify=not args.tls_insecure_skip_verify,
+        ca_file=args.tls_root_ca_file,
+        cert_file=args.tls_cert,
+        key_file=args.tls_key,
+    )
+    try:
+        options.context()
+    except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
+        reason = getattr(err, "reason", None) or describe_error(err)
+        raise CLIError(f"cannot use the --tls-* files: {reason}") from None
+    return options
+
+
 def client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The client keyword arguments of the connection flags (:func:`add_client`)."""
+    if args.snappy and args.deflate:
+        raise UsageError("--snappy and --deflate exclude each other: pick one")
     options: dict[str, Any] = {
         "snappy": args.snappy,
         "deflate": args.deflate,
@@ -139,38 +370,40 @@ def client_options(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.auth_secret is not None:
         options["auth_secret"] = args.auth_secret.encode()
-    if args.tls or args.tls_root_ca_file or args.tls_cert:
+    tls = tls_options(args)
+    if tls is not None:
         options["tls_v1"] = True
-        options["tls"] = TLSOptions(
-            verify=not args.tls_insecure_skip_verify,
-            ca_file=args.tls_root_ca_file,
-            cert_file=args.tls_cert,
-            key_file=args.tls_key,
-        )
+        options["tls"] = tls
     return options
 
 
 def valid_topic(name: str) -> str:
+    """``name`` when it is a valid topic name, else a usage error naming the rule."""
     try:
         validate_topic(name)
     except InvalidName as err:
-        raise CLIError(str(err)) from None
+        raise UsageError(str(err)) from None
     return name
 
 
 def valid_channel(name: str) -> str:
+    """``name`` when it is a valid channel name, else a usage error naming the rule."""
     try:
         validate_channel(name)
     except InvalidName as err:
-        raise CLIError(str(err)) from None
+        raise UsageError(str(err)) from None
     return name
 
 
 def lookupd_urls(addresses: Sequence[str]) -> list[str]:
+    """``http://host:port`` of each ``--lookupd-http-address`` (a bad one is a usage error)."""
     urls = []
     for address in addresses:
         text = address if "://" in address else f"http://{address}"
-        url = parse_http_url(text, DEFAULT_LOOKUPD_HTTP_PORT)
+        try:
+            url = parse_http_url(text, DEFAULT_LOOKUPD_HTTP_PORT)
+        except ValueError as err:
+            raise UsageError(f"bad lookupd address {address!r}: {err}") from None
         urls.append(f"{url.scheme}://{format_address(url.host, url.port)}")
     return urls
 
@@ -180,7 +413,7 @@ def probe_tcp(address: str, what: str, timeout: float) -> None:
     try:
         host, port = parse_address(address, DEFAULT_TCP_PORT)
     except ValueError as err:
-        raise CLIError(f"bad {what} address {address!r}: {err}") from None
+        raise UsageError(f"bad {what} address {address!r}: {err}") from None
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as err:
@@ -188,15 +421,79 @@ def probe_tcp(address: str, what: str, timeout: float) -> None:
         raise CLIError(f"cannot connect to {what} {address}: {reason}") from None
 
 
-def http_get_json(url: str, timeout: float) -> Any:
+#: The largest answer read from nsqlookupd (``/lookup``, ``/nodes``, ``/info``): the limit the
+#: library's discovery applies.
+LOOKUPD_ANSWER_LIMIT = MAX_RESPONSE_SIZE
+#: The largest answer read from nsqd (``/stats`` without its client lists is a few hundred
+#: bytes per channel: this is tens of thousands of channels).
+NSQD_ANSWER_LIMIT = 16 * 1024 * 1024
+
+
+class HTTPStatusError(CLIError):
+    """An HTTP server answered with an error status (``status``)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def read_capped(response: IO[bytes], limit: int, url: str, deadline: float | None = None) -> bytes:
+    """The body of ``response``, refused (:class:`CLIError`) once it passes ``limit`` bytes or
+    ``deadline`` (``time.monotonic()``): a hostile or broken server cannot take this process's
+    memory with an endless body, nor hold it with a trickle (a socket timeout bounds one read,
+    not the whole answer)."""
+    headers = getattr(response, "headers", None)
+    declared = headers.get("Content-Length") if headers is not None else None
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise CLIError(f"{url}: answer of {int(declared):,} bytes refused (limit {limit:,})")
+    read_some = getattr(response, "read1", response.read)  # one chunk at a time when it can
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = read_some(min(64 * 1024, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise CLIError(f"{url}: answer longer than {limit:,} bytes refused")
+        chunks.append(chunk)
+        if deadline is not None and time.monotonic() > deadline:
+            raise CLIError(f"{url}: no complete answer in time ({size:,} bytes so far)")
+
+
+def http_get_json(url: str, timeout: float, limit: int = LOOKUPD_ANSWER_LIMIT) -> Any:
+    """GET ``url`` and parse its JSON answer: at most ``limit`` bytes, within ``timeout``
+    seconds in all; any failure is one :class:`CLIError` line (:class:`HTTPStatusError` for
+    an error status)."""
+    deadline = time.monotonic() + timeout
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return json.loads(response.read())
+            body = read_capped(response, limit, url, deadline)
     except urllib.error.HTTPError as err:
-        raise CLIError(f"GET {url}: HTTP {err.code}") from None
+        err.close()  # its body is not read
+        raise HTTPStatusError(f"GET {url}: HTTP {err.code}", err.code) from None
     except (OSError, ValueError) as err:
         reason = getattr(err, "reason", None) or err
         raise CLIError(f"cannot reach {url}: {reason}") from None
+    try:
+        return json.loads(body)
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise CLIError(f"{url}: the answer is not JSON ({err})") from None
+
+
+def producer_addresses(answer: Any, url: str, port_field: str) -> list[str]:
+    """``broadcast_address:<port_field>`` of each producer of an nsqlookupd answer
+    (``/lookup``, ``/nodes``), once each; an answer of another shape is a :class:`CLIError`."""
+    try:
+        data = answer.get("data", answer)  # nsqlookupd before 1.0 wrapped the answer
+        found: list[str] = []
+        for producer in data.get("producers") or []:
+            address = format_address(str(producer["broadcast_address"]), int(producer[port_field]))
+            if address not in found:
+                found.append(address)
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as err:
+        raise CLIError(f"{url}: not an nsqlookupd answer ({describe_error(err)})") from None
+    return found
 
 
 def lookupd_nsqd_addresses(lookupd: Sequence[str], topic: str, timeout: float) -> list[str]:
@@ -208,13 +505,11 @@ def lookupd_nsqd_addresses(lookupd: Sequence[str], topic: str, timeout: float) -
         for url in lookupd:
             try:
                 data = http_get_json(f"{url}{path}", timeout)
-            except CLIError:
-                if path.startswith("/lookup"):  # 404: no nsqd has the topic (yet)
+            except HTTPStatusError as err:
+                if path.startswith("/lookup") and err.status == 404:  # no nsqd has the topic
                     continue
                 raise
-            data = data.get("data", data)  # nsqlookupd before 1.0 wrapped the answer
-            for producer in data.get("producers") or []:
-                address = format_address(producer["broadcast_address"], int(producer["tcp_port"]))
+            for address in producer_addresses(data, f"{url}{path}", "tcp_port"):
                 if address not in found:
                     found.append(address)
         return found
@@ -223,10 +518,11 @@ def lookupd_nsqd_addresses(lookupd: Sequence[str], topic: str, timeout: float) -
 
 
 def check_sources(args: argparse.Namespace, timeout: float) -> tuple[list[str], list[str]]:
+    """The nsqd and lookupd addresses of the flags, each checked to answer (one line if not)."""
     nsqd = list(args.nsqd_tcp_address)
     lookupd = lookupd_urls(args.lookupd_http_address)
     if not nsqd and not lookupd:
-        raise CLIError("give --nsqd-tcp-address or --lookupd-http-address")
+        raise UsageError("give --nsqd-tcp-address or --lookupd-http-address")
     for address in nsqd:
         probe_tcp(address, "nsqd", timeout)
     for url in lookupd:
@@ -264,26 +560,51 @@ def add_metrics_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@contextlib.contextmanager
-def serving_metrics(address: str | None, client: Any) -> Iterator[None]:
-    """Export ``client`` at ``address`` while the command runs (nothing when None)."""
+def check_metrics_address(address: str | None) -> None:
+    """Before anything connects: ``--metrics-address`` parses and its extra is installed."""
     if address is None:
-        yield
         return
+    _metrics_module()
+    _, _, port = address.strip().rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"bad --metrics-address {address!r}: give HOST:PORT or :PORT")
+
+
+def _metrics_module() -> Any:
     try:
-        from prometheus_client import CollectorRegistry
+        import prometheus_client  # noqa: F401
 
         from transports import metrics
     except ImportError:
         raise CLIError(
             "--metrics-address needs prometheus-client: python -m pip install 'nsq-sansio[metrics]'"
         ) from None
+    return metrics
+
+
+def listen_failure(err: OSError, address: str, flag_name: str) -> CLIError:
+    """One line naming the address a server could not listen on, its flag and the cause."""
+    reason = err.strerror or describe_error(err)
+    return CLIError(f"cannot listen on {address} ({flag_name}): {reason}")
+
+
+@contextlib.contextmanager
+def serving_metrics(address: str | None, client: Any) -> Iterator[None]:
+    """Export ``client`` at ``address`` while the command runs (nothing when None)."""
+    if address is None:
+        yield
+        return
+    metrics = _metrics_module()
+    from prometheus_client import CollectorRegistry
+
     registry = CollectorRegistry()
     metrics.instrument(client, registry=registry)
     try:
         server, _ = metrics.start_http_server(address, registry)
     except ValueError as err:
-        raise CLIError(str(err)) from None
+        raise UsageError(f"bad --metrics-address: {err}") from None
+    except OSError as err:
+        raise listen_failure(err, address, "--metrics-address") from None
     host, port = server.server_address[:2]
     print(f"metrics: http://{format_address(host, port)}/metrics", file=sys.stderr, flush=True)
     try:

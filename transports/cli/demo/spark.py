@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ..common import NSQD_ANSWER_LIMIT, http_get_json
 from ..progress import ProgressDisplay, Stage
 
 __all__ = ["SparkDemoOptions", "SparkDemoResult", "format_spark_report", "run_spark_demo"]
@@ -259,8 +260,7 @@ def _channel_backlog(http_addresses: list[str], topic: str, channel: str) -> int
     total = 0
     for address in http_addresses:
         url = f"http://{address}/stats?format=json&topic={topic}&channel={channel}"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            data = json.loads(response.read())
+        data = http_get_json(url, 5.0, NSQD_ANSWER_LIMIT)
         for t in data.get("topics") or []:
             for c in t.get("channels") or []:
                 if t["topic_name"] == topic and c["channel_name"] == channel:
@@ -271,10 +271,8 @@ def _channel_backlog(http_addresses: list[str], topic: str, channel: str) -> int
 def _topic_messages(http_addresses: list[str], topic: str) -> int:
     total = 0
     for address in http_addresses:
-        with urllib.request.urlopen(
-            f"http://{address}/stats?format=json&topic={topic}", timeout=5
-        ) as response:
-            data = json.loads(response.read())
+        url = f"http://{address}/stats?format=json&topic={topic}"
+        data = http_get_json(url, 5.0, NSQD_ANSWER_LIMIT)
         total += sum(
             t["message_count"] for t in data.get("topics") or [] if t["topic_name"] == topic
         )
