@@ -58,6 +58,12 @@ __all__ = [
     "TopicLookup",
     "TopicNotFound",
     "TopicStats",
+    "http_error",
+    "parse_lookupd_info",
+    "parse_lookupd_nodes",
+    "parse_nsqd_info",
+    "parse_nsqd_stats",
+    "parse_topic_lookup",
 ]
 
 DEFAULT_NSQD_HTTP_PORT = 4151
