@@ -176,6 +176,19 @@ async def test_nsqd_topics_channels_stats_and_lag(runtime: AdminRuntime, brokers
         await nsqd.delete_topic(topic)
         await raises(nsqd.topic_stats(topic), TopicNotFound)
 
+        # a topic with no channel keeps what is published; its first channel gets all of it
+        publish(brokers.nsqd_tcp, "adm_early", [b"early"] * 3)
+        assert (await nsqd.topic_stats("adm_early")).depth == 3
+        await nsqd.create_channel("adm_early", "first")
+        first = await nsqd.channel_stats("adm_early", "first")
+        assert first.lag == 3
+        first = await eventually(
+            lambda: nsqd.channel_stats("adm_early", "first"), settled, "backlog moved"
+        )
+        assert counts(first) == (0, 3, 0, 0, 3)
+        await nsqd.create_channel("adm_early", "second")
+        assert counts(await nsqd.channel_stats("adm_early", "second")) == (0, 0, 0, 0, 0)
+
     # the server's own refusals keep its status and message: here, nsqlookupd has no /stats
     async with runtime.nsqd(brokers.lookupd_http) as wrong:
         error = await raises(wrong.stats(), AdminHTTPError)
@@ -240,6 +253,16 @@ async def test_lookupd_registry_tombstones_and_deletion(
         await lookupd.delete_topic("adm_planned")
         await raises(lookupd.lookup("adm_planned"), TopicNotFound)
         await lookupd.delete_topic("adm_never")  # forgetting an unknown topic is not an error
+
+        # deleted on its nsqd, the topic stays registered with no producer until nsqlookupd
+        # is told to forget it too
+        await nsqd.delete_topic(topic)
+        (node,) = await eventually(lookupd.nodes, lambda n: n[0].topics == (), "unregistered")
+        assert await lookupd.topics() == (topic,)
+        assert (await lookupd.lookup(topic)).producers == ()
+        await lookupd.delete_topic(topic)
+        assert await lookupd.topics() == ()
+        await raises(lookupd.lookup(topic), TopicNotFound)
 
 
 def lookup_or_none(lookup: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
