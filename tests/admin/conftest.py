@@ -136,3 +136,14 @@ def real_brokers(*nsqd_args: str) -> Iterator[Brokers]:
         pytest.skip("the real nsqd/nsqlookupd v1.3.0 binaries are not available")
     with RealLookupd() as lookupd, RealNSQD(nsqd_args, lookupd=[lookupd.tcp_address]) as real:
         yield Brokers("real", real.tcp_address, real.http_address, lookupd.http_address)
+
+
+@pytest.fixture(params=["embedded", "real"])
+def brokers(request: pytest.FixtureRequest) -> Iterator[Brokers]:
+    """The embedded brokers, then the real ones (skipped when absent): a test taking this
+    fixture expects the same of both."""
+    if request.param == "embedded":
+        yield request.getfixturevalue("embedded_brokers")
+        return
+    with real_brokers() as real:
+        yield real

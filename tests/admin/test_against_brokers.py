@@ -9,7 +9,7 @@ that, and the lag has to add up.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -24,20 +24,11 @@ from nsq_sansio.admin import (
 from nsq_sansio.errors import InvalidName
 
 from ._wire import Wire, publish
-from .conftest import AdminRuntime, Brokers, real_brokers
+from .conftest import AdminRuntime, Brokers
 
 pytestmark = pytest.mark.anyio
 
 T = TypeVar("T")
-
-
-@pytest.fixture(params=["embedded", "real"])
-def brokers(request: pytest.FixtureRequest) -> Iterator[Brokers]:
-    if request.param == "embedded":
-        yield request.getfixturevalue("embedded_brokers")
-        return
-    with real_brokers() as real:
-        yield real
 
 
 async def eventually(
