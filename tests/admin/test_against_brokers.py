@@ -9,6 +9,7 @@ that, and the lag has to add up.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from nsq_sansio.admin import (
     TopicNotFound,
 )
 from nsq_sansio.errors import InvalidName
+from transports.sync.admin import LookupdAdmin, NSQDAdmin
 
 from ._wire import Wire, publish
 from .conftest import AdminRuntime, Brokers
@@ -264,3 +266,24 @@ def lookup_or_none(lookup: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitab
             return None
 
     return call
+
+
+def test_a_new_topic_gets_the_channels_nsqlookupd_knows(
+    brokers: Brokers, request: pytest.FixtureRequest
+) -> None:
+    """nsqd creating a topic asks its nsqlookupd for the topic's channels and creates them,
+    so none misses the first messages. The embedded nsqd does not (yet)."""
+    if brokers.kind == "embedded":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True, reason="the embedded nsqd does not ask nsqlookupd for the channels"
+            )
+        )
+    with LookupdAdmin(brokers.lookupd_http) as lookupd, NSQDAdmin(brokers.nsqd_http) as nsqd:
+        deadline = time.monotonic() + 10
+        while not lookupd.nodes():  # nsqd learns nsqlookupd's HTTP port when it registers
+            assert time.monotonic() < deadline, "nsqd did not register"
+            time.sleep(0.01)
+        lookupd.create_channel("adm_planned", "early")
+        nsqd.create_topic("adm_planned")
+        assert [c.name for c in nsqd.topic_stats("adm_planned").channels] == ["early"]
