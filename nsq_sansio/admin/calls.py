@@ -85,9 +85,15 @@ class AdminEndpoint:
             raise ConfigError(f"HTTP API address {url!r}: no user, query or fragment allowed")
         tls = parts.scheme == "https"
         host, port = _split_host_port(parts.netloc, default_port, "HTTP API")
-        if any(c in host for c in " /\\\r\n\t"):
+        try:
+            host.encode("idna")
+        except UnicodeError:
+            raise ConfigError(f"HTTP API address {url!r}: bad host") from None
+        if any(c.isspace() or c in "/\\" for c in host):
             raise ConfigError(f"HTTP API address {url!r}: bad host")
-        return cls(host, port, tls, parts.path.rstrip("/"))
+        # the path goes into every request line: percent-encoded, printable ASCII only
+        prefix = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
+        return cls(host, port, tls, prefix)
 
 
 @dataclass(frozen=True, slots=True)

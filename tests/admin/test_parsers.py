@@ -33,7 +33,7 @@ from nsq_sansio.admin import (
     parse_topic_lookup,
 )
 from nsq_sansio.errors import ConfigError, InvalidName
-from nsq_sansio.http_client import HTTPAnswer
+from nsq_sansio.http_client import HTTPAnswer, HTTPClient
 
 SAMPLES = Path(__file__).parent / "samples"
 
@@ -252,14 +252,29 @@ def test_request_targets_are_url_encoded() -> None:
         ("nsqd.example", AdminEndpoint("nsqd.example", 4151)),
         ("https://[::1]:4152/nsq/", AdminEndpoint("::1", 4152, True, "/nsq")),
         (" http://h:1 ", AdminEndpoint("h", 1)),
+        ("http://h:1/a b/ñ", AdminEndpoint("h", 1, False, "/a%20b/%C3%B1")),
+        ("http://bücher.example", AdminEndpoint("bücher.example", 4151)),
     ],
 )
 def test_endpoints(url: str, expected: AdminEndpoint) -> None:
-    assert AdminEndpoint.parse(url, 4151) == expected
+    endpoint = AdminEndpoint.parse(url, 4151)
+    assert endpoint == expected
+    HTTPClient(endpoint.host_header).request("GET", NSQDAPI.ping().target(endpoint.path_prefix))
 
 
 @pytest.mark.parametrize(
-    "url", ["ftp://h", "http://h:0", "http://h:99999", "http://h?x=1", "http://u@h", "::1", ""]
+    "url",
+    [
+        "ftp://h",
+        "http://h:0",
+        "http://h:99999",
+        "http://h?x=1",
+        "http://u@h",
+        "::1",
+        "",
+        "http://a..b:1",
+        "http://h x:1",
+    ],
 )
 def test_bad_endpoints(url: str) -> None:
     with pytest.raises(ConfigError):
