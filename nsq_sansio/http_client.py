@@ -165,6 +165,9 @@ class HTTPClient:
                 elif isinstance(event, h11.EndOfMessage):
                     conn = self._conn
                     keep = conn.our_state is h11.DONE and conn.their_state is h11.DONE
+                    # bytes after the answer belong to no request: never read them as the
+                    # answer to the next one
+                    keep = keep and not conn.trailing_data[0]
                     body, self._body = bytes(self._body), bytearray()
                     return HTTPAnswer(self._status, body, self._headers, keep)
                 else:  # ConnectionClosed (or PAUSED) before the end of the answer

@@ -135,3 +135,12 @@ def test_any_bytes_give_an_answer_or_a_typed_error(chunks: list[bytes]) -> None:
                 break
     except (RemoteProtocolError, ConnectionLost):
         pass
+
+
+def test_bytes_after_the_answer_end_the_connection() -> None:
+    """A server that sent more than the answer (a second answer, junk): the connection is not
+    reused, so those bytes are never read as the answer to the next request."""
+    client = HTTPClient("h:1")
+    client.request("GET", "/ping")
+    answer = client.receive_data(OK + OK)
+    assert answer is not None and answer.body == b'{"topics":[]}' and not answer.keep_alive

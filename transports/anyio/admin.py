@@ -138,8 +138,8 @@ class _AdminClient:
                 await anyio.aclose_forcefully(conn.stream)
 
     async def _call(self, request: AdminRequest[T]) -> T:
-        async with self._lock:
-            with anyio.fail_after(self._timeout):
+        with anyio.fail_after(self._timeout):  # waiting for another call's turn included
+            async with self._lock:
                 answer = await self._exchange(request)
         return request.read(answer, self.endpoint)
 

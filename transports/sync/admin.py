@@ -145,9 +145,13 @@ class _AdminClient:
             conn.close()
 
     def _call(self, request: AdminRequest[T]) -> T:
-        with self._lock:
-            deadline = time.monotonic() + self._timeout
+        deadline = time.monotonic() + self._timeout  # waiting for another call's turn included
+        if not self._lock.acquire(timeout=self._timeout):
+            raise TimeoutError(f"no answer in {self._timeout:g}s")
+        try:
             answer = self._exchange(request, deadline)
+        finally:
+            self._lock.release()
         return request.read(answer, self.endpoint)
 
     def _exchange(self, request: AdminRequest[Any], deadline: float) -> HTTPAnswer:
