@@ -149,9 +149,15 @@ async def test_nsqd_topics_channels_stats_and_lag(runtime: AdminRuntime, brokers
             await nsqd.unpause_topic(topic)
             assert not (await nsqd.topic_stats(topic)).paused
 
-            await nsqd.empty_channel(topic, channel)  # queued and deferred both go
+            consumer.rdy(1)
+            held = consumer.message_id()
+            consumer.rdy(0)
+            stats = await eventually(chan, lambda c: c.in_flight_count == 1, "1 in flight")
+            assert counts(stats) == (0, 4, 1, 1, 6)
+            await nsqd.empty_channel(topic, channel)  # queued, in flight and deferred all go
             stats = await eventually(chan, lambda c: c.lag == 0, "channel emptied")
             assert counts(stats) == (0, 0, 0, 0, 0) and stats.message_count == 7
+            consumer.finish(held)  # too late: nsqd answers E_FIN_FAILED, nothing changes
 
             whole = await nsqd.stats(include_memory=True)
             assert [t.name for t in whole.topics] == [topic] and whole.memory is not None
