@@ -301,40 +301,40 @@ scalars = (
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=8)
 )
-json_values = st.recursive(
-    scalars,
-    lambda children: (
-        st.lists(children, max_size=4)
-        | st.dictionaries(
-            st.sampled_from(
-                [
-                    "topics",
-                    "channels",
-                    "producers",
-                    "clients",
-                    "topic_name",
-                    "channel_name",
-                    "depth",
-                    "e2e_processing_latency",
-                    "percentiles",
-                    "quantile",
-                    "value",
-                    "pub_counts",
-                    "tombstones",
-                    "memory",
-                    "status_code",
-                    "data",
-                    "version",
-                    "max_heartbeat_interval",
-                ]
-            )
-            | st.text(max_size=6),
-            children,
-            max_size=5,
+
+
+def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Lists and objects of ``children``, with the keys the parsers look for."""
+    return st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(
+            [
+                "topics",
+                "channels",
+                "producers",
+                "clients",
+                "topic_name",
+                "channel_name",
+                "depth",
+                "e2e_processing_latency",
+                "percentiles",
+                "quantile",
+                "value",
+                "pub_counts",
+                "tombstones",
+                "memory",
+                "status_code",
+                "data",
+                "version",
+                "max_heartbeat_interval",
+            ]
         )
-    ),
-    max_leaves=30,
-)
+        | st.text(max_size=6),
+        children,
+        max_size=5,
+    )
+
+
+json_values = st.recursive(scalars, _containers, max_leaves=30)
 
 
 def _check(parse: Any, data: bytes) -> None:
