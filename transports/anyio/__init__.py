@@ -21,6 +21,7 @@ from transports._common import (
     TLSOptions,
 )
 
+from .admin import LookupdAdmin, NSQDAdmin
 from .consumer import Consumer, KeepaliveExpired, Message, drain_on_signals
 from .http import HTTPProducer
 from .producer import NoNSQDAvailable, Producer
@@ -32,7 +33,9 @@ __all__ = [
     "HTTPProducer",
     "HTTPPublishError",
     "KeepaliveExpired",
+    "LookupdAdmin",
     "Message",
+    "NSQDAdmin",
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 
+from .admin import LookupdAdmin, NSQDAdmin
 from .consumer import Consumer, EventCallback, KeepaliveExpired, Message
 from .http import HTTPProducer, HTTPPublishError
 from .producer import NoNSQDAvailable, Producer, PublishFuture
@@ -92,7 +93,9 @@ __all__ = [
     "HTTPProducer",
     "HTTPPublishError",
     "KeepaliveExpired",
+    "LookupdAdmin",
     "Message",
+    "NSQDAdmin",
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",
