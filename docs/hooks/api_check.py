@@ -29,7 +29,6 @@ DOCUMENTED_MODULES: tuple[str, ...] = (
     "nsq_sansio.consumer",
     "nsq_sansio.backoff",
     "nsq_sansio.rdy",
-    "nsq_sansio.pull",
     "nsq_sansio.discovery",
     "nsq_sansio.frames",
     "nsq_sansio.compression",
@@ -57,16 +56,13 @@ DOCUMENTED_UPSTREAM = ("pyspark.", "prometheus_client.")
 
 # TEMPORARY: public names without a docstring in files that other branches are rewriting right
 # now. The coordinator adds their docstrings and empties this set after merging; a name listed
-# here that has a docstring (or no longer exists) fails the check too, so it cannot go stale.
+# here that has a docstring (or no longer exists) fails tests/docs, so the list cannot go stale.
 ALLOWED_MISSING: frozenset[str] = frozenset(
     {
         "nsq_sansio.connection.ClientConnection.in_flight_count",
         "nsq_sansio.connection.ClientConnection.is_in_flight",
         "nsq_sansio.connection.ClientConnection.max_rdy_count",
         "nsq_sansio.connection.ClientConnection.state",
-        "nsq_sansio.consumer.fetches.FetchQueue.add",
-        "nsq_sansio.consumer.fetches.FetchQueue.next_deadline",
-        "nsq_sansio.consumer.fetches.FetchQueue.remove",
         "nsq_sansio.errors.ServerError.fatal",
         "nsq_sansio.server.backend.DiscardBackend.depth",
         "nsq_sansio.server.lookupd.Lookupd.connection_count",
@@ -278,24 +274,25 @@ def missing_docstrings(
             target = _target(member)
             if target is None or target.is_alias:
                 continue  # re-exported from another library
-            if not target.path.startswith(("nsq_sansio", "transports")):
-                continue
+            if target.path.split(".", 1)[0] not in tops:
+                continue  # re-exported from another library
             _walk(target, None, seen, out)  # type: ignore[arg-type]
     return sorted(out)
 
 
 def problems(search_paths: Sequence[Path] = (ROOT,)) -> list[str]:
-    """What fails the build: names missing a docstring, and allow-list entries gone stale."""
+    """What fails the build: public names without a docstring (and not allowed yet)."""
     missing = missing_docstrings(search_paths)
-    report = [f"missing docstring: {path}" for path in missing if path not in ALLOWED_MISSING]
-    report += [
-        f"documented now, remove from ALLOWED_MISSING in docs/hooks/api_check.py: {path}"
-        for path in sorted(ALLOWED_MISSING - set(missing))
-    ]
-    return report
+    return [f"missing docstring: {path}" for path in missing if path not in ALLOWED_MISSING]
+
+
+def stale_allowances(search_paths: Sequence[Path] = (ROOT,)) -> list[str]:
+    """Entries of ALLOWED_MISSING that have a docstring now or no longer exist: to remove
+    (tests/docs checks it; the build itself does not fail on them)."""
+    return sorted(ALLOWED_MISSING - set(missing_docstrings(search_paths)))
 
 
 if __name__ == "__main__":
-    found = problems()
+    found = problems() + [f"stale ALLOWED_MISSING entry: {path}" for path in stale_allowances()]
     print("\n".join(found) or "every public name has a docstring")
     sys.exit(1 if found else 0)

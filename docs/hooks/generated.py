@@ -5,7 +5,7 @@
   the defaults and ranges its parser applies, and the descriptions kept beside them).
 
 A page asks for a table with an HTML comment on a line of its own, ``<!-- generated: cli -->``
-or ``<!-- generated: spark-options -->``; the docs hook replaces it when the site is built.
+or ``<!-- generated: spark-read-options -->``; the docs hook replaces it when the site is built.
 """
 
 from __future__ import annotations
@@ -214,38 +214,48 @@ def _check_spark_option_lists() -> None:
         raise ValueError(f"no OPTION_DOCS entry for {sorted(undocumented)}")
 
 
-def render_spark_options() -> str:
-    """Tables (reading, writing, connection) of every option the ``nsq`` format accepts."""
+def _spark_table(names: tuple[str, ...]) -> str:
     from transports.spark import _options
 
     _check_spark_option_lists()
     ranges = _spark_ranges()
     allowed_text = {"serialization": " / ".join(f"`{v}`" for v in _options.SERIALIZATIONS)}
-    out: list[str] = []
-    for title, names in (
-        ('Reading: `spark.readStream.format("nsq")`', _options.READ_OPTIONS),
-        (
-            'Writing: `df.write.format("nsq")` and `df.writeStream.format("nsq")`',
-            _options.WRITE_OPTIONS,
-        ),
-        ("Connection (reading and writing)", _options.CONNECTION_OPTIONS),
-    ):
-        out.append(f"### {title}\n")
-        out.append("| option | type | default | allowed | meaning |")
-        out.append("| --- | --- | --- | --- | --- |")
-        for name in names:
-            kind, default, allowed = ranges.get(name, ("text", "", ""))
-            default = _options.OPTION_DEFAULTS.get(name, f"`{default}`" if default else "")
-            allowed = allowed_text.get(name, allowed)
-            meaning = _cell(_options.OPTION_DOCS[name])
-            out.append(f"| `{name}` | {kind} | {default} | {allowed} | {meaning} |")
-        out.append("")
-    return "\n".join(out)
+    out = ["| option | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
+    for name in names:
+        kind, default, allowed = ranges.get(name, ("text", "", ""))
+        default = _options.OPTION_DEFAULTS.get(name, f"`{default}`" if default else "")
+        allowed = allowed_text.get(name, allowed)
+        meaning = _cell(_options.OPTION_DOCS[name])
+        out.append(f"| `{name}` | {kind} | {default} | {allowed} | {meaning} |")
+    return "\n".join(out) + "\n"
+
+
+def render_spark_read_options() -> str:
+    """The table of the source's own options (``spark.readStream.format("nsq")``)."""
+    from transports.spark import _options
+
+    return _spark_table(_options.READ_OPTIONS)
+
+
+def render_spark_write_options() -> str:
+    """The table of the sink's own options (``df.write``/``writeStream.format("nsq")``)."""
+    from transports.spark import _options
+
+    return _spark_table(_options.WRITE_OPTIONS)
+
+
+def render_spark_connection_options() -> str:
+    """The table of the connection options both take (compression, TLS, AUTH...)."""
+    from transports.spark import _options
+
+    return _spark_table(_options.CONNECTION_OPTIONS)
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": render_cli,
-    "spark-options": render_spark_options,
+    "spark-read-options": render_spark_read_options,
+    "spark-write-options": render_spark_write_options,
+    "spark-connection-options": render_spark_connection_options,
 }
 
 

@@ -2,16 +2,18 @@
 
     python tests/docs/page_runner.py docs/getting-started.md RESULTS.json
 
-One embedded nsqlookupd and two nsqd registered with it run on a background thread for the
-whole page; the blocks' addresses on NSQ's default ports are substituted with theirs (see
-``codeblocks.py``). Python blocks run in order in one namespace, which starts with:
+An embedded nsqlookupd with one nsqd registered with it, and a second nsqd on its own, run on
+background threads for the whole page; the blocks' addresses on NSQ's default ports are
+substituted with theirs (see ``codeblocks.py``). Python blocks run in order in one namespace,
+which starts with:
 
-* ``nsq_cluster``: the running :class:`transports.embedded.Cluster` (``nsq_cluster.nsqd`` is the
-  first nsqd, ``nsq_cluster.nsqds[1]`` the second);
-* ``nsqd``: the first nsqd; ``tmp_path``: the page's scratch folder (also the working folder);
-* ``create_topic(topic, *channels)``: creates the topic (and channels) on the first nsqd and
-  waits until nsqlookupd lists it (a consumer that asks nsqlookupd before the topic is registered polls again only after
-  ``lookupd_poll_interval``);
+* ``nsq_cluster``: the running :class:`transports.embedded.Cluster`, as the pytest fixture of
+  that name gives it (``nsq_cluster.nsqd``, ``nsq_cluster.lookupd``);
+* ``nsqd``: its nsqd (the one at ``127.0.0.1:4150`` in the pages);
+* ``tmp_path``: the page's scratch folder (also the working folder);
+* ``create_topic(topic, *channels)``: creates the topic (and channels) on that nsqd and waits
+  until nsqlookupd lists it (a consumer that asks nsqlookupd before the topic is registered
+  asks again only after ``lookupd_poll_interval``);
 * ``sigterm_after_finished(topic, channel, count)``: once ``count`` more messages of that
   channel have been finished on the nsqds (nothing left queued or in flight), sends SIGTERM to
   this process, which a documented ``drain_on_signals`` turns into a graceful drain, so a
@@ -52,6 +54,8 @@ from codeblocks import (  # noqa: E402
 )
 
 BLOCK_TIMEOUT = float(os.environ.get("NSQ_DOCS_BLOCK_TIMEOUT", "45"))
+#: Stop at the first failing block (the docs test sets it for pages it expects to fail).
+FAIL_FAST = os.environ.get("NSQ_DOCS_FAIL_FAST") == "1"
 
 _SH_PRELUDE = """\
 set -euo pipefail
@@ -168,7 +172,7 @@ class _Stopper:
 
 def run_page(page_path: Path) -> list[dict[str, Any]]:
     """Run every runnable block of the page; one result per block (and per skipped one)."""
-    from transports.embedded import Cluster, ServerThread
+    from transports.embedded import Cluster, EmbeddedNSQD, ServerThread
 
     page = parse_page(page_path)
     results: list[dict[str, Any]] = []
@@ -190,9 +194,9 @@ def run_page(page_path: Path) -> list[dict[str, Any]]:
     # a SIGTERM that arrives when no drain handler is installed must not end the page's run
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     extras = known_extras()
-    with ServerThread(Cluster(nsqd_count=2)) as cluster:
+    with ServerThread(Cluster(nsqd_count=1)) as cluster, ServerThread(EmbeddedNSQD()) as second:
         assert cluster.lookupd is not None
-        first, second = cluster.nsqds[0], cluster.nsqds[1]
+        first = cluster.nsqd
         addresses = {
             "4150": first.tcp_address,
             "4151": first.http_address,
@@ -227,6 +231,9 @@ def run_page(page_path: Path) -> list[dict[str, Any]]:
         }
         failed_before = False
         for block in runnable:
+            if failed_before and FAIL_FAST:
+                results.append({"where": block.where, "status": "not-run", "reason": "fail fast"})
+                continue
             started = time.monotonic()
             result: dict[str, Any] = {"where": block.where, "language": block.language}
             print(f"--- {block.where} ({block.language})", flush=True)
@@ -249,6 +256,11 @@ def run_page(page_path: Path) -> list[dict[str, Any]]:
             except BaseException as exc:  # any failure of a block is reported, SystemExit too
                 if isinstance(exc, KeyboardInterrupt):
                     raise
+                if type(exc).__name__ == "Skipped":  # pytest.skip() in a block
+                    result["status"] = "skipped"
+                    result["reason"] = str(exc)
+                    results.append(result)
+                    continue
                 if isinstance(exc, SystemExit) and exc.code in (0, None):
                     result["status"] = "passed"
                     result["seconds"] = round(time.monotonic() - started, 2)
