@@ -142,6 +142,15 @@ def test_no_broken_internal_link(site: Path) -> None:
                 ids = pages[target].ids if target in pages else set()
                 if urllib.parse.unquote(parts.fragment) not in ids:
                     broken.append(f"{html_file.relative_to(site)}: {link} (no such anchor)")
+    # README.md is not part of the site, but its links to the docs must land too
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for link in re.findall(r"\]\((docs/[^)\s]+)\)", readme):
+        path, _, fragment = link.partition("#")
+        page = Path(path).relative_to("docs").with_suffix("")
+        target = site / ("" if page.name == "index" else str(page)) / "index.html"
+        checked += 1
+        if not target.exists() or (fragment and fragment not in pages[target.resolve()].ids):
+            broken.append(f"README.md: {link}")
     assert checked > 1000
     assert not broken, "\n".join(sorted(broken)[:50])
 

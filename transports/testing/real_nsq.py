@@ -9,9 +9,10 @@ and benchmarks say so and exit.
 Where the binaries are looked for: the ``bin_dir`` argument (a benchmark's ``--nsqd-bin``)
 when one is given, and nowhere else; otherwise, first match wins:
 
-1. ``$NSQ_BIN_DIR``, a folder holding ``nsqd``;
-2. ``../shared/reference/nsq-1.3.0/bin`` next to the checkout (this workplace's copy of the
-   v1.3.0 release; its script unpacks the binaries once and prints their folder).
+1. ``$NSQ_BIN_DIR``, a folder holding ``nsqd``: the ``bin/`` folder of an NSQ release
+   (https://nsq.io/deployment/installing.html);
+2. the copy of the v1.3.0 release that this project's development setup keeps beside the
+   checkout, when there is one.
 
 :class:`RealNSQD` and :class:`RealLookupd` start one process each on free loopback ports with a
 private data directory, wait until ``/ping`` answers, and stop it (SIGTERM, then SIGKILL) on
