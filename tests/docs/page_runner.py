@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -72,6 +73,10 @@ class BlockTimeout(Exception):
 
 def _alarm(signum: int, frame: FrameType | None) -> None:
     raise BlockTimeout(f"did not finish within {BLOCK_TIMEOUT:g} s")
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM outside a documented drain handler: ignored."""
 
 
 def _free_port() -> int:
@@ -125,8 +130,11 @@ class _Stopper:
     """``sigterm_after_finished``: watches nsqd's /stats from a thread (see the docstring)."""
 
     def __init__(self, nsqds: list[Any]) -> None:
+        import threading
+
         self.nsqds = nsqds
         self.failures: list[str] = []
+        self.block_done = threading.Event()  # set when the block that asked is over
 
     def _counts(self, topic: str, channel: str) -> tuple[int, int]:
         """(messages delivered to the channel, messages still queued/in flight/deferred)."""
@@ -153,9 +161,13 @@ class _Stopper:
 
         baseline, _ = self._counts(topic, channel)
 
+        done = self.block_done
+
         def watch() -> None:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
+                if done.is_set():
+                    return  # the block ended without needing the signal
                 delivered, waiting = self._counts(topic, channel)
                 if delivered >= baseline + count and waiting == 0:
                     os.kill(os.getpid(), signal.SIGTERM)
@@ -192,7 +204,7 @@ def run_page(page_path: Path) -> list[dict[str, Any]]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     signal.signal(signal.SIGALRM, _alarm)
     # a SIGTERM that arrives when no drain handler is installed must not end the page's run
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    signal.signal(signal.SIGTERM, _ignore)
     extras = known_extras()
     with ServerThread(Cluster(nsqd_count=1)) as cluster, ServerThread(EmbeddedNSQD()) as second:
         assert cluster.lookupd is not None
@@ -250,6 +262,11 @@ def run_page(page_path: Path) -> list[dict[str, Any]]:
                         print(_run_sh(code, scratch, env), end="", flush=True)
                 finally:
                     signal.alarm(0)
+                    if not block.hidden:  # a setup's watcher is for the block after it
+                        stopper.block_done.set()
+                        stopper.block_done = threading.Event()
+                    # asyncio puts SIG_DFL back when a signal receiver closes
+                    signal.signal(signal.SIGTERM, _ignore)
                 if stopper.failures:
                     raise RuntimeError(stopper.failures.pop())
                 result["status"] = "passed"
