@@ -15,6 +15,7 @@ import ast
 import importlib
 import inspect
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,14 @@ def cli_parsers() -> dict[str, argparse.ArgumentParser]:
     commands: tuple[str, ...] = tuple(cli_main.COMMANDS)
     build: Callable[..., Any] | None = getattr(cli_main, "build_parser", None)
     if build is not None:
+        required = [
+            parameter
+            for parameter in inspect.signature(build).parameters.values()
+            if parameter.default is inspect.Parameter.empty
+            and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+        ]
+        if required:  # build_parser(command): one parser per command
+            return {name: build(name) for name in commands}
         built = build()
         found = built if isinstance(built, dict) else _subparsers(built)
         if found:
@@ -135,13 +144,31 @@ def render_cli() -> str:
 
 # -- the Spark data source's options ------------------------------------------------------------
 
+
+def spark_options() -> Any:
+    """``transports/spark/_options.py``, loaded on its own: the package's ``__init__`` imports
+    pyspark, which building the docs does not need."""
+    import importlib.util
+
+    name = "_nsq_docs_spark_options"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = ROOT / "transports" / "spark" / "_options.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 _PARSERS = {"_int": "integer", "_float": "number", "_bool": "boolean"}
 
 
 def _spark_ranges() -> dict[str, tuple[str, str, str]]:
     """option -> (type, default, allowed) read from the ``_int/_float/_bool`` calls of the
     options parser (the code that applies them)."""
-    from transports.spark import _options
+    _options = spark_options()
 
     tree = ast.parse(inspect.getsource(_options))
     namespace = vars(_options)
@@ -196,7 +223,7 @@ def _spark_ranges() -> dict[str, tuple[str, str, str]]:
 
 def _check_spark_option_lists() -> None:
     """The reference's lists are exactly what the parser accepts (no option left out)."""
-    from transports.spark import _options
+    _options = spark_options()
 
     spark_own = {"path", "checkpointlocation"}  # Spark passes these; not the user's options
     for role, listed, accepted in (
@@ -215,7 +242,7 @@ def _check_spark_option_lists() -> None:
 
 
 def _spark_table(names: tuple[str, ...]) -> str:
-    from transports.spark import _options
+    _options = spark_options()
 
     _check_spark_option_lists()
     ranges = _spark_ranges()
@@ -232,21 +259,21 @@ def _spark_table(names: tuple[str, ...]) -> str:
 
 def render_spark_read_options() -> str:
     """The table of the source's own options (``spark.readStream.format("nsq")``)."""
-    from transports.spark import _options
+    _options = spark_options()
 
     return _spark_table(_options.READ_OPTIONS)
 
 
 def render_spark_write_options() -> str:
     """The table of the sink's own options (``df.write``/``writeStream.format("nsq")``)."""
-    from transports.spark import _options
+    _options = spark_options()
 
     return _spark_table(_options.WRITE_OPTIONS)
 
 
 def render_spark_connection_options() -> str:
     """The table of the connection options both take (compression, TLS, AUTH...)."""
-    from transports.spark import _options
+    _options = spark_options()
 
     return _spark_table(_options.CONNECTION_OPTIONS)
 
