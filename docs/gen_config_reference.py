@@ -185,7 +185,7 @@ def render() -> str:
         "`--max-output-buffer-size` (64 KiB). A value outside them is refused "
         "(`E_BAD_BODY IDENTIFY output buffer timeout (10) is invalid`); reconnecting cannot "
         "help, so it is reported as `nsq_sansio.errors.IdentifyRejected`, a `ConfigError` "
-        "carrying nsqd's `code` and `text`. A consumer fails with it at once, without retrying "
+        "carrying nsqd's `code` and `text`. A consumer fails with it at once, without reconnecting "
         "(see [the consumer coordinator](consumer.md#a-configuration-nsqd-refuses))."
     )
     return "\n".join(lines) + "\n"

@@ -237,6 +237,7 @@ class LookupRequest:
 
     @property
     def done(self) -> bool:
+        """True once the answer (or the failure) was returned: later bytes are ignored."""
         return self._done
 
     def receive_data(self, data: bytes) -> LookupAnswer | LookupFailure | None:
@@ -325,6 +326,7 @@ class LookupdPoller:
 
     @property
     def lookupds(self) -> Sequence[LookupdAddress]:
+        """The nsqlookupd addresses polled, in the order given."""
         return tuple(self._slots)
 
     def known_nodes(self) -> frozenset[NSQDAddress]:
@@ -386,6 +388,7 @@ class LookupdPoller:
         return best
 
     def is_pending(self, request_id: int) -> bool:
+        """Whether ``request_id`` is a poll of this poller still waiting for its answer."""
         return request_id in self._by_request
 
     def receive_data(self, request_id: int, data: bytes) -> LookupAnswer | LookupFailure | None:

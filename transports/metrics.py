@@ -115,6 +115,7 @@ class PublishObserver:
                 self._errors[key] = self._errors.get(key, 0) + 1
 
     def collect(self) -> Iterator[Metric]:
+        """The latency histogram and the per-topic message and error counters (a scrape)."""
         yield from self.latency.collect()
         messages = CounterMetricFamily(
             "nsq_producer_topic_messages",

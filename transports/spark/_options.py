@@ -57,6 +57,143 @@ _READ = {
 }
 
 
+#: Every option of the source, in the order the reference lists them.
+READ_OPTIONS: tuple[str, ...] = (
+    "topic",
+    "channel",
+    "nsqd",
+    "lookupd",
+    "max_in_flight",
+    "max_messages_per_trigger",
+    "wait_timeout",
+    "linger",
+    "msg_timeout",
+    "touch_interval",
+    "lookupd_poll_interval",
+    "partitions",
+    "gc_threshold",
+)
+#: Every option of the sink (batch and streaming), in the order the reference lists them.
+WRITE_OPTIONS: tuple[str, ...] = (
+    "topic",
+    "nsqd",
+    "lookupd",
+    "batch_size",
+    "batch_bytes",
+    "max_pending",
+    "serialization",
+    "arrow",
+    "timeout",
+)
+#: The connection options both accept (the client's ``Config`` and TLS settings).
+CONNECTION_OPTIONS: tuple[str, ...] = (
+    "connect_timeout",
+    "auth_secret",
+    "snappy",
+    "deflate",
+    "deflate_level",
+    "heartbeat_interval",
+    "user_agent",
+    "client_id",
+    "output_buffer_size",
+    "output_buffer_timeout",
+    "tls_v1",
+    "tls_ca_file",
+    "tls_ca_data",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_key_password",
+    "tls_server_name",
+    "tls_verify",
+)
+
+#: What each option means; the reference's tables are generated from this and from the parser
+#: below (names, defaults, ranges), and a test checks that every accepted option is described.
+OPTION_DOCS: Mapping[str, str] = {
+    "topic": "Topic to read or publish to.",
+    "channel": "Channel the source subscribes to (create it before publishing if earlier "
+    "messages matter: a channel receives what is published after it exists).",
+    "nsqd": "Comma-separated nsqd TCP addresses (`host:4150`). One of `nsqd` and `lookupd` is "
+    "required.",
+    "lookupd": "Comma-separated nsqlookupd HTTP addresses (`http://host:4161`): the source polls "
+    "them every `lookupd_poll_interval`, the sink asks them for their nodes once.",
+    "max_in_flight": "Messages in flight over all connections (held for the current batch and "
+    "fetched ahead). Above nsqd's `--max-rdy-count` (2500) the source runs several consumers, "
+    "so several connections per nsqd (up to 64).",
+    "max_messages_per_trigger": "Upper bound of a micro-batch; at most `max_in_flight`. When "
+    "`max_in_flight` is larger, the rest (up to one more batch) is fetched while Spark runs a "
+    "batch.",
+    "wait_timeout": "Seconds a trigger waits for its first message (long poll); "
+    "`availableNow` stops after one empty wait.",
+    "linger": "After the first message, seconds to wait for more before closing the batch; a "
+    "big batch needs time to fill (100,000 messages: about 0.5 s).",
+    "msg_timeout": "Message timeout asked of nsqd for the source's connections (IDENTIFY), in "
+    "seconds: after a crash, held messages are back in the channel this soon.",
+    "touch_interval": "Seconds between TOUCH sweeps of the messages the source holds.",
+    "lookupd_poll_interval": "Seconds between nsqlookupd polls.",
+    "partitions": "Spark partitions a micro-batch is split into.",
+    "gc_threshold": "While the source runs, CPython's cyclic garbage collector's first "
+    "threshold is raised to this (never lowered; put back when the source stops; 0 leaves it "
+    "alone): with the default (700), full collections walking the held batch took about half "
+    "of the source's CPU.",
+    "batch_size": "Messages per MPUB, at most.",
+    "batch_bytes": "Bytes per MPUB, at most (keep it under nsqd's `--max-body-size`, 5 MiB by "
+    "default).",
+    "max_pending": "MPUBs in flight per partition before waiting for answers.",
+    "serialization": "`none`: publish the `body` column (binary or string, the only column "
+    "allowed); `json`: publish each row as a JSON object of all its columns.",
+    "arrow": "Use the Arrow writer (record batches, faster) rather than the row writer.",
+    "timeout": "Seconds to wait for nsqd's answer to a publish.",
+    "connect_timeout": "Seconds for a TCP connect (and, for the source, to subscribe on at "
+    "least one nsqd given with `nsqd`).",
+    "auth_secret": "Secret sent with AUTH when nsqd requires it.",
+    "snappy": "Negotiate snappy compression (exclusive with `deflate`).",
+    "deflate": "Negotiate deflate compression (exclusive with `snappy`).",
+    "deflate_level": "Deflate level asked for (nsqd caps it at its `--max-deflate-level`).",
+    "heartbeat_interval": "Seconds between nsqd's heartbeats.",
+    "user_agent": "Sent in IDENTIFY; shows in nsqd's `/stats`.",
+    "client_id": "Sent in IDENTIFY to name this client.",
+    "output_buffer_size": "nsqd's output buffer for the connection, in bytes (-1 disables "
+    "buffering).",
+    "output_buffer_timeout": "nsqd's output flush timeout, in seconds (-1 disables it).",
+    "tls_v1": "TLS to nsqd, verified against the system's trust store (any other `tls_*` "
+    "option turns TLS on too; `tls_v1=false` with one of them is refused).",
+    "tls_ca_file": "A private CA (PEM file) instead of the system's; also used for an "
+    "`https://` nsqlookupd. Files must exist at the same path on the driver and every executor.",
+    "tls_ca_data": "A private CA as PEM text.",
+    "tls_cert_file": "Client certificate to present (nsqd's `--tls-client-auth-policy`).",
+    "tls_key_file": "Private key of the client certificate.",
+    "tls_key_password": "Password of the private key.",
+    "tls_server_name": "Name checked against nsqd's certificate (default: the host connected to).",
+    "tls_verify": "`false` accepts any certificate (tests only).",
+}
+
+#: The values of the ``serialization`` option.
+SERIALIZATIONS = ("none", "json")
+
+#: Defaults that are not a constant of the parser, as the reference shows them.
+OPTION_DEFAULTS: Mapping[str, str] = {
+    "topic": "required",
+    "channel": "required",
+    "nsqd": "one of the two",
+    "lookupd": "one of the two",
+    "max_messages_per_trigger": "`max_in_flight`",
+    "touch_interval": "`msg_timeout / 3`",
+    "auth_secret": "none",
+    "user_agent": "`nsq-sansio/<version>`",
+    "client_id": "none",
+    "tls_ca_file": "system CAs",
+    "tls_ca_data": "none",
+    "tls_cert_file": "none",
+    "tls_key_file": "none",
+    "tls_key_password": "none",
+    "tls_server_name": "the host",
+    "snappy": "`false`",
+    "deflate": "`false`",
+    "tls_v1": "`false`",
+    "serialization": "`none`",
+}
+
 #: TLS options passed to the transports as given (file paths, PEM text, names).
 _TLS_TEXT = (
     "tls_ca_file",
@@ -241,10 +378,12 @@ class WriteOptions(_Common):
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        """Check the sink's options as Spark hands them over (strings, any case) and return
+        them typed; raises :class:`NSQOptionError` naming the option."""
         opts = _lower(options)
         common = _common(opts, _COMMON | _WRITE, "sink")
         serialization = opts.get("serialization", "none").strip().lower()
-        if serialization not in ("none", "json"):
+        if serialization not in SERIALIZATIONS:
             raise NSQOptionError(
                 f"option serialization={serialization!r}: use 'none' (publish the 'body' column) "
                 "or 'json' (publish each row as a JSON object)"
@@ -279,6 +418,8 @@ class ReadOptions(_Common):
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        """Check the source's options as Spark hands them over (strings, any case) and return
+        them typed; raises :class:`NSQOptionError` naming the option."""
         opts = _lower(options)
         common = _common(opts, _COMMON | _READ, "source")
         channel = opts.get("channel")

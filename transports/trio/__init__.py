@@ -62,7 +62,8 @@ def _require_trio(what: str) -> None:
 
 
 class Consumer(_consumer.Consumer):
-    __doc__ = _consumer.Consumer.__doc__
+    """:class:`transports.anyio.Consumer`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and guarantees are the same."""
 
     async def start(self) -> None:
         _require_trio("Consumer")
@@ -70,7 +71,8 @@ class Consumer(_consumer.Consumer):
 
 
 class Producer(_producer.Producer):
-    __doc__ = _producer.Producer.__doc__
+    """:class:`transports.anyio.Producer`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and guarantees are the same."""
 
     async def __aenter__(self) -> Producer:
         _require_trio("Producer")
@@ -79,7 +81,8 @@ class Producer(_producer.Producer):
 
 
 class HTTPProducer(_http.HTTPProducer):
-    __doc__ = _http.HTTPProducer.__doc__
+    """:class:`transports.anyio.HTTPProducer`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and guarantees are the same."""
 
     async def __aenter__(self) -> HTTPProducer:
         _require_trio("HTTPProducer")
