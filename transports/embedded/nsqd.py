@@ -95,6 +95,10 @@ __all__ = ["NSQD_ROUTES", "EmbeddedNSQD", "memory_stats", "route_nsqd"]
 _log = logging.getLogger("nsq_sansio.embedded")
 
 _OPTION_NAMES = {f.name for f in dataclasses.fields(NSQDOptions)}
+# The timer task runs the core's bounded steps (a backlog moving, a client's input) for at most
+# this long before it lets every other task run: short enough that /ping stays in the
+# milliseconds, long enough that the steps are not paced by the event loop's iterations.
+TIMER_SLICE = 0.002
 
 
 class _Client:
@@ -104,6 +108,7 @@ class _Client:
         "closing",
         "conn_id",
         "drained",
+        "input_done",
         "scope",
         "send_lock",
         "stream",
@@ -116,6 +121,7 @@ class _Client:
         self.stream = stream
         self.wake = anyio.Event()
         self.drained = anyio.Event()
+        self.input_done = anyio.Event()  # set when the core has processed all its input
         self.writer_done = anyio.Event()
         self.send_lock = anyio.Lock()
         self.closing = False
@@ -214,6 +220,8 @@ class EmbeddedNSQD(ListenerAddresses):
         self._task_group: anyio.abc.TaskGroup | None = None
         self._serve_group: anyio.abc.TaskGroup | None = None  # the one start() serves in
         self._clients: dict[int, _Client] = {}
+        # Readers paused until the core has processed the input they fed it.
+        self._input_waiters: dict[int, _Client] = {}
         # anyio objects are made in start(), on the server's own loop: this constructor may
         # run on another thread or event loop (e.g. a trio test starting an asyncio server)
         self._timer_wake: anyio.Event | None = None
@@ -478,6 +486,11 @@ class EmbeddedNSQD(ListenerAddresses):
     def _after(self, events: list[ServerEvent]) -> None:
         """Wake whatever the last core call gave work to."""
         core = self.core
+        if self._input_waiters:
+            for conn_id, waiter in list(self._input_waiters.items()):
+                if not core.input_pending(conn_id):
+                    del self._input_waiters[conn_id]
+                    waiter.input_done.set()
         for conn_id in core.connections_with_output():
             client = self._clients.get(conn_id)
             if client is not None:
@@ -523,17 +536,25 @@ class EmbeddedNSQD(ListenerAddresses):
 
     async def _timer_loop(self) -> None:
         core = self.core
+        clock = time.perf_counter
         while True:
             now = anyio.current_time()
             deadline = core.next_deadline()
             if deadline is not None and deadline <= now:
-                try:
-                    self._after(core.handle_timer(now))
-                except Exception:
-                    _log.exception("nsqd: timer failed")
-                    await anyio.sleep(0.1)  # never spin on a failing timer
-                # Each call does a bounded step (a backlog moves in many): serve every other
-                # client and the HTTP API before the next one.
+                # Each call does a bounded step (a backlog moves, a client's input is run, in
+                # many): steps for up to TIMER_SLICE, then every other client and the HTTP API
+                # are served before the next ones.
+                sliced = clock() + TIMER_SLICE
+                while True:
+                    try:
+                        self._after(core.handle_timer(now))
+                    except Exception:
+                        _log.exception("nsqd: timer failed")
+                        await anyio.sleep(0.1)  # never spin on a failing timer
+                        break
+                    deadline = core.next_deadline()
+                    if deadline is None or deadline > now or clock() >= sliced:
+                        break
                 await anyio.lowlevel.checkpoint()
                 continue
             self._timer_target = math.inf if deadline is None else deadline
@@ -572,6 +593,7 @@ class EmbeddedNSQD(ListenerAddresses):
             _log.exception("nsqd: connection %d failed", conn_id)
         finally:
             self._clients.pop(conn_id, None)
+            self._input_waiters.pop(conn_id, None)
             if self._core is not None and not self._closed:
                 try:
                     self._after(core.connection_lost(conn_id, anyio.current_time()))
@@ -601,6 +623,12 @@ class EmbeddedNSQD(ListenerAddresses):
                     await self._upgrade_tls(client, event.trailing_data)
             if not data or core.connection_state(conn_id) is ClientState.CLOSED:
                 return
+            if core.input_pending(conn_id):
+                # The core runs the rest a step at a time from the timer, other clients
+                # between steps; reading more now would only grow this client's backlog.
+                client.input_done = anyio.Event()
+                self._input_waiters[conn_id] = client
+                await client.input_done.wait()
 
     async def _upgrade_tls(self, client: _Client, trailing: bytes) -> None:
         core = self.core
