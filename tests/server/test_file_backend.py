@@ -51,7 +51,7 @@ def test_crash_without_close_loses_nothing(tmp_path: Path) -> None:
 def test_reopening_a_cleanly_closed_queue_does_not_read_its_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A restart with a large backlog must not walk every record before serving (issue 12.5):
+    # A restart with a large backlog must not walk every record before serving:
     # the depth and write position saved at close are trusted; only what was appended after
     # the saved position is scanned.
     from transports.embedded import file_backend
