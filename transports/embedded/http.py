@@ -77,8 +77,9 @@ Handler = Callable[[HTTPRequest], Awaitable[HTTPResponse]]
 
 
 def json_response(data: Any, status: int = 200) -> HTTPResponse:
-    """A JSON document, as nsqd's ``RespondV1`` writes it."""
-    body = json.dumps(data, separators=(",", ":")).encode()
+    """A JSON document, as nsqd's ``RespondV1`` writes it (``bytes`` are sent as they are:
+    a document nsqd writes by hand)."""
+    body = data if isinstance(data, bytes) else json.dumps(data, separators=(",", ":")).encode()
     return HTTPResponse(status, body, b"application/json; charset=utf-8", [_NSQ_CONTENT_TYPE])
 
 

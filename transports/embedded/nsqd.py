@@ -52,7 +52,7 @@ from nsq_sansio.server.lookupd_client import (
     NodeIdentity,
 )
 from nsq_sansio.server.nsqd import NSQD, ClientState
-from nsq_sansio.server.options import NSQDOptions
+from nsq_sansio.server.options import AuthState, NSQDOptions
 
 from ._clock import LoopClock
 from ._net import (
@@ -144,7 +144,8 @@ class EmbeddedNSQD(ListenerAddresses):
 
     ``tls_required`` is nsqd's ``--tls-required``: ``True`` (TLS before any command but
     IDENTIFY, and the plain HTTP port answers 403) or ``"tcp-https"`` (TCP clients need TLS,
-    the plain HTTP API stays open).
+    the plain HTTP API stays open). ``tls_client_auth_policy="require-verify"`` (client
+    certificates signed by ``tls_root_ca_file``) turns ``tls_required`` on, as in nsqd.
     """
 
     def __init__(
@@ -197,6 +198,16 @@ class EmbeddedNSQD(ListenerAddresses):
             else None
         )
         self._tls_required, self._http_tls_required = _tls_required_mode(tls_required)
+        if tls_client_auth_policy:
+            # nsqd: a client-auth policy means TLS is required, of TCP and HTTP clients alike
+            # (unless --tls-required said how); a certificate is then needed
+            if self._ssl_context is None:
+                raise ValueError(
+                    "tls_client_auth_policy: cannot require TLS client connections without "
+                    "tls_cert and tls_key"
+                )
+            if not self._tls_required:
+                self._tls_required = self._http_tls_required = True
         self._seed = seed
         self._lookupd_ping_interval = lookupd_ping_interval
         self._options = options
@@ -525,14 +536,26 @@ class EmbeddedNSQD(ListenerAddresses):
             self._timer_wake.set()
 
     async def _authenticate(self, event: AuthRequested) -> None:
-        """Ask the auth server(s) about one AUTH (or a TTL re-check), then tell the core."""
-        state = await query_auth(self._auth_urls, event.request, timeout=self._auth_timeout)
+        """Ask the auth server(s) about one AUTH (or a TTL re-check), then tell the core.
+        It runs in the server's task group: whatever goes wrong costs this client an
+        ``E_AUTH_FAILED``, never the server."""
+        state: AuthState | None
+        try:
+            state = await query_auth(self._auth_urls, event.request, timeout=self._auth_timeout)
+        except Exception:
+            _log.exception("nsqd: asking the auth server failed")
+            state = None
         core = self._core
         if core is None or self._closed:
             return
         try:
             events = core.auth_result(event.conn_id, state, anyio.current_time())
         except LocalProtocolError:  # the connection moved on (closed) while we asked
+            return
+        except Exception:
+            _log.exception("nsqd: applying the auth server's answer failed")
+            with contextlib.suppress(Exception):
+                self._after(core.auth_result(event.conn_id, None, anyio.current_time()))
             return
         self._after(events)
 
@@ -689,8 +712,10 @@ class EmbeddedNSQD(ListenerAddresses):
         await serve_http_connection(stream, route, max_body=core.options.max_body_size)
 
     async def _route_tls_required(self, request: HTTPRequest) -> HTTPResponse:
-        """nsqd with ``--tls-required``: plain HTTP answers 403 and points at HTTPS."""
-        return json_response({"message": "TLS_REQUIRED", "https_port": self._https_port}, 403)
+        """nsqd with ``--tls-required``: plain HTTP answers 403 and points at HTTPS (the body
+        byte for byte as nsqd writes it)."""
+        body = f'{{"message": "TLS_REQUIRED", "https_port": {self._https_port}}}'
+        return json_response(body.encode(), 403)
 
     async def _handle_https(self, stream: anyio.abc.SocketStream) -> None:
         if self._ssl_context is None:
