@@ -159,11 +159,12 @@ class AuthState:
 
 @dataclass(frozen=True, slots=True)
 class AuthRequest:
-    """What nsqd sends its auth server: the client's IP, whether it uses TLS, and the secret."""
+    """What nsqd sends its auth server: the client's IP, whether it uses TLS, and the secret
+    (left out of ``repr``, so it never reaches a log or a traceback by accident)."""
 
     remote_ip: str
     tls: bool
-    secret: str
+    secret: str = field(repr=False)
 
 
 #: The pluggable AUTH check: ``None`` means the auth server could not be asked (E_AUTH_FAILED);

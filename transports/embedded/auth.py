@@ -24,7 +24,7 @@ import logging
 import random
 import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, quote_plus, urlencode, urlsplit
 
@@ -70,34 +70,52 @@ _QUERY_ERRORS = (
 
 @dataclass(frozen=True, slots=True)
 class AuthURL:
+    """Where to ask: the query of ``target`` (a token, maybe) is left out of ``repr``."""
+
     scheme: str
     host: str
     port: int
-    target: str  # path and query, parameters are appended
+    target: str = field(repr=False)  # path and query, parameters are appended
 
     @property
     def netloc(self) -> str:
         return format_address(self.host, self.port)
 
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.netloc}{self.target.split('?', 1)[0]}"
+
 
 def parse_auth_address(address: str) -> AuthURL:
-    """``host:port`` or ``http(s)://host[:port][/path]`` -> :class:`AuthURL`."""
+    """``host:port`` or ``http(s)://host[:port][/path]`` -> :class:`AuthURL`. An error names
+    the address without its credentials and query."""
     if "://" not in address:
-        host, port = parse_address(address)
+        try:
+            host, port = parse_address(address)
+        except ValueError:
+            raise ValueError(f"auth HTTP address {_shown(address)!r}: invalid port") from None
         if not port:
-            raise ValueError(f"auth HTTP address {address!r} needs a port")
+            raise ValueError(f"auth HTTP address {_shown(address)!r} needs a port")
         return AuthURL("http", host, port, "/auth")
     parts = urlsplit(address)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"auth HTTP address {address!r}: expected http(s)://host[:port]/path")
+        raise ValueError(
+            f"auth HTTP address {_shown(address)!r}: expected http(s)://host[:port]/path"
+        )
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
-        raise ValueError(f"auth HTTP address {address!r}: {exc}") from None
+        raise ValueError(f"auth HTTP address {_shown(address)!r}: {exc}") from None
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
     return AuthURL(parts.scheme, parts.hostname, port, target)
+
+
+def _shown(address: str) -> str:
+    """An address as errors show it: no ``user:password@``, no query, no fragment."""
+    address = address.split("?", 1)[0].split("#", 1)[0]
+    scheme, sep, rest = address.rpartition("://")
+    return scheme + sep + rest.rpartition("@")[2]
 
 
 def parse_auth_state(document: Any) -> AuthState:

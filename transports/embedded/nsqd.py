@@ -248,6 +248,10 @@ class EmbeddedNSQD(ListenerAddresses):
         self._clock = LoopClock()
         self._closed = False
 
+    def __repr__(self) -> str:
+        # addresses only: the auth addresses may carry tokens, and options are not needed
+        return f"<EmbeddedNSQD tcp={self._tcp_address!r} http={self._http_address!r}>"
+
     # -- addresses ------------------------------------------------------------------------------
 
     @property
@@ -542,8 +546,8 @@ class EmbeddedNSQD(ListenerAddresses):
         state: AuthState | None
         try:
             state = await query_auth(self._auth_urls, event.request, timeout=self._auth_timeout)
-        except Exception:
-            _log.exception("nsqd: asking the auth server failed")
+        except Exception as exc:  # (its text might hold the secret: the type only)
+            _log.error("nsqd: asking the auth server failed: %s", type(exc).__name__)
             state = None
         core = self._core
         if core is None or self._closed:
@@ -552,8 +556,8 @@ class EmbeddedNSQD(ListenerAddresses):
             events = core.auth_result(event.conn_id, state, anyio.current_time())
         except LocalProtocolError:  # the connection moved on (closed) while we asked
             return
-        except Exception:
-            _log.exception("nsqd: applying the auth server's answer failed")
+        except Exception as exc:
+            _log.error("nsqd: applying the auth server's answer failed: %s", type(exc).__name__)
             with contextlib.suppress(Exception):
                 self._after(core.auth_result(event.conn_id, None, anyio.current_time()))
             return
