@@ -437,7 +437,7 @@ class EmbeddedNSQD(ListenerAddresses):
     def _backend_factory(self) -> BackendFactory | None:
         if self._data_path is None:
             return None
-        self._data_path.mkdir(parents=True, exist_ok=True)
+        self._data_path.mkdir(mode=0o700, parents=True, exist_ok=True)  # as file_backend
         return FileBackendFactory(self._data_path)
 
     def _load_metadata(self, now: float) -> None:
