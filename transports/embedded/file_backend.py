@@ -60,7 +60,8 @@ def _open_private(path: Path, mode: str) -> BinaryIO:
     try:
         if mode != "rb" and hasattr(os, "fchmod"):
             os.fchmod(fd, FILE_MODE)
-        return os.fdopen(fd, mode)
+        handle: BinaryIO = os.fdopen(fd, mode)  # type: ignore[assignment]
+        return handle
     except BaseException:
         os.close(fd)
         raise
