@@ -37,6 +37,7 @@ from ._net import (
     remote_address,
 )
 from .http import (
+    HTTPLimits,
     HTTPRequest,
     HTTPResponse,
     empty_response,
@@ -82,6 +83,7 @@ class EmbeddedLookupd(ListenerAddresses):
         self._http_port = 0
         self._host = "127.0.0.1"
         self._clock = LoopClock()
+        self._http_limits = HTTPLimits()
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -197,7 +199,9 @@ class EmbeddedLookupd(ListenerAddresses):
     # -- HTTP -----------------------------------------------------------------------------------
 
     async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
-        await serve_http_connection(stream, self._route, max_body=1024 * 1024)
+        await serve_http_connection(
+            stream, self._route, max_body=1024 * 1024, limits=self._http_limits
+        )
 
     async def _route(self, request: HTTPRequest) -> HTTPResponse:
         now = anyio.current_time()

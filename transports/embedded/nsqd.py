@@ -69,6 +69,7 @@ from ._tls import server_ssl_context, start_server_tls
 from .auth import parse_auth_address, query_auth
 from .file_backend import FileBackendFactory, load_metadata, save_metadata
 from .http import (
+    HTTPLimits,
     HTTPRequest,
     HTTPResponse,
     error_response,
@@ -142,6 +143,10 @@ class EmbeddedNSQD(ListenerAddresses):
     ``auth_http_timeout`` seconds), again when the answer's ``ttl`` runs out; see
     :mod:`transports.embedded.auth`. An in-process check is ``auth_check=callable`` instead.
 
+    ``http_limits`` are :class:`~transports.embedded.http.HTTPLimits` keyword arguments for
+    the HTTP(S) API (connections at once, the whole-request deadline, request bodies held at
+    once; see that class for the defaults).
+
     ``tls_required`` is nsqd's ``--tls-required``: ``True`` (TLS before any command but
     IDENTIFY, and the plain HTTP port answers 403) or ``"tcp-https"`` (TCP clients need TLS,
     the plain HTTP API stays open). ``tls_client_auth_policy="require-verify"`` (client
@@ -167,6 +172,7 @@ class EmbeddedNSQD(ListenerAddresses):
         lookupd_ping_interval: float = 15.0,
         auth_http_addresses: Sequence[str] = (),
         auth_http_timeout: float = 5.0,
+        http_limits: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         unknown = set(options) - _OPTION_NAMES
@@ -247,6 +253,9 @@ class EmbeddedNSQD(ListenerAddresses):
         self._host = "127.0.0.1"
         self._clock = LoopClock()
         self._closed = False
+        # the HTTP and HTTPS listeners' connection cap, whole-request deadline, body budget
+        self._http_limits = HTTPLimits(**dict(http_limits or {}))
+        self._https_limits = HTTPLimits(**dict(http_limits or {}))
 
     def __repr__(self) -> str:
         # addresses only: the auth addresses may carry tokens, and options are not needed
@@ -713,7 +722,9 @@ class EmbeddedNSQD(ListenerAddresses):
     async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
         core = self.core
         route = self._route_tls_required if self._http_tls_required else self._route
-        await serve_http_connection(stream, route, max_body=core.options.max_body_size)
+        await serve_http_connection(
+            stream, route, max_body=core.options.max_body_size, limits=self._http_limits
+        )
 
     async def _route_tls_required(self, request: HTTPRequest) -> HTTPResponse:
         """nsqd with ``--tls-required``: plain HTTP answers 403 and points at HTTPS (the body
@@ -736,7 +747,9 @@ class EmbeddedNSQD(ListenerAddresses):
         except (TimeoutError, *IO_ERRORS):
             await aclose_quietly(stream)
             return
-        await serve_http_connection(tls, self._route, max_body=self.core.options.max_body_size)
+        await serve_http_connection(
+            tls, self._route, max_body=self.core.options.max_body_size, limits=self._https_limits
+        )
 
     async def _route(self, request: HTTPRequest) -> HTTPResponse:
         core = self.core
