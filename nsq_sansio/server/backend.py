@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from ..errors import NSQError
 
 __all__ = [
+    "RECORD_HEADER_SIZE",
     "Backend",
     "BackendError",
     "BackendFactory",
@@ -29,7 +30,8 @@ __all__ = [
 ]
 
 _RECORD_HEADER = struct.Struct(">qH")
-_RECORD_HEADER_SIZE = _RECORD_HEADER.size + 16
+#: The shortest record: timestamp, attempts and id, with an empty body.
+RECORD_HEADER_SIZE = _RECORD_HEADER.size + 16
 
 
 class BackendError(NSQError):
@@ -52,7 +54,7 @@ def encode_record(message_id: bytes, timestamp_ns: int, attempts: int, body: byt
 
 def decode_record(data: bytes) -> BackendRecord | None:
     """Parse a record written by :func:`encode_record`; ``None`` if it is too short to be one."""
-    if len(data) < _RECORD_HEADER_SIZE:
+    if len(data) < RECORD_HEADER_SIZE:
         return None
     timestamp_ns, attempts = _RECORD_HEADER.unpack_from(data, 0)
     return BackendRecord(bytes(data[10:26]), timestamp_ns, attempts, bytes(data[26:]))

@@ -132,6 +132,18 @@ class Channel(Generic[S]):
             self.context.backend_failed(exc)
             self.mem.append(msg)
 
+    def put_record(self, record: bytes) -> None:
+        """Queue a message already encoded as a backend record, behind everything queued (it
+        goes to the backend; kept decoded in memory only when the backend refuses it)."""
+        try:
+            self.backend.put(record)
+            self.spilled = True
+        except BackendError as exc:
+            self.context.backend_failed(exc)
+            decoded = decode_record(record)
+            if decoded is not None:
+                self.mem.append(from_record(decoded))
+
     def next_message(self) -> Message | None:
         """Take the oldest queued message, or ``None``."""
         mem = self.mem

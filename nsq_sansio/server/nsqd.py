@@ -262,19 +262,21 @@ class NSQD:
     def next_deadline(self) -> float | None:
         """When :meth:`handle_timer` next has work (heartbeats, timeouts, deferred messages).
 
-        While a backlog is being moved into channels (see :meth:`backlog_pending`) this is
-        the latest ``now`` the node was given: work is due at once, one bounded step per
-        :meth:`handle_timer` call, and the transport serves its other IO between calls.
+        While a backlog is being moved into channels (see :meth:`backlog_pending`) or a
+        client's input is not all processed (:meth:`input_pending`) this is the latest ``now``
+        the node was given: work is due at once, one bounded step per :meth:`handle_timer`
+        call, and the transport serves its other IO between calls.
         """
-        if self._topics.moving:
+        if self._topics.moving or self._protocol.input_pending:
             return self._context.now
         return self._context.next_alarm()
 
     def handle_timer(self, now: float) -> list[ServerEvent]:
         """Do what is due at ``now``: heartbeats, client timeouts, message timeouts, deferred
-        messages becoming ready (and the deliveries they allow), and one step of moving a
-        topic's backlog into its channels. Each call does a bounded amount of work: when
-        more is due, :meth:`next_deadline` says so and the transport calls again."""
+        messages becoming ready (and the deliveries they allow), one step of a client's
+        pending input and one step of moving a topic's backlog into its channels. Each call
+        does a bounded amount of work: when more is due, :meth:`next_deadline` says so and
+        the transport calls again."""
         events: list[ServerEvent] = []
         context = self._context
         context.now = now
@@ -290,9 +292,23 @@ class NSQD:
                 self._protocol.client_timer(owner, now, events)
             elif isinstance(owner, Channel):
                 owner.process_timers(now)
+        if self._protocol.input_pending:
+            self._protocol.step_pending_input(now, events)
         if self._topics.moving:
             self._topics.step_backlog(now)
         return events
+
+    def input_pending(self, conn_id: ConnectionId) -> bool:
+        """True while the node holds input of this connection it has not processed yet.
+
+        Input is processed in bounded steps (a compressed read can stand for millions of
+        commands): one in :meth:`receive_data`, the rest one per :meth:`handle_timer` call,
+        clients taking turns. A transport stops reading a connection while this is true, so
+        its input stays small and whatever a client sent before closing is processed before
+        the EOF is read; EOF (``receive_data(b"")``) drops what is still pending.
+        """
+        conn = self._conns.get(conn_id)
+        return conn is not None and conn.more_input
 
     def backlog_pending(self) -> bool:
         """True while some topic's backlog is still being moved into its channels."""
@@ -591,6 +607,7 @@ class NSQD:
             found.backend.close()
         self._context.alarms.clear()
         self._topics.moving.clear()
+        self._protocol.input_pending.clear()
         self.state = NSQDState.CLOSED
         return events
 

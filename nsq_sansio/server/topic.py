@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..names import is_ephemeral
-from .backend import Backend, decode_record
+from .backend import RECORD_HEADER_SIZE, Backend, decode_record
 from .channel import Channel
 from .client import Client
 from .message import Message, from_record, to_record
@@ -113,15 +113,15 @@ class Topic:
             size += len(msg.body)
         if not mem and self.spilled:
             backend = self.backend
+            channels = list(self.channels.values())
             while moved < BACKLOG_STEP_MESSAGES and size < BACKLOG_STEP_BYTES:
                 record = backend.get()
                 if record is None:
                     break
                 moved += 1
                 size += len(record)
-                decoded = decode_record(record)
-                if decoded is not None:
-                    self._distribute(from_record(decoded), now)
+                if len(record) >= RECORD_HEADER_SIZE:  # else corrupt: dropped, as nsqd does
+                    self._distribute_record(record, channels, now)
             self.spilled = backend.depth > 0
         more = bool(mem or self.spilled)
         self.pump(now)
@@ -143,6 +143,30 @@ class Topic:
             if channel.ready and len(channel.mem) >= self.mem_limit:
                 channel.pump(now)  # make room rather than spill to the backend
             channel.put(copy)
+
+    def _distribute_record(
+        self, record: bytes, channels: list[Channel[Client]], now: float
+    ) -> None:
+        """A record from the topic's backend into each channel: a channel whose queue has
+        spilled to its backend (the common case for a big backlog) takes the record as it
+        is, without decoding and encoding it again; the others get a message."""
+        msg: Message | None = None
+        limit = self.mem_limit
+        for channel in channels:
+            channel.message_count += 1
+            if not channel.spilled:
+                if channel.ready and len(channel.mem) >= limit:
+                    channel.pump(now)  # make room rather than spill to the backend
+                if len(channel.mem) < limit:
+                    if msg is None:
+                        decoded = decode_record(record)
+                        assert decoded is not None  # its length was checked
+                        msg = from_record(decoded)
+                        channel.mem.append(msg)
+                    else:
+                        channel.mem.append(Message(msg.id, msg.body, msg.timestamp, msg.attempts))
+                    continue
+            channel.put_record(record)
 
     def empty(self) -> None:
         """``/topic/empty``: drop what waits in the topic (not in its channels)."""

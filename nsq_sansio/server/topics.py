@@ -149,6 +149,10 @@ class Topics:
         conn.state = ClientState.CLOSED
         conn.alarm_at = INF
         conn.inbuf.clear()
+        conn.compressed.clear()
+        conn.compressed_len = 0
+        conn.pieces = None
+        conn.more_input = False
         conn.pending_verb = None
         channel = conn.channel
         if channel is not None and channel.clients.get(conn.id) is conn:

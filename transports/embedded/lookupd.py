@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from nsq_sansio.server.lookupd import (
     ClientClosed,
@@ -36,6 +37,7 @@ from ._net import (
     remote_address,
 )
 from .http import (
+    HTTPLimits,
     HTTPRequest,
     HTTPResponse,
     empty_response,
@@ -47,6 +49,11 @@ from .http import (
 )
 
 __all__ = ["EmbeddedLookupd"]
+
+#: Commands of one TCP connection run per step (64 KiB of PINGs is 13,000 commands, about 60 ms
+#: of work; 256 take about a millisecond): other connections and the HTTP API are served
+#: between steps. An nsqd sends a few commands at a time.
+STEP_COMMANDS = 256
 
 
 class EmbeddedLookupd(ListenerAddresses):
@@ -76,6 +83,7 @@ class EmbeddedLookupd(ListenerAddresses):
         self._http_port = 0
         self._host = "127.0.0.1"
         self._clock = LoopClock()
+        self._http_limits = HTTPLimits()
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -113,6 +121,7 @@ class EmbeddedLookupd(ListenerAddresses):
                 http_port=self._http_port,
                 inactive_producer_timeout=self._inactive_producer_timeout,
                 tombstone_lifetime=self._tombstone_lifetime,
+                max_commands_per_step=STEP_COMMANDS,
             )
         )
         task_group.start_soon(self._tcp_listener.serve, self._handle_tcp)
@@ -163,11 +172,18 @@ class EmbeddedLookupd(ListenerAddresses):
                 except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                     data = b""
                 events = core.receive_data(handle, data, anyio.current_time())
-                out = core.data_to_send(handle)
-                if out:
-                    await stream.send(out)
-                if any(isinstance(e, ClientClosed) for e in events):
-                    break
+                while True:
+                    out = core.data_to_send(handle)
+                    if out:
+                        await stream.send(out)
+                    if any(isinstance(e, ClientClosed) for e in events):
+                        return
+                    if not core.input_pending(handle):
+                        break
+                    # a bounded step at a time: every other connection is served between
+                    # steps, and this one is not read again until its input is done
+                    await anyio.lowlevel.checkpoint()
+                    events = core.continue_input(handle, anyio.current_time())
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         except Exception:  # a bug must cost one connection, never the server
@@ -183,7 +199,9 @@ class EmbeddedLookupd(ListenerAddresses):
     # -- HTTP -----------------------------------------------------------------------------------
 
     async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
-        await serve_http_connection(stream, self._route, max_body=1024 * 1024)
+        await serve_http_connection(
+            stream, self._route, max_body=1024 * 1024, limits=self._http_limits
+        )
 
     async def _route(self, request: HTTPRequest) -> HTTPResponse:
         now = anyio.current_time()
