@@ -24,7 +24,6 @@ PENDING_PAGES = {
     "docs/cli.md",
     "docs/consumer.md",
     "docs/producers.md",
-    "docs/security.md",
     "docs/simulator.md",
     "docs/transports.md",
 }
