@@ -125,6 +125,9 @@ _NON_FATAL_COMMANDS = {"E_FIN_FAILED": "FIN", "E_REQ_FAILED": "REQ", "E_TOUCH_FA
 _DEFAULT_HEARTBEAT_MS = 30_000
 #: nsqd's default message timeout (ms), until its IDENTIFY answer says otherwise.
 _DEFAULT_MSG_TIMEOUT_MS = 60_000
+#: Heartbeats and late-answer errors one read may bring, beyond one error per message that
+#: may be held (twice nsqd's max_rdy_count).
+_UNSOLICITED_PER_READ = 64
 #: The largest IDENTIFY or AUTH answer read (bytes): nsqd's are a few hundred bytes of JSON, so
 #: anything near this is not nsqd, and is refused before it is buffered or parsed.
 MAX_ANSWER_SIZE = 64 * 1024
@@ -190,6 +193,7 @@ class ClientConnection:
         "_state",
         "_switch",
         "_tail_pub",
+        "_unsolicited",
         "auth",
         "channel",
         "heartbeat_interval",
@@ -275,6 +279,8 @@ class ClientConnection:
         #: how many held messages may have timed out is known without a time per message.
         self._held_history: deque[list[float]] = deque()
         self._close_wait_received = False
+        #: Heartbeats and late-answer errors in the current receive_data() call.
+        self._unsolicited = 0
         self._last_received: float | None = None
         self.settings: ServerSettings | None = None
         self.auth: AuthResult | None = None
@@ -389,6 +395,7 @@ class ClientConnection:
             )
         if type(data) is not bytes:
             data = bytes(data)  # ids and bodies must not be views of the caller's buffer
+        self._unsolicited = 0
         if self._codec is None:
             self._process(data, events)
         else:
@@ -956,6 +963,7 @@ class ClientConnection:
 
     def _on_response(self, payload: bytes, events: list[Event]) -> None:
         if payload == frames.HEARTBEAT:
+            self._count_unsolicited("heartbeats")
             self._out.append(b"NOP\n")
             events.append(Heartbeat())
             return
@@ -1122,10 +1130,23 @@ class ClientConnection:
         assert self.settings is not None
         events.append(ConnectionReady(self.settings, self.auth))
 
+    def _count_unsolicited(self, what: str) -> None:
+        """Heartbeats and late-answer errors answer nothing pending, so nothing else bounds
+        them: one read may bring a few heartbeats, and a late-answer error per message held,
+        never more (a compressed read could otherwise expand into millions of events)."""
+        self._unsolicited += 1
+        limit = _UNSOLICITED_PER_READ + 2 * self.max_rdy_count
+        if self._unsolicited > limit:
+            raise RemoteProtocolError(
+                f"nsqd sent more than {limit} heartbeats and late-answer errors in one read "
+                f"(the last were {what})"
+            )
+
     def _on_error(self, payload: bytes, events: list[Event]) -> None:
         error = ServerError.from_frame(payload)
         command = _NON_FATAL_COMMANDS.get(error.code)
         if command is not None:
+            self._count_unsolicited(f"{error.code} errors")
             events.append(MessageTakenBack(_message_id_in(error.text), command, error))
             return
         if self._awaiting:

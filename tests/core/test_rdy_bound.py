@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from nsq_sansio import ClientConnection, ConnectionClosed, ConnectionState, Message
 from nsq_sansio.errors import ReadyCountExceeded
 
-from ._helpers import OK, identify_answer, message, subscribed_conn
+from ._helpers import HEARTBEAT, OK, error, identify_answer, message, subscribed_conn
 from ._servers import ServerStream
 
 MSG_TIMEOUT = 60.0
@@ -140,6 +140,29 @@ def test_a_deflate_bomb_at_rdy_1_decodes_no_further_than_the_bound() -> None:
     refused(events)
     assert sum(isinstance(e, Message) for e in events) == 2  # the bound, then no more
     assert peak < 8 * (1 << 20), peak  # was above 60 MiB: every message decoded
+
+
+def test_a_flood_of_heartbeats_in_one_read_is_refused_early() -> None:
+    # 200k heartbeats compress to a few KB; each would be an event and a NOP queued.
+    conn = ClientConnection({"deflate": True})
+    server = ServerStream("deflate")
+    conn.receive_data(identify_answer(deflate=True) + server.compress(OK), now=0.0)
+    wire = server.compress(HEARTBEAT * 200_000)
+    assert len(wire) < 100_000
+    events = conn.receive_data(wire, now=0.0)
+    closed = events[-1]
+    assert isinstance(closed, ConnectionClosed) and "heartbeats" in str(closed.error)
+    assert len(events) < 64 + 2 * conn.max_rdy_count + 2
+
+
+def test_heartbeats_and_late_answers_nsqd_may_send_at_once_are_fine() -> None:
+    conn = subscribed(rdy=100)
+    push(conn, ids(0, 100))
+    taken_back = b"".join(
+        error(b"E_FIN_FAILED FIN %016x failed ID not in flight" % i) for i in range(100)
+    )
+    events = conn.receive_data(HEARTBEAT * 3 + taken_back, now=1.0)
+    assert len(events) == 103 and conn.state is ConnectionState.SUBSCRIBED
 
 
 # --- the legitimate peer, modelled on nsqd -------------------------------------------------------
