@@ -1009,6 +1009,9 @@ class ClientConnection:
                 raise RemoteProtocolError(f"CLS answered {payload[:64]!r} instead of CLOSE_WAIT")
             self._close_wait_received = True
             self._rdy = self._rdy_remaining = 0
+            # nsqd set its RDY to 0 before answering; its message pump may still write the one
+            # message it had decided to send under the old RDY, and nothing after it.
+            self._credit = 1 if self._ceiling else 0
             events.append(CloseWait())
 
     def _on_identify(self, payload: bytes, events: list[Event]) -> None:

@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from nsq_sansio import ClientConnection, ConnectionClosed, ConnectionState, Message
 from nsq_sansio.errors import ReadyCountExceeded
 
-from ._helpers import HEARTBEAT, OK, error, identify_answer, message, subscribed_conn
+from ._helpers import CLOSE_WAIT, HEARTBEAT, OK, error, identify_answer, message, subscribed_conn
 from ._servers import ServerStream
 
 MSG_TIMEOUT = 60.0
@@ -108,6 +108,17 @@ def test_messages_sent_under_a_higher_rdy_before_nsqd_read_the_lower_one() -> No
     assert len(push(conn, ids(10, 2))) == 2
     error = refused(push(conn, ids(12, 1)))
     assert error.allowed == 2
+
+
+def test_after_close_wait_one_message_decided_before_it_may_still_come() -> None:
+    conn = subscribed(rdy=5)
+    assert conn.close() is None  # CLS
+    conn.receive_data(CLOSE_WAIT, now=0.0)
+    (event,) = push(conn, ids(0, 1))  # nsqd's pump had decided on it before CLS
+    assert isinstance(event, Message)
+    conn.finish(event.id)
+    error = refused(push(conn, ids(1, 1)))  # nsqd's RDY is 0 now: nothing more may come
+    assert error.allowed == 0
 
 
 def test_messages_nsqd_may_have_timed_out_do_not_count() -> None:
