@@ -139,8 +139,8 @@ _HANDSHAKE_STATES = frozenset(
     {_S.IDENTIFYING, _S.AWAITING_TLS_OK, _S.AWAITING_COMPRESSION_OK, _S.AUTHENTICATING}
 )
 _HTTP_HINT = "is it nsqd's HTTP port? nsqd's TCP port is usually 4150"
-#: What nsqlookupd's TCP port answers to protocol V2's magic: a size, then its error, unframed.
-_LOOKUPD_REFUSAL = b"\x00\x00\x00\x0eE_BAD_PROTOCOL"
+#: What nsqlookupd's TCP port answers to protocol V2's magic: a size, then this error, unframed.
+_LOOKUPD_REFUSAL = b"E_BAD_PROTOCOL"
 
 
 class ClientConnection:
@@ -939,7 +939,7 @@ class ClientConnection:
                 return WrongPort(
                     f"{who} answered like an HTTP server ({line!r}): {_HTTP_HINT}", "HTTP"
                 )
-            if data.startswith(_LOOKUPD_REFUSAL):  # nsqlookupd's answer to any magic but V1
+            if data.startswith(_LOOKUPD_REFUSAL, 4):  # nsqlookupd's answer to any magic but V1
                 return WrongPort(
                     f"{who} answered like nsqlookupd (E_BAD_PROTOCOL to protocol V2): is it "
                     "nsqlookupd's TCP port, usually 4160? nsqd's TCP port is usually 4150",

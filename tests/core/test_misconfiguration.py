@@ -8,10 +8,12 @@ import json
 import socket
 import struct
 import time
+from typing import Any
 
 import pytest
 
-from nsq_sansio import ClientConnection, ConnectionClosed, ConnectionState, Event
+from nsq_sansio import ClientConnection, ConnectionClosed, ConnectionState, Event, Heartbeat
+from nsq_sansio import PublishAcknowledged as Acked
 from nsq_sansio import errors as E
 from nsq_sansio.config import Config
 from nsq_sansio.connection import DEFAULT_MAX_REQ_TIMEOUT, MAX_ANSWER_SIZE
@@ -233,11 +235,6 @@ def test_max_req_timeout_must_be_seconds_in_range() -> None:
         Config(max_req_timeout=-1.0)
 
 
-# --- against the real nsqd -----------------------------------------------------------------------
-
-needs_real_nsqd = pytest.mark.skipif(find_binaries() is None, reason="real NSQ binaries not found")
-
-
 def handshake(port: int, conn: ClientConnection) -> list[Event]:
     """Drive ``conn`` over a plain socket until it is READY or CLOSED."""
     events: list[Event] = []
@@ -249,6 +246,28 @@ def handshake(port: int, conn: ClientConnection) -> list[Event]:
             if out:
                 sock.sendall(out)
     return events
+
+
+# --- against the embedded broker -----------------------------------------------------------------
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def test_the_embedded_nsqds_http_port(nsqd: Any) -> None:
+    error = closed_with(handshake(port_of(nsqd.http_address), ClientConnection())).error
+    assert isinstance(error, E.WrongPort) and error.looks_like == "HTTP"
+
+
+def test_the_embedded_nsqlookupds_tcp_port(nsqlookupd: Any) -> None:
+    error = closed_with(handshake(port_of(nsqlookupd.tcp_address), ClientConnection())).error
+    assert isinstance(error, E.WrongPort) and error.looks_like == "nsqlookupd"
+
+
+# --- against the real nsqd -----------------------------------------------------------------------
+
+needs_real_nsqd = pytest.mark.skipif(find_binaries() is None, reason="real NSQ binaries not found")
 
 
 @needs_real_nsqd
@@ -274,3 +293,28 @@ def test_the_real_nsqd_without_tls_compression_or_with_auth() -> None:
         conn = ClientConnection(auth_secret=b"s3cret", auth_requires_tls=True)
         error = closed_with(handshake(nsqd.tcp_port, conn)).error
         assert type(error) is E.InsecureAuthRefused
+
+
+def publish_answer(port: int, conn: ClientConnection, delay: float) -> Event:
+    """DPUB over a plain socket, the answer event."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(conn.data_to_send())
+        while conn.state is not ConnectionState.READY:
+            conn.receive_data(sock.recv(65536), now=time.monotonic())
+        conn.deferred_publish("delays", b"x", delay)
+        sock.sendall(conn.data_to_send())
+        while True:
+            for event in conn.receive_data(sock.recv(65536), now=time.monotonic()):
+                if not isinstance(event, Heartbeat):
+                    return event
+
+
+@needs_real_nsqd
+def test_the_real_nsqds_dpub_limit_is_the_one_checked() -> None:
+    with RealNSQD() as nsqd:  # nsqd's default --max-req-timeout: an hour, inclusive
+        assert isinstance(publish_answer(nsqd.tcp_port, ClientConnection(), 3600), Acked)
+        with pytest.raises(E.DelayOutOfRange):
+            publish_answer(nsqd.tcp_port, ClientConnection(), 3600.001)
+    with RealNSQD(["--max-req-timeout=2h"]) as nsqd:
+        conn = ClientConnection(max_req_timeout=7200)
+        assert isinstance(publish_answer(nsqd.tcp_port, conn, 5000), Acked)
