@@ -10,19 +10,23 @@ from __future__ import annotations
 
 __all__ = [
     "AuthFailed",
+    "AuthSecretMissing",
     "BadBody",
     "BadChannel",
     "BadMessage",
     "BadTopic",
     "CoalescedPublishRefused",
     "CompressionError",
+    "CompressionUnavailable",
     "ConfigError",
     "ConnectionLost",
     "DPubFailed",
+    "DelayOutOfRange",
     "FinFailed",
     "FrameTooLarge",
     "IdentifyRejected",
     "IncompatibleNSQD",
+    "InsecureAuthRefused",
     "InvalidCommand",
     "InvalidName",
     "LocalProtocolError",
@@ -32,11 +36,14 @@ __all__ = [
     "NSQError",
     "ProtocolError",
     "PubFailed",
+    "ReadyCountExceeded",
     "RemoteProtocolError",
     "ReqFailed",
     "ServerError",
+    "TLSUnavailable",
     "TouchFailed",
     "Unauthorized",
+    "WrongPort",
 ]
 
 
@@ -145,6 +152,64 @@ class IdentifyRejected(IncompatibleNSQD):
         self.error = error
         self.code = error.code
         self.text = error.text
+
+
+class WrongPort(IncompatibleNSQD):
+    """The peer is not nsqd's TCP port: it answered like an HTTP server (nsqd's HTTP port,
+    usually 4151) or like nsqlookupd. ``looks_like`` says which (``"HTTP"``, ``"nsqlookupd"``)."""
+
+    def __init__(self, message: str, looks_like: str) -> None:
+        super().__init__(message)
+        self.looks_like = looks_like
+
+
+class TLSUnavailable(IncompatibleNSQD):
+    """TLS was asked for (``tls_v1``) and nsqd did not enable it: it has no certificate
+    configured (``--tls-cert``/``--tls-key``), or predates feature negotiation."""
+
+
+class CompressionUnavailable(IncompatibleNSQD):
+    """Snappy or deflate was asked for and nsqd did not enable it (``--snappy=false``,
+    ``--deflate=false``, or an nsqd without feature negotiation). ``feature`` names it."""
+
+    def __init__(self, message: str, feature: str) -> None:
+        super().__init__(message)
+        self.feature = feature
+
+
+class AuthSecretMissing(IncompatibleNSQD):
+    """nsqd requires AUTH (it has ``--auth-http-address``) and no auth secret is configured."""
+
+
+class InsecureAuthRefused(IncompatibleNSQD):
+    """nsqd requires AUTH on a connection without TLS, and ``auth_requires_tls`` forbids
+    sending the secret in clear."""
+
+
+class ReadyCountExceeded(RemoteProtocolError):
+    """nsqd sent more messages than the RDY it was given allows; the connection is closed and
+    the messages beyond the bound were not delivered (nsqd requeues them). ``held`` is how many
+    messages would have been held (unanswered, not timed out), ``rdy`` the RDY count the bound
+    came from and ``allowed`` the bound."""
+
+    def __init__(self, message: str, *, held: int, rdy: int, allowed: int) -> None:
+        super().__init__(message)
+        self.held = held
+        self.rdy = rdy
+        self.allowed = allowed
+
+
+class DelayOutOfRange(LocalProtocolError, ValueError):
+    """A REQ or DPUB delay is above nsqd's ``max_req_timeout``; nothing was sent.
+
+    ``delay`` and ``limit`` are in seconds. nsqd answers an over-long DPUB with a fatal
+    ``E_INVALID`` (it closes the connection) and silently shortens an over-long REQ.
+    """
+
+    def __init__(self, message: str, *, delay: float, limit: float) -> None:
+        super().__init__(message)
+        self.delay = delay
+        self.limit = limit
 
 
 class CoalescedPublishRefused(NSQError):

@@ -33,7 +33,8 @@ class ConsumerConnection(RuleBasedStateMachine):
 
     @rule(count=st.integers(1, 5), body=st.binary(max_size=40))
     def server_pushes_messages(self, count: int, body: bytes) -> None:
-        for _ in range(count):
+        room = self.rdy - len(self.in_flight) - len(self.pending_messages)  # nsqd keeps to RDY
+        for _ in range(min(count, room)):
             mid = b"%016x" % self.next_id
             self.next_id += 1
             self.stream += message(mid, body)
