@@ -58,11 +58,15 @@ def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any]
     return found
 
 
+#: The columns of ``nsq-sansio stat``'s table after the name, in order.
+STAT_COLUMNS = ("nsqd", "lag", "depth", "inflt", "def", "req", "t-o", "msgs", "msg/s", "clients")
+
+
 def stat_tables(output: str) -> list[dict[tuple[str, str], list[str]]]:
     """The tables ``nsq-sansio stat`` printed: per table, (topic, channel or "") -> the cells
-    (nsqd, depth, inflt, def, req, t-o, msgs, msg/s, clients). A topic line starts at column
-    0, its channels are indented by two spaces, and a name too long for its column stands on
-    its own line with the cells on the next (indented further)."""
+    (:data:`STAT_COLUMNS`). A topic line starts at column 0, its channels are indented by two
+    spaces, and a name too long for its column stands on its own line with the cells on the
+    next (indented further)."""
     tables: list[dict[tuple[str, str], list[str]]] = []
     topic = ""
     pending: tuple[str, str] | None = None

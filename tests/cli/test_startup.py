@@ -24,7 +24,7 @@ from transports.cli.stat import format_stats
 from transports.embedded import EmbeddedNSQD
 from transports.testing.real_nsq import RealNSQD, find_binaries, tool
 
-from .conftest import _env, cli, http_post, one_line_error, stat_tables
+from .conftest import STAT_COLUMNS, _env, cli, http_post, one_line_error, stat_tables
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -172,6 +172,7 @@ _ROW = st.fixed_dictionaries(
         field: _COUNT
         for field in (
             "nsqd",
+            "lag",
             "depth",
             "in_flight",
             "deferred",
@@ -210,7 +211,7 @@ def test_stat_table_fits_80_columns_and_keeps_every_name_whole(
     (table,) = stat_tables(text)
     assert set(table) == set(rows)  # every name in full, on a line of its own if need be
     for cells in table.values():
-        assert len(cells) == 9
+        assert len(cells) == len(STAT_COLUMNS)
 
 
 @pytest.mark.parametrize("broker", ["embedded", "real"])

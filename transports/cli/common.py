@@ -2,8 +2,9 @@
 :class:`UsageError`, :func:`reports_errors`), the parser that reports a bad flag on one line
 (:class:`CommandParser`), the flags (``--name`` with Go's ``-name`` spelling, nsqd/lookupd
 sources, connection and TLS options, metrics, progress), value checks (Go's duration syntax,
-positive numbers, names), capped HTTP reads, and the probes that fail fast with one clear line
-when an address does not answer.
+positive numbers, names), the admin clients of nsqd's and nsqlookupd's HTTP API with their
+failures as one line, and the probes that fail fast with one clear line when an address does
+not answer.
 """
 
 from __future__ import annotations
@@ -11,21 +12,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import os
 import re
 import signal
 import socket
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any, NoReturn, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from nsq_sansio.discovery import MAX_RESPONSE_SIZE
-from nsq_sansio.errors import InvalidName, NSQError
+from nsq_sansio.errors import (
+    ConfigError,
+    ConnectionLost,
+    InvalidName,
+    NSQError,
+    RemoteProtocolError,
+)
 from nsq_sansio.names import validate_channel, validate_topic
 from transports._common import (
     DEFAULT_LOOKUPD_HTTP_PORT,
@@ -36,6 +39,9 @@ from transports._common import (
     parse_http_url,
 )
 
+if TYPE_CHECKING:
+    from transports.sync.admin import LookupdAdmin, NSQDAdmin
+
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
@@ -44,28 +50,27 @@ __all__ = [
     "NSQD_ANSWER_LIMIT",
     "CLIError",
     "CommandParser",
-    "HTTPStatusError",
     "UsageError",
     "add_client",
     "add_metrics_flag",
     "add_progress_flag",
     "add_sources",
+    "admin_call",
     "check_metrics_address",
     "check_sources",
     "client_options",
     "describe_error",
     "first_error",
     "flag",
-    "http_get_json",
     "listen_failure",
+    "lookupd_admin",
     "lookupd_nsqd_addresses",
     "lookupd_urls",
     "non_negative",
+    "nsqd_admin",
     "parse_duration",
     "positive",
     "probe_tcp",
-    "producer_addresses",
-    "read_capped",
     "reports_errors",
     "run_reporting_errors",
     "serving_metrics",
@@ -429,92 +434,103 @@ LOOKUPD_ANSWER_LIMIT = MAX_RESPONSE_SIZE
 NSQD_ANSWER_LIMIT = 16 * 1024 * 1024
 
 
-class HTTPStatusError(CLIError):
-    """An HTTP server answered with an error status (``status``)."""
+def nsqd_admin(address: str, timeout: float) -> NSQDAdmin:
+    """The admin client of one ``--nsqd-http-address`` (``host:port``, ``http://`` or
+    ``https://``), each call bounded by ``timeout`` as a whole and its answer by
+    :data:`NSQD_ANSWER_LIMIT`; a bad address is a usage error."""
+    from transports.sync.admin import NSQDAdmin
 
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def read_capped(response: IO[bytes], limit: int, url: str, deadline: float | None = None) -> bytes:
-    """The body of ``response``, refused (:class:`CLIError`) once it passes ``limit`` bytes or
-    ``deadline`` (``time.monotonic()``): a hostile or broken server cannot take this process's
-    memory with an endless body, nor hold it with a trickle (a socket timeout bounds one read,
-    not the whole answer)."""
-    headers = getattr(response, "headers", None)
-    declared = headers.get("Content-Length") if headers is not None else None
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise CLIError(f"{url}: answer of {int(declared):,} bytes refused (limit {limit:,})")
-    read_some = getattr(response, "read1", response.read)  # one chunk at a time when it can
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = read_some(min(64 * 1024, limit + 1 - size))
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise CLIError(f"{url}: answer longer than {limit:,} bytes refused")
-        chunks.append(chunk)
-        if deadline is not None and time.monotonic() > deadline:
-            raise CLIError(f"{url}: no complete answer in time ({size:,} bytes so far)")
-
-
-def http_get_json(url: str, timeout: float, limit: int = LOOKUPD_ANSWER_LIMIT) -> Any:
-    """GET ``url`` and parse its JSON answer: at most ``limit`` bytes, within ``timeout``
-    seconds in all; any failure is one :class:`CLIError` line (:class:`HTTPStatusError` for
-    an error status)."""
-    deadline = time.monotonic() + timeout
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body = read_capped(response, limit, url, deadline)
-    except urllib.error.HTTPError as err:
-        err.close()  # its body is not read
-        raise HTTPStatusError(f"GET {url}: HTTP {err.code}", err.code) from None
-    except (OSError, ValueError) as err:
-        reason = getattr(err, "reason", None) or err
+        return NSQDAdmin(
+            address,
+            timeout=timeout,
+            connect_timeout=timeout,
+            max_response_size=NSQD_ANSWER_LIMIT,
+        )
+    except ConfigError as err:
+        raise UsageError(f"bad nsqd HTTP address {address!r}: {err}") from None
+
+
+def lookupd_admin(url: str, timeout: float) -> LookupdAdmin:
+    """The admin client of one nsqlookupd (a URL of :func:`lookupd_urls`), each call bounded
+    by ``timeout`` as a whole and its answer by :data:`LOOKUPD_ANSWER_LIMIT`."""
+    from transports.sync.admin import LookupdAdmin
+
+    try:
+        return LookupdAdmin(
+            url,
+            timeout=timeout,
+            connect_timeout=timeout,
+            max_response_size=LOOKUPD_ANSWER_LIMIT,
+        )
+    except ConfigError as err:
+        raise UsageError(f"bad lookupd address {url!r}: {err}") from None
+
+
+_Answer = TypeVar("_Answer")
+
+
+def admin_call(
+    admin: NSQDAdmin | LookupdAdmin,
+    path: str,
+    call: Callable[..., _Answer],
+    *args: Any,
+    expected: tuple[type[Exception], ...] = (),
+) -> _Answer:
+    """``call(*args)`` (a method of ``admin`` that asks ``path``), its failure turned into one
+    :class:`CLIError` line naming the URL: not reachable, an error status, an answer over its
+    limit or not shaped as the API documents, no complete answer within the timeout. The
+    ``expected`` errors (``TopicNotFound``...) are raised as they are."""
+    from nsq_sansio.admin import AdminHTTPError
+
+    url = f"{admin.endpoint}{path}"
+    try:
+        return call(*args)
+    except expected:
+        raise
+    except AdminHTTPError as err:
+        raise CLIError(f"{url}: HTTP {err.status} {err.message}".rstrip()) from None
+    except ConnectionLost as err:
+        cause = err.__cause__
+        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(err)
         raise CLIError(f"cannot reach {url}: {reason}") from None
-    try:
-        return json.loads(body)
-    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-        raise CLIError(f"{url}: the answer is not JSON ({err})") from None
-
-
-def producer_addresses(answer: Any, url: str, port_field: str) -> list[str]:
-    """``broadcast_address:<port_field>`` of each producer of an nsqlookupd answer
-    (``/lookup``, ``/nodes``), once each; an answer of another shape is a :class:`CLIError`."""
-    try:
-        data = answer.get("data", answer)  # nsqlookupd before 1.0 wrapped the answer
-        found: list[str] = []
-        for producer in data.get("producers") or []:
-            address = format_address(str(producer["broadcast_address"]), int(producer[port_field]))
-            if address not in found:
-                found.append(address)
-    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as err:
-        raise CLIError(f"{url}: not an nsqlookupd answer ({describe_error(err)})") from None
-    return found
+    except RemoteProtocolError as err:  # AdminResponseError is one: the field is named
+        raise CLIError(f"{url}: {err}") from None
+    except TimeoutError as err:
+        raise CLIError(f"{url}: {err or 'timed out'}") from None
 
 
 def lookupd_nsqd_addresses(lookupd: Sequence[str], topic: str, timeout: float) -> list[str]:
     """nsqd TCP addresses to publish ``topic`` to, found through nsqlookupd: the nsqd that
     already have the topic (``/lookup``), else every nsqd registered (``/nodes``)."""
+    from nsq_sansio.admin import TopicNotFound
 
-    def addresses(path: str) -> list[str]:
-        found: list[str] = []
-        for url in lookupd:
+    admins = [lookupd_admin(url, timeout) for url in lookupd]
+    found: list[str] = []
+    with contextlib.ExitStack() as stack:
+        for admin in admins:
+            stack.enter_context(admin)  # /lookup then /nodes on one connection
+        for admin in admins:
             try:
-                data = http_get_json(f"{url}{path}", timeout)
-            except HTTPStatusError as err:
-                if path.startswith("/lookup") and err.status == 404:  # no nsqd has the topic
-                    continue
-                raise
-            for address in producer_addresses(data, f"{url}{path}", "tcp_port"):
-                if address not in found:
-                    found.append(address)
-        return found
+                answer = admin_call(
+                    admin, "/lookup", admin.lookup, topic, expected=(TopicNotFound,)
+                )
+            except TopicNotFound:  # no nsqd has the topic
+                continue
+            _add_new(found, (producer.tcp_address for producer in answer.producers))
+        if not found:
+            for admin in admins:
+                _add_new(
+                    found, (node.tcp_address for node in admin_call(admin, "/nodes", admin.nodes))
+                )
+    return found
 
-    return addresses(f"/lookup?topic={topic}") or addresses("/nodes")
+
+def _add_new(found: list[str], addresses: Iterable[str]) -> None:
+    """Append each of ``addresses`` not in ``found`` yet (first seen first)."""
+    for address in addresses:
+        if address not in found:
+            found.append(address)
 
 
 def check_sources(args: argparse.Namespace, timeout: float) -> tuple[list[str], list[str]]:
@@ -526,7 +542,8 @@ def check_sources(args: argparse.Namespace, timeout: float) -> tuple[list[str], 
     for address in nsqd:
         probe_tcp(address, "nsqd", timeout)
     for url in lookupd:
-        http_get_json(f"{url}/info", timeout)
+        admin = lookupd_admin(url, timeout)
+        admin_call(admin, "/info", admin.info)
     return nsqd, lookupd
 
 

@@ -1,5 +1,6 @@
-"""``nsq-sansio stat``: a live table of every topic's and channel's depth, in-flight count and
-rates, from every nsqd's ``/stats`` (``nsq_stat``).
+"""``nsq-sansio stat``: a live table of every topic's and channel's lag, depth, in-flight count
+and rates, from every nsqd's ``/stats`` (``nsq_stat``), read through the admin client
+(:class:`~transports.sync.admin.NSQDAdmin`, one per nsqd, kept from one table to the next).
 """
 
 from __future__ import annotations
@@ -9,35 +10,42 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nsq_sansio.errors import NSQError
 from nsq_sansio.names import validate_channel, validate_topic
-from transports._common import (
-    DEFAULT_HTTP_PORT,
-    format_address,
-    parse_address,
-)
 
 from .common import (
-    NSQD_ANSWER_LIMIT,
     CLIError,
     CommandParser,
     UsageError,
+    admin_call,
     describe_error,
     flag,
-    http_get_json,
+    lookupd_admin,
     lookupd_urls,
+    nsqd_admin,
     parse_duration,
     positive,
-    producer_addresses,
     reports_errors,
     stop_on_signals,
     valid_channel,
     valid_topic,
 )
 
-__all__ = ["build_parser", "collect_stats", "format_stats", "stat_main"]
+if TYPE_CHECKING:
+    from nsq_sansio.admin import NSQDStats
+    from transports.sync.admin import NSQDAdmin
+
+__all__ = [
+    "StatSources",
+    "add_stats",
+    "build_parser",
+    "collect_stats",
+    "format_stats",
+    "missing_filter",
+    "stat_main",
+]
 
 #: The table is made to fit this many columns.
 TABLE_WIDTH = 80
@@ -47,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     """``nsq-sansio stat``'s flags."""
     p = CommandParser(
         prog="nsq-sansio stat",
-        description="a live table of topic/channel depth, in-flight and rates from the /stats "
-        "of every nsqd (given, or found through nsqlookupd)",
+        description="a live table of topic/channel lag, depth, in-flight and rates from the "
+        "/stats of every nsqd (given, or found through nsqlookupd)",
     )
     flag(p, "topic", default=None, help="only this topic (an error if no nsqd has it)")
     flag(p, "channel", default=None, help="only this channel (an error if no nsqd has it)")
@@ -97,46 +105,66 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _nsqd_http_addresses(nsqd: Sequence[str], lookupd: Sequence[str], timeout: float) -> list[str]:
-    found: list[str] = []
-    for address in nsqd:
-        try:
-            host, port = parse_address(address.split("://")[-1], DEFAULT_HTTP_PORT)
-        except ValueError as err:
-            raise UsageError(f"bad nsqd HTTP address {address!r}: {err}") from None
-        found.append(format_address(host, port))
-    for url in lookupd:
-        nodes = f"{url}/nodes"
-        for address in producer_addresses(http_get_json(nodes, timeout), nodes, "http_port"):
-            if address not in found:
-                found.append(address)
-    return found
+class StatSources:
+    """The admin clients ``stat`` reads through, kept (with their connections) from one table
+    to the next: one per lookupd, and one per nsqd found so far (given, or listed by a
+    lookupd's ``/nodes``); an nsqd no longer listed has its client closed."""
+
+    def __init__(self, nsqd: Sequence[str], lookupd: Sequence[str], timeout: float) -> None:
+        self._timeout = timeout
+        self._given = [nsqd_admin(address, timeout) for address in nsqd]  # usage errors now
+        self._lookupds = [lookupd_admin(url, timeout) for url in lookupd]
+        self._found: dict[str, NSQDAdmin] = {}
+
+    def __enter__(self) -> StatSources:
+        for admin in (*self._given, *self._lookupds):
+            admin.__enter__()  # a kept-alive connection each
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for admin in (*self._given, *self._lookupds, *self._found.values()):
+            admin.close()
+
+    def nsqds(self) -> list[NSQDAdmin]:
+        """The nsqd to read: those given, then those the lookupds list (each once, by its
+        HTTP address); a lookupd that does not answer is a :class:`CLIError`."""
+        chosen = {str(admin.endpoint.host_header): admin for admin in self._given}
+        listed: dict[str, None] = {}
+        for lookupd in self._lookupds:
+            for node in admin_call(lookupd, "/nodes", lookupd.nodes):
+                listed.setdefault(node.http_address)
+        for address in listed:
+            if address in chosen:
+                continue
+            admin = self._found.get(address)
+            if admin is None:
+                admin = self._found[address] = nsqd_admin(address, self._timeout)
+                admin.__enter__()
+            chosen[address] = admin
+        for address in [a for a in self._found if a not in listed]:  # gone from the cluster
+            self._found.pop(address).close()
+        return list(chosen.values())
 
 
 StatKey = tuple[str, str]  # (topic, channel or "")
 
 
 def collect_stats(
-    addresses: Sequence[str],
+    nsqds: Sequence[NSQDAdmin],
     topic: str | None,
     channel: str | None,
-    timeout: float,
     errors: list[str] | None = None,
 ) -> dict[StatKey, dict[str, int]]:
-    """Sum the /stats of every nsqd per (topic, channel); channel "" is the topic itself.
+    """Sum the ``/stats`` of every nsqd per (topic, channel); channel "" is the topic itself.
 
-    An nsqd that does not answer is skipped and described in ``errors`` when a list is given
-    (else its error is raised)."""
+    An nsqd that does not answer (or answers what is not nsqd's ``/stats``) is skipped and
+    described in ``errors`` when a list is given (else its error is raised)."""
     rows: dict[StatKey, dict[str, int]] = {}
-    for address in addresses:
-        # without client lists the answer stays small; client_count still says how many
-        query = "format=json&include_clients=false&include_mem=false"
-        if topic:
-            query += f"&topic={topic}"
-        url = f"http://{address}/stats?{query}"
+    for admin in nsqds:
         try:
-            answer = http_get_json(url, timeout, NSQD_ANSWER_LIMIT)
-            _add_stats(rows, answer, url, topic, channel)
+            # without client lists the answer stays small; client_count still says how many
+            stats = admin_call(admin, "/stats", _stats_without_clients, admin, topic)
+            add_stats(rows, stats, f"{admin.endpoint}/stats", topic, channel)
         except CLIError as err:
             if errors is None:
                 raise
@@ -144,19 +172,24 @@ def collect_stats(
     return rows
 
 
-def _add_stats(
+def _stats_without_clients(admin: NSQDAdmin, topic: str | None) -> NSQDStats:
+    return admin.stats(topic, include_clients=False)
+
+
+def add_stats(
     rows: dict[StatKey, dict[str, int]],
-    answer: Any,
+    stats: NSQDStats,
     url: str,
     topic: str | None,
     channel: str | None,
 ) -> None:
-    """Add one nsqd's ``/stats`` answer to ``rows`` (all or nothing: an answer of another
-    shape is a :class:`CLIError` and leaves ``rows`` as they were)."""
+    """Add one nsqd's ``/stats`` to ``rows`` (all or nothing: names that could not be
+    printed as they are, or negative counts, are a :class:`CLIError` and leave ``rows`` as
+    they were)."""
     mine: dict[StatKey, dict[str, int]] = {}
     try:
-        _sum_stats(mine, answer.get("data", answer), topic, channel)  # nsqd < 1.0 wrapped it
-    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, NSQError) as err:
+        _sum_stats(mine, stats, topic, channel)
+    except (ValueError, NSQError) as err:  # InvalidName is both
         raise CLIError(f"{url}: not an nsqd /stats answer ({describe_error(err)})") from None
     for key, row in mine.items():
         total = rows.setdefault(key, dict.fromkeys(_COLUMNS, 0))
@@ -165,38 +198,35 @@ def _add_stats(
 
 
 def _sum_stats(
-    rows: dict[StatKey, dict[str, int]], data: Any, topic: str | None, channel: str | None
+    rows: dict[StatKey, dict[str, int]], stats: NSQDStats, topic: str | None, channel: str | None
 ) -> None:
-    """Add the topics and channels of one nsqd's ``/stats`` (unwrapped) to ``rows``."""
-    for t in data.get("topics") or []:
-        name = validate_topic(str(t["topic_name"]))  # printed: no escape sequences
+    """Add the topics and channels of one nsqd's ``/stats`` to ``rows``."""
+    for t in stats.topics:
+        name = validate_topic(t.name)  # printed: no escape sequences
         if topic and name != topic:
             continue
         row = rows.setdefault((name, ""), dict.fromkeys(_COLUMNS, 0))
         row["nsqd"] += 1
-        row["depth"] += _count(t.get("depth", 0))
-        row["messages"] += _count(t.get("message_count", 0))
-        for c in t.get("channels") or []:
-            channel_name = validate_channel(str(c["channel_name"]))
+        row["depth"] += _count(t.depth)
+        row["messages"] += _count(t.message_count)
+        for c in t.channels:
+            channel_name = validate_channel(c.name)
             if channel and channel_name != channel:
                 continue
             crow = rows.setdefault((name, channel_name), dict.fromkeys(_COLUMNS, 0))
             crow["nsqd"] += 1
-            crow["depth"] += _count(c.get("depth", 0))
-            crow["in_flight"] += _count(c.get("in_flight_count", 0))
-            crow["deferred"] += _count(c.get("deferred_count", 0))
-            crow["requeued"] += _count(c.get("requeue_count", 0))
-            crow["timed_out"] += _count(c.get("timeout_count", 0))
-            crow["messages"] += _count(c.get("message_count", 0))
-            if "client_count" in c:
-                crow["clients"] += _count(c["client_count"])
-            else:  # nsqd before 1.2 lists its clients
-                crow["clients"] += len(c.get("clients") or [])
+            crow["lag"] += _count(c.lag)
+            crow["depth"] += _count(c.depth)
+            crow["in_flight"] += _count(c.in_flight_count)
+            crow["deferred"] += _count(c.deferred_count)
+            crow["requeued"] += _count(c.requeue_count)
+            crow["timed_out"] += _count(c.timeout_count)
+            crow["messages"] += _count(c.message_count)
+            crow["clients"] += _count(c.client_count)
 
 
-def _count(value: Any) -> int:
+def _count(number: int) -> int:
     """A count of an nsqd answer: an integer >= 0, else ValueError."""
-    number = int(value)
     if number < 0:
         raise ValueError(f"negative count {number}")
     return number
@@ -217,6 +247,7 @@ def missing_filter(
 
 _COLUMNS = (
     "nsqd",
+    "lag",
     "depth",
     "in_flight",
     "deferred",
@@ -229,6 +260,7 @@ _COLUMNS = (
 # (heading, field): msg/s is computed between two tables, the others summed over the nsqd
 _HEADINGS = (
     ("nsqd", "nsqd"),
+    ("lag", "lag"),
     ("depth", "depth"),
     ("inflt", "in_flight"),
     ("def", "deferred"),
@@ -238,7 +270,7 @@ _HEADINGS = (
     ("msg/s", ""),
     ("clients", "clients"),
 )
-_CHANNEL_ONLY = {"in_flight", "deferred", "requeued", "timed_out", "clients"}
+_CHANNEL_ONLY = {"lag", "in_flight", "deferred", "requeued", "timed_out", "clients"}
 _UNITS = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
@@ -287,13 +319,15 @@ def format_stats(
         max([len(heading)] + [len(cells[i]) for cells in table])
         for i, (heading, _) in enumerate(_HEADINGS)
     ]
-    numbers_width = sum(widths) + 2 * len(widths)
+    # two spaces between columns, one when huge numbers would leave no room for "topic"
+    gap = 2 if sum(widths) + 2 * len(widths) + len("topic") <= width else 1
+    numbers_width = sum(widths) + gap * len(widths)
     room = width - numbers_width
     label = "topic/channel" if room >= len("topic/channel") else "topic"
     name_width = max([len(label)] + [len(n) for n in names if len(n) <= room])
 
     def numbers(cells: Sequence[str]) -> str:
-        return "".join("  " + c.rjust(w) for c, w in zip(cells, widths, strict=True))
+        return "".join(" " * gap + c.rjust(w) for c, w in zip(cells, widths, strict=True))
 
     lines = [label.ljust(name_width) + numbers([h for h, _ in _HEADINGS])]
     for name, cells in zip(names, table, strict=True):
@@ -321,28 +355,27 @@ def stat_main(argv: Sequence[str]) -> int:
     previous: dict[StatKey, dict[str, int]] | None = None
     shown = 0
     last = time.monotonic()
-    with stop_on_signals() as stop:
+    sources = StatSources(args.nsqd_http_address, lookupd, args.http_timeout)
+    with stop_on_signals() as stop, sources:
         while not stop.is_set():
             # The first table fails on any error (a wrong address should say so at once);
             # later ones keep going and name what did not answer.
             errors: list[str] | None = [] if shown else None
             try:
-                addresses = _nsqd_http_addresses(args.nsqd_http_address, lookupd, args.http_timeout)
-            except UsageError:
-                raise
+                nsqds = sources.nsqds()
             except CLIError as err:
                 if errors is None:
                     raise
                 print(f"nsq-sansio stat: {err}", file=sys.stderr, flush=True)
                 stop.wait(args.status_every)
                 continue
-            rows = collect_stats(addresses, args.topic, args.channel, args.http_timeout, errors)
+            rows = collect_stats(nsqds, args.topic, args.channel, errors)
             missing = missing_filter(rows, args.topic, args.channel)
             if missing is not None and not errors:  # every nsqd answered: it is not there
-                raise CLIError(f"{missing} on {len(addresses)} nsqd")
+                raise CLIError(f"{missing} on {len(nsqds)} nsqd")
             now = time.monotonic()
             stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-            print(f"{stamp}  {len(addresses)} nsqd")
+            print(f"{stamp}  {len(nsqds)} nsqd")
             print(format_stats(rows, previous, now - last))
             for error in errors or ():
                 print(f"  ! {error}")

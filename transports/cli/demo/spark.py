@@ -32,14 +32,15 @@ import tempfile
 import textwrap
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ..common import NSQD_ANSWER_LIMIT, http_get_json
 from ..progress import ProgressDisplay, Stage
+
+if TYPE_CHECKING:
+    from transports.sync.admin import NSQDAdmin
 
 __all__ = ["SparkDemoOptions", "SparkDemoResult", "format_spark_report", "run_spark_demo"]
 
@@ -248,34 +249,22 @@ def _matching_cells(r: SparkDemoResult) -> int:
 # --- running ---------------------------------------------------------------------------------
 
 
-def _http_post(address: str, path: str) -> None:
-    request = urllib.request.Request(f"http://{address}{path}", data=b"", method="POST")
-    with urllib.request.urlopen(request, timeout=5) as response:
-        if response.status != 200:
-            raise RuntimeError(f"nsqd {address}: POST {path} -> {response.status}")
-
-
-def _channel_backlog(http_addresses: list[str], topic: str, channel: str) -> int:
-    """Messages still on ``topic/channel`` over every nsqd: queued, in flight or deferred."""
+def _channel_backlog(nsqds: list[NSQDAdmin], topic: str, channel: str) -> int:
+    """Messages ``topic/channel`` has not finished over every nsqd: its lag (in the topic,
+    queued, in flight or deferred)."""
     total = 0
-    for address in http_addresses:
-        url = f"http://{address}/stats?format=json&topic={topic}&channel={channel}"
-        data = http_get_json(url, 5.0, NSQD_ANSWER_LIMIT)
-        for t in data.get("topics") or []:
-            for c in t.get("channels") or []:
-                if t["topic_name"] == topic and c["channel_name"] == channel:
-                    total += c["depth"] + c["in_flight_count"] + c["deferred_count"]
+    for admin in nsqds:
+        found = admin.stats(topic, channel, include_clients=False).channel(topic, channel)
+        total += found.lag if found is not None else 0
     return total
 
 
-def _topic_messages(http_addresses: list[str], topic: str) -> int:
+def _topic_messages(nsqds: list[NSQDAdmin], topic: str) -> int:
+    """Messages published to ``topic`` over every nsqd."""
     total = 0
-    for address in http_addresses:
-        url = f"http://{address}/stats?format=json&topic={topic}"
-        data = http_get_json(url, 5.0, NSQD_ANSWER_LIMIT)
-        total += sum(
-            t["message_count"] for t in data.get("topics") or [] if t["topic_name"] == topic
-        )
+    for admin in nsqds:
+        found = admin.stats(topic, include_clients=False).topic(topic)
+        total += found.message_count if found is not None else 0
     return total
 
 
@@ -366,6 +355,7 @@ def _run(
 
     from transports.embedded import Cluster, ServerThread
     from transports.sync import Consumer, Producer
+    from transports.sync.admin import NSQDAdmin
 
     deadline = time.monotonic() + options.timeout
     display = ProgressDisplay(stream, enabled=options.progress)
@@ -379,13 +369,13 @@ def _run(
         stages[name] = Stage(name, done, of)
         display.update(list(stages.values()), final=final)
 
-    with ServerThread(Cluster(nsqd_count=2)) as cluster:
-        http = [n.http_address for n in cluster.nsqds]
+    with ServerThread(Cluster(nsqd_count=2)) as cluster, contextlib.ExitStack() as stack:
+        http = [stack.enter_context(NSQDAdmin(n.http_url, timeout=5.0)) for n in cluster.nsqds]
         nsqd = ",".join(cluster.nsqd_tcp_addresses)
-        for address in http:  # channels first: they get every message published after
+        for admin in http:  # channels first: they get every message published after
             for topic, channel in ((TOPIC, CHANNEL), (OUT_TOPIC, OUT_CHANNEL)):
-                _http_post(address, f"/topic/create?topic={topic}")
-                _http_post(address, f"/channel/create?topic={topic}&channel={channel}")
+                admin.create_topic(topic)
+                admin.create_channel(topic, channel)
 
         # 1. publish
         started = time.monotonic()
