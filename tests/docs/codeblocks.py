@@ -135,7 +135,7 @@ _ADDRESS = re.compile(
 _PIP = re.compile(r"(?:\bpython3?\s+-m\s+)?\bpip\s+install\b[^\n&|;#]*")
 _EXTRAS = re.compile(r"\[([\w,\s-]+)\]")
 _BACKGROUND_SERVER = re.compile(
-    r"^[ \t]*nsq-sansio[ \t]+(?:nsqd|lookupd)\b[^\n#]*&[ \t]*(?:#.*)?$", re.M
+    r"^[ \t]*nsq-sansio[ \t]+(?:nsqd|lookupd)\b(?:[^\n#\\]|\\\n)*&[ \t]*(?:#.*)?$", re.M
 )
 _DEMO = re.compile(r"\bnsq-sansio[ \t]+demo\b(?P<args>[^\n&|;#]*)")
 _MESSAGES = re.compile(r"(?P<flag>-n|--messages)(?P<sep>[ \t=]+)(?P<count>\d[\d_,]*)")
