@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["IOLoop", "Link", "LoopOwner", "parse_host_port"]
+__all__ = ["IOLoop", "Link", "LoopOwner"]
 
 _log = logging.getLogger("nsq_sansio.sync")
 
@@ -37,27 +37,6 @@ _log = logging.getLogger("nsq_sansio.sync")
 _RECV_SIZE = 256 * 1024
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
-
-
-def parse_host_port(address: str, default_port: int) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or ``host`` -> (host, port)."""
-    address = address.strip()
-    if "://" in address:
-        address = address.split("://", 1)[1].split("/", 1)[0]
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif address.count(":") == 1:
-        host, _, port_text = address.partition(":")
-    else:
-        host, port_text = address, ""
-    try:
-        port = int(port_text) if port_text else default_port
-    except ValueError:
-        raise ValueError(f"invalid port in address {address!r}") from None
-    if not host or not 0 < port <= 65535:
-        raise ValueError(f"invalid address {address!r} (expected host:port)")
-    return host, port
 
 
 class LoopOwner(Protocol):
