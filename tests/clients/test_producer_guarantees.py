@@ -23,8 +23,8 @@ from support.runtimes import Runtime, recorder
 import transports.anyio
 import transports.sync
 import transports.trio
-from nsq_sansio.errors import BadMessage, IdentifyRejected, InvalidName
-from transports._common import TOPICS_REMEMBERED, NoNSQDAvailable
+from nsq_sansio.errors import BadMessage, IdentifyRejected, InvalidName, NoNSQDAvailable
+from transports._common import TOPICS_REMEMBERED
 from transports.testing.real_nsq import RealNSQD
 
 pytestmark = pytest.mark.anyio

@@ -76,8 +76,8 @@ def test_a_fin_refused_in_a_batch_marks_only_its_own_message() -> None:
             held = [consumer.get(timeout=10) for _ in range(3)]
             assert all(m is not None for m in held)
             first, second, third = held  # type: ignore[misc]
-            answered = consumer._call(
-                lambda: consumer._coordinator.finish(second.delivery, 0.0)
+            answered = consumer._io.call(
+                lambda: consumer._io.coordinator.finish(second.delivery, 0.0)
             ).result(10)
             assert answered  # the core FIN'd it; the transport was not told
             assert first.finish() and second.finish() and third.finish()

@@ -10,7 +10,7 @@ Consume (push mode)::
             handle(msg.body)
             msg.finish()                    # msg.requeue(delay=..., backoff=...), msg.touch()
 
-    c.run(handler, threads=8)               # handler returns -> FIN, raises -> REQ (+ backoff)
+    c.run(handler, concurrency=8)           # handler returns -> FIN, raises -> REQ (+ backoff)
     c.drain(timeout=30)                     # graceful stop, see below
 
 Consume (pull mode, JetStream-style; what the Spark source builds on)::
@@ -72,16 +72,20 @@ Threads and guarantees:
   unanswered message is requeued, and every thread of ours is joined.
 * Producer: many publishes in flight per connection, answers matched in order; ``max_pending``
   bounds unanswered publishes (a call beyond it blocks, then raises ``TimeoutError``); a
-  publish whose connection died is sent again (another nsqd first), until its ``timeout``.
+  publish whose connection died is sent again (another nsqd first), until its ``timeout``;
+  when no nsqd can be connected it raises ``NoNSQDAvailable`` within ``connect_timeout``
+  (``p.connect()`` checks that at start-up).
 """
 
 from __future__ import annotations
 
+from nsq_sansio.errors import HTTPPublishError, NoNSQDAvailable
 from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 
 from .consumer import Consumer, EventCallback, KeepaliveExpired, Message
-from .http import HTTPProducer, HTTPPublishError
-from .producer import NoNSQDAvailable, Producer, PublishFuture
+from .http import HTTPProducer
+from .producer import Producer, PublishFuture
+from .publish_future import PublishObserver
 from .signals import drain_on_signals
 
 __all__ = [
@@ -97,6 +101,7 @@ __all__ = [
     "Producer",
     "ProducerStats",
     "PublishFuture",
+    "PublishObserver",
     "TLSOptions",
     "drain_on_signals",
 ]

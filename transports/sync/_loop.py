@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["IOLoop", "Link", "LoopOwner"]
+__all__ = ["IOLoop", "Link", "LoopCallbacks", "LoopOwner"]
 
 _log = logging.getLogger("nsq_sansio.sync")
 
@@ -60,12 +60,47 @@ class LoopOwner(Protocol):
     def handle_timer(self, now: float) -> None: ...
 
 
+class LoopCallbacks:
+    """A :class:`LoopOwner` made of functions, so that the object they belong to keeps them
+    private (its public surface is what its users call, not what the loop calls)."""
+
+    __slots__ = (
+        "handle_timer",
+        "next_deadline",
+        "on_connected",
+        "on_data",
+        "on_link_error",
+        "on_tls_established",
+        "write_pending",
+    )
+
+    def __init__(
+        self,
+        *,
+        on_connected: Callable[[Link, float], None],
+        on_data: Callable[[Link, bytes, float], None],
+        on_link_error: Callable[[Link, BaseException, float], None],
+        on_tls_established: Callable[[Link, float], None],
+        write_pending: Callable[[], None],
+        next_deadline: Callable[[], float | None],
+        handle_timer: Callable[[float], None],
+    ) -> None:
+        self.on_connected = on_connected
+        self.on_data = on_data
+        self.on_link_error = on_link_error
+        self.on_tls_established = on_tls_established
+        self.write_pending = write_pending
+        self.next_deadline = next_deadline
+        self.handle_timer = handle_timer
+
+
 class Link:
     """One TCP connection handled by the loop. ``key`` is the owner's name for it."""
 
     __slots__ = (
         "_close_when_flushed",
         "_connect_deadline",
+        "_connect_timeout",
         "_connecting",
         "_handshaking",
         "_incoming",
@@ -99,6 +134,7 @@ class Link:
         self._connecting = True
         self._close_when_flushed = False
         self._connect_deadline = 0.0
+        self._connect_timeout = 0.0
         self._handshaking = False
         self._ssl: ssl.SSLObject | None = None
         self._incoming: ssl.MemoryBIO | None = None
@@ -137,7 +173,7 @@ class Link:
 class IOLoop:
     """A selectors loop on a dedicated thread, driving one owner (a consumer or a producer)."""
 
-    def __init__(self, owner: LoopOwner, *, name: str = "nsq-sync-io") -> None:
+    def __init__(self, owner: LoopOwner | LoopCallbacks, *, name: str = "nsq-sync-io") -> None:
         self._owner = owner
         self._name = name
         self._selector = selectors.DefaultSelector()
@@ -205,6 +241,7 @@ class IOLoop:
         at once. ``timeout`` covers the name resolution and the TCP handshake.
         """
         link = Link(key, host, port)
+        link._connect_timeout = timeout
         link._connect_deadline = time.monotonic() + timeout
         try:
             infos = socket.getaddrinfo(
@@ -420,7 +457,12 @@ class IOLoop:
         for link in list(self._connecting):
             if now >= link._connect_deadline:
                 self.close_link(link)
-                self._deliver_error(link, TimeoutError(f"connect to {link.address} timed out"))
+                self._deliver_error(
+                    link,
+                    TimeoutError(
+                        errno.ETIMEDOUT, f"connect timed out after {link._connect_timeout:g} s"
+                    ),
+                )
 
     def _set_interest(self, link: Link, interest: int) -> None:
         if link._reads_paused:
