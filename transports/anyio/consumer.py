@@ -334,7 +334,7 @@ class Consumer(ConsumerConnections):
                     if inbox and self._waiters:
                         self._wake_one()
                     return Message(self, delivery)
-            if self._closed or coord.state is not ConsumerState.RUNNING:
+            if self._closed or coord.state is not ConsumerState.RUNNING or self._failure:
                 return None
             if self._pull:
                 raise LocalProtocolError(
