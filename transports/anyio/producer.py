@@ -213,6 +213,7 @@ class Producer(ProducerConnections):
             check_seconds("connect timeout", timeout, zero=False)
         self._check_open()
         limit = self._options.connect_timeout if timeout is None else timeout
+        wait = float("inf") if timeout is None else timeout  # attempts end by connect_timeout
         nodes = self._candidates()
         errors: dict[str, BaseException] = {}
         ready = anyio.Event()
@@ -233,7 +234,7 @@ class Producer(ProducerConnections):
         async with anyio.create_task_group() as tg:
             for node in nodes:
                 tg.start_soon(attempt, node)
-            with anyio.move_on_after(limit):
+            with anyio.move_on_after(wait):
                 await ready.wait()
             tg.cancel_scope.cancel()
         if any(node.ready for node in self._nodes):

@@ -82,7 +82,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.failures import no_slot
+from transports._common.failures import no_slot, seconds
 from transports._common.publishing import check_batch, check_deferred, check_publish
 
 from ._caller_reads import CallerReads
@@ -210,7 +210,9 @@ class Producer(CallerReads, ProducerIOThread):
             check_seconds("connect timeout", timeout, zero=False)
         self._start()
         limit = self._config.connect_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        # Without a timeout, the attempts end by themselves (connect_timeout): a margin lets
+        # the IO thread report them.
+        deadline = time.monotonic() + (limit + 1.0 if timeout is None else limit)
         tried = threading.Event()
 
         def reconnect() -> None:
@@ -379,7 +381,7 @@ class Producer(CallerReads, ProducerIOThread):
         try:
             self._await(request, limit + 1.0, parked)
         except TimeoutError:
-            raise TimeoutError(f"nsqd did not answer within {limit}s") from None
+            raise TimeoutError(f"{kind} to {topic!r}: no answer within {seconds(limit)}") from None
         if request._error is not None:
             raise request._error
 
@@ -668,6 +670,10 @@ class Producer(CallerReads, ProducerIOThread):
         check = request.start + self._expiry_tick
         if self._expiry_check is None or check < self._expiry_check:
             self._expiry_check = check
+            if not self._loop.in_loop_thread():
+                # The IO thread sleeps until the deadline it last saw: this one is earlier.
+                # (Once per tick at most: the check stays set while publishes are in flight.)
+                self._loop.wake()
         return True
 
     def _fail_request(self, request: Request, error: BaseException) -> None:
