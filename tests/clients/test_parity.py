@@ -11,19 +11,26 @@ type the docs name (exactly that type).
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
+from support.brokers import running_nsqd, unique
 from support.runtimes import Runtime
 
 import transports.anyio
 import transports.sync
 import transports.trio
 from nsq_sansio.errors import ConfigError, InvalidName, LocalProtocolError
+from transports._common import CONNECTION_STATES
 from transports.embedded import EmbeddedNSQD
 
 # --- what may differ, and why ------------------------------------------------------------------
@@ -515,3 +522,96 @@ async def test_publishing_after_close_raises_local_protocol_error(
     await _made(http_producer.close())
     with pytest.raises(LocalProtocolError, match="closed"):
         await _made(http_producer.publish("t", b"x"))
+
+
+# --- the same behaviour: answers, late answers, stats, logs -----------------------------------
+
+
+async def _call(runtime: Runtime, method: Any, *args: Any, **kwargs: Any) -> Any:
+    """A client method, awaited (async) or run on a worker thread (blocking)."""
+    if runtime.blocking:
+        return await anyio.to_thread.run_sync(functools.partial(method, *args, **kwargs))
+    return await method(*args, **kwargs)
+
+
+@pytest.mark.anyio
+async def test_answers_return_the_same_on_every_runtime(
+    runtime: Runtime, nsqd: EmbeddedNSQD
+) -> None:
+    """finish()/requeue() are True when this call answered the message, False when it was
+    answered already; touch() is False once it was answered (nothing is sent)."""
+    topic = unique()
+    async with runtime.producer(nsqd.tcp_address) as p:
+        await p.multi_publish(topic, [b"a", b"b"])
+    async with runtime.consumer(topic, "c", nsqd=[nsqd.tcp_address], max_in_flight=2) as c:
+        first, second = await c.get(10), await c.get(10)
+        assert first is not None and second is not None
+        assert await _call(runtime, second.touch) is True
+        assert await _call(runtime, first.finish) is True
+        assert await _call(runtime, first.finish) is False
+        assert await _call(runtime, first.requeue) is False
+        assert await _call(runtime, first.touch) is False
+        assert await _call(runtime, second.requeue, 0, backoff=False) is True
+        assert await _call(runtime, second.finish) is False
+        assert first.answered and second.answered
+        assert not first.taken_back and not second.taken_back
+        assert not first.keepalive_expiring
+
+
+@pytest.mark.anyio
+async def test_a_late_answer_is_taken_back_and_logged_the_same(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nsqd times a held message out and delivers it again: answering the old copy is
+    accepted by the call (True) and never raised; that copy turns ``taken_back``, the new one
+    does not; and the same WARNING line is logged on every runtime."""
+    caplog.set_level(logging.INFO, logger="nsq_sansio")
+    topic = unique()
+    with running_nsqd(msg_timeout=1.0) as (server, _):
+        async with runtime.producer(server.tcp_address) as p:
+            await p.publish(topic, b"slow")
+        async with runtime.consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=2) as c:
+            old = await c.get(10)
+            new = await c.get(10)  # the same message, sent again after its 1 s timeout
+            assert old is not None and new is not None and new.id == old.id
+            assert await _call(runtime, old.finish) is True
+            with anyio.fail_after(10):
+                while not old.taken_back:  # known at once, or once the IO thread ran
+                    await anyio.sleep(0.01)
+            assert not new.taken_back
+            assert await _call(runtime, new.finish) is True
+    logger = f"nsq_sansio.{'sync' if runtime.blocking else 'anyio'}.consumer"
+    late = [r for r in caplog.records if "came too late" in r.getMessage()]
+    assert late and all(r.name == logger and r.levelname == "WARNING" for r in late)
+    pattern = rf"\[{re.escape(server.tcp_address)}\] FIN for message {old.id.decode()} came "
+    assert any(re.match(pattern, r.getMessage()) for r in late), [r.getMessage() for r in late]
+    subscribed = [r for r in caplog.records if "subscribed to" in r.getMessage()]
+    assert subscribed and subscribed[0].levelname == "INFO"
+    assert re.match(
+        rf"\[{re.escape(server.tcp_address)}\] subscribed to {topic}/c \(nsqd \S+, "
+        r"max_rdy_count \d+, msg_timeout 1s\)$",
+        subscribed[0].getMessage(),
+    ), subscribed[0].getMessage()
+
+
+@pytest.mark.anyio
+async def test_stats_speak_one_vocabulary(runtime: Runtime, nsqd: EmbeddedNSQD) -> None:
+    topic = unique()
+    closed = "127.0.0.1:1"
+    async with runtime.producer([nsqd.tcp_address, closed], connect_timeout=1.0) as p:
+        await _call(runtime, p.client.connect)
+        await p.publish(topic, b"x")
+        producer_stats = p.stats()
+    async with runtime.consumer(topic, "c", nsqd=[nsqd.tcp_address]) as c:
+        message = await c.get(10)
+        assert message is not None
+        consumer_stats = c.stats()
+    assert {conn.state for conn in consumer_stats.connections} == {"subscribed"}
+    assert consumer_stats.connected == 1 and consumer_stats.backoff_phase == "normal"
+    by_address = {conn.address: conn for conn in producer_stats.connections}
+    assert by_address[nsqd.tcp_address].state == "ready"
+    assert by_address[nsqd.tcp_address].connected
+    assert by_address[closed].state == "closed" and not by_address[closed].connected
+    assert "connection refused" in (by_address[closed].last_error or "")
+    for conn in (*consumer_stats.connections, *producer_stats.connections):
+        assert conn.state in CONNECTION_STATES
