@@ -1,4 +1,4 @@
-"""Issue 12.3: a taken-back report applies to the delivery it is about, not to every copy of
+"""A taken-back report applies to the delivery it is about, not to every copy of
 the same message id. Against the embedded broker and the real nsqd (skipped without it)."""
 
 from __future__ import annotations
