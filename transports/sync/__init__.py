@@ -63,9 +63,12 @@ Threads and guarantees:
   counted in :meth:`Consumer.stats` and reported to ``on_event``. Reconnection and lookupd
   polling are decided by the core's coordinator.
 * Nothing is TOUCHed unless asked: ``msg.touch()``, or ``with msg.keepalive():`` which touches
-  half-way to each deadline (the core's ``next_touch``) and stops before nsqd's
-  ``max_msg_timeout`` with a warning and a :class:`KeepaliveExpired` event
-  (``msg.keepalive_expiring`` turns True).
+  half-way to each deadline (the core's ``next_touch``); once TOUCH cannot extend the message
+  past nsqd's ``max_msg_timeout`` it says so with a warning and a :class:`KeepaliveExpired`
+  event (``msg.keepalive_expiring`` turns True).
+* Answers never raise: ``finish()``/``requeue()`` return True when this call answered the
+  message; one that came too late sets ``msg.taken_back``. A misuse raises the same exception
+  as on the async runtime (``LocalProtocolError``...), see ``docs/transports.md``.
 * ``drain()`` / ``start_drain()`` / :func:`drain_on_signals`: RDY 0 everywhere, messages not yet
   handed to user code are requeued at once, messages in user code get ``timeout`` seconds to be
   answered, then CLS and close. Leaving the ``with`` block does the same with no grace: every
