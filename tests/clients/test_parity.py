@@ -423,6 +423,12 @@ MISUSES = [
         ConfigError,
     ),
     Misuse(
+        "start_drain() before start()",
+        "constructor",
+        lambda m: m.Consumer("t", "c", nsqd="127.0.0.1:1").start_drain(),
+        LocalProtocolError,
+    ),
+    Misuse(
         "Consumer(close_timeout=-1)",
         "constructor",
         lambda m: m.Consumer("t", "c", nsqd="127.0.0.1:1", close_timeout=-1),

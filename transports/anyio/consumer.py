@@ -66,7 +66,7 @@ from ._consumer_io import Conn, ConsumerConnections
 from ._groups import sole_error
 from .message import Message
 
-__all__ = ["Consumer", "KeepaliveExpired", "Message", "drain_on_signals"]
+__all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message", "drain_on_signals"]
 
 _log = logging.getLogger("nsq_sansio.anyio.consumer")
 

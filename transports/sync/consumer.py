@@ -43,7 +43,7 @@ from nsq_sansio.consumer import ConsumerCoordinator
 from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConsumerStats, split_options
 from transports._common.arguments import check_seconds
-from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.message import KeepaliveExpired
 from transports._common.reports import EventCallback, log_handler_failed
 
 from ._consumer_io import ConsumerIO
@@ -165,6 +165,8 @@ class Consumer:
         """
         if timeout is not None:
             check_seconds("drain timeout", timeout)
+        if not self._started:
+            raise LocalProtocolError("drain before the consumer was started")
         self._start_drain(timeout)
 
     def _start_drain(self, timeout: float | None) -> Future[None] | None:
@@ -186,6 +188,8 @@ class Consumer:
         nothing."""
         if timeout is not None:
             check_seconds("drain timeout", timeout)
+        if not self._started:
+            raise LocalProtocolError("drain before the consumer was started")
         limit = self._io.config.drain_timeout if timeout is None else timeout
         begun = self._start_drain(limit)
         if begun is not None and not self._io.loop.in_loop_thread():
@@ -403,17 +407,7 @@ class Consumer:
         returned True for). Never blocks. Every message must come from this consumer: else
         LocalProtocolError (TypeError for something that is not a message) and nothing is
         answered."""
-        io = self._io
-        fresh = unanswered_of(io, Message, messages)
-        if not fresh:
-            return 0
-        for message in fresh:
-            message.answered = True
-        io.posted.extend(fresh)  # bare messages are FINs (see message.py)
-        loop = io.loop
-        if not loop._wake_pending:
-            loop.wake()
-        return len(fresh)
+        return self._io.finish_many(messages)
 
     # --- introspection ------------------------------------------------------------------------
 
