@@ -71,6 +71,12 @@ def test_split_options_maps_config_and_transport_keywords() -> None:
     assert options.tls.verify is False
     config, options = split_options(Config(max_attempts=2), {"connect_timeout": 1.5})
     assert config.max_attempts == 2 and options.connect_timeout == 1.5 and not config.tls_v1
+    assert config.connect_timeout == 1.5
+    # One dial timeout on every runtime: the config's (the anyio side used to default to 5 s,
+    # the blocking side to the config's 10 s).
+    config, options = split_options(Config(connect_timeout=3.0), {})
+    assert options.connect_timeout == config.connect_timeout == 3.0
+    assert split_options(None, {})[1].connect_timeout == Config().connect_timeout
     with pytest.raises(ConfigError, match="unknown option"):
         split_options(None, {"max_in_fligth": 1})
     with pytest.raises(ConfigError):

@@ -12,10 +12,10 @@ from nsq_sansio.consumer import (
     ConsumerCoordinator,
     ConsumerState,
     DrainComplete,
+    FetchEnd,
     TakenBack,
 )
 from nsq_sansio.errors import LocalProtocolError
-from nsq_sansio.pull import FetchEnd
 
 from .harness import TOPIC, World
 

@@ -187,7 +187,7 @@ class BlockingConsumer(ConsumerDriver):
         return bool(await _in_thread(message.finish))
 
     async def run(self, handler: Callable[[Any], None], workers: int) -> None:
-        await _in_thread(self.client.run, handler, threads=workers)
+        await _in_thread(self.client.run, handler, concurrency=workers)
 
     async def fetch(self, batch: int, timeout: float) -> list[Any]:
         return list(await _in_thread(self.client.fetch, batch, timeout=timeout))
@@ -279,11 +279,12 @@ class BlockingProducer(ProducerDriver):
     async def concurrently(
         self, calls: Sequence[Call], timeout: float
     ) -> list[BaseException | None]:
-        # started on a thread: a ``*_async`` call waits there while no slot is free
-        futures = [
-            await _in_thread(getattr(self.client, f"{method}_async"), *args)
-            for method, args in calls
-        ]
+        # started together on one thread (a burst, as tasks started in one loop pass are): a
+        # ``*_async`` call waits there while no slot is free
+        def start_all() -> list[Any]:
+            return [getattr(self.client, f"{method}_async")(*args) for method, args in calls]
+
+        futures = await _in_thread(start_all)
         deadline = time.monotonic() + timeout
         outcomes: list[BaseException | None] = []
         for future in futures:

@@ -142,7 +142,7 @@ def test_run_with_threads_finishes_on_return_and_requeues_on_raise(nsqd: Pair) -
                     ):
                         consumer.start_drain(5.0)
 
-        consumer.run(handler, threads=8)
+        consumer.run(handler, concurrency=8)
         stats = consumer.stats()
     assert set(seen) == {b"%d" % i for i in range(40)}
     assert all(n == (2 if int(b) % 5 == 0 else 1) for b, n in seen.items())

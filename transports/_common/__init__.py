@@ -8,8 +8,11 @@
   :class:`ConnectionStats` snapshots.
 * :mod:`.connection_log`: :class:`ConnectionLogger`, the ``[host:port]`` on every log line.
 * :mod:`.http_publish`: nsqd's HTTP ``/pub`` and ``/mpub`` as bytes in and out over h11.
-* :mod:`.publishing`: :class:`NoNSQDAvailable` (one class for every runtime) and the bounded
-  set of checked topic names.
+* :mod:`.publishing`: the bounded set of checked topic names.
+* :mod:`.failures`: why a connection or a publish failed, in one wording for every runtime.
+* :mod:`.reports`: what the clients log, one level and text per event for every runtime.
+* :mod:`.message`: what a delivered message is (``MessageBase``), :class:`KeepaliveExpired`.
+* :mod:`.arguments`: the checks of a user's arguments.
 
 This package re-exports their names, so ``from transports._common import TLSOptions`` keeps
 working. Nothing here opens a socket; ``build_ssl_context`` reads certificate files when
@@ -44,11 +47,12 @@ from .options import (
     make_config,
     split_options,
 )
-from .publishing import TOPICS_REMEMBERED, NoNSQDAvailable, remember_topic
-from .stats import ConnectionStats, ConsumerStats, ProducerStats
+from .publishing import TOPICS_REMEMBERED, remember_topic
+from .stats import CONNECTION_STATES, ConnectionStats, ConsumerStats, ProducerStats
 from .tls import TLSOptions, build_ssl_context
 
 __all__ = [
+    "CONNECTION_STATES",
     "DEFAULT_HTTP_PORT",
     "DEFAULT_LOOKUPD_HTTP_PORT",
     "DEFAULT_TCP_PORT",
@@ -61,7 +65,6 @@ __all__ = [
     "ConsumerStats",
     "HTTPPublishClient",
     "HTTPPublishError",
-    "NoNSQDAvailable",
     "ProducerStats",
     "PubResponse",
     "TLSOptions",

@@ -2,8 +2,8 @@
 
 :class:`HTTPPublishClient` is a sans-IO keep-alive client over h11 that both HTTP producers
 (anyio and blocking) drive with their own sockets; :class:`PubResponse` is an answer and
-:class:`HTTPPublishError` the error an answer other than 2xx raises. Nothing here opens a
-socket.
+:class:`~nsq_sansio.errors.HTTPPublishError` the error an answer other than 2xx raises.
+Nothing here opens a socket.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from urllib.parse import quote
 
 import h11
 
-from nsq_sansio.errors import NSQError
+from nsq_sansio.errors import HTTPPublishError, LocalProtocolError
+
+from .arguments import check_seconds
 
 __all__ = [
     "HTTPPublishClient",
@@ -26,15 +28,6 @@ __all__ = [
     "build_pub_request",
     "parse_pub_response",
 ]
-
-
-class HTTPPublishError(NSQError):
-    """nsqd's HTTP API refused a publish: ``status`` and nsqd's ``message`` (``INVALID_TOPIC``)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status} {message}".rstrip())
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +102,14 @@ class HTTPPublishClient:
         """``POST /pub?topic=...[&defer=ms]``."""
         target = f"/pub?topic={quote(topic, safe='')}"
         if defer is not None:
-            if not defer >= 0:
-                raise ValueError(f"defer must be >= 0 seconds, got {defer!r}")
+            check_seconds("DPUB delay", defer)
             target += f"&defer={round(defer * 1000)}"
         return self._request(target, body)
 
     def mpub(self, topic: str, bodies: Sequence[bytes]) -> bytes:
         """``POST /mpub?topic=...&binary=true``: bodies are length-prefixed, so any byte goes."""
         if not bodies:
-            raise ValueError("mpub needs at least one body")
+            raise LocalProtocolError("multi_publish needs at least one message body")
         parts = [struct.pack(">i", len(bodies))]
         for body in bodies:
             parts.append(struct.pack(">i", len(body)))

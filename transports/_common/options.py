@@ -86,9 +86,10 @@ _TLS_FLAT = {
 
 @dataclass(frozen=True)
 class TransportOptions:
-    """What a transport itself needs (the protocol's knobs live in :class:`Config`)."""
+    """What a transport itself needs (the protocol's knobs live in :class:`Config`);
+    ``connect_timeout`` is the config's, copied here by :func:`split_options`."""
 
-    connect_timeout: float = 5.0
+    connect_timeout: float = 10.0
     tls: TLSOptions = field(default_factory=TLSOptions)
     _context: list[ssl.SSLContext] = field(default_factory=list, repr=False, compare=False)
 
@@ -112,13 +113,8 @@ def split_options(
     config_changes: dict[str, Any] = {}
     tls_changes: dict[str, Any] = {}
     tls: TLSOptions | None = None
-    connect_timeout = 5.0
     for name, value in kwargs.items():
-        if name == "connect_timeout":  # both: the TCP connect, and the core's handshake deadline
-            connect_timeout = float(value)
-            if "connect_timeout" in _CONFIG_FIELDS:
-                config_changes[name] = value
-        elif name in _CONFIG_FIELDS:
+        if name in _CONFIG_FIELDS:
             config_changes[name] = value
         elif name in _TLS_FLAT:
             tls_changes[_TLS_FLAT[name]] = value
@@ -136,14 +132,12 @@ def split_options(
                 f"unknown option {name!r}: not a Config field nor a transport option "
                 f"(connect_timeout, tls, {', '.join(sorted(_TLS_FLAT))})"
             )
-    if not connect_timeout > 0:
-        raise ConfigError(f"connect_timeout={connect_timeout!r} must be > 0 seconds")
     if tls is not None and tls_changes:
         raise ConfigError("give either tls=TLSOptions(...) or the flat tls_* options, not both")
     if tls_changes:
         tls = TLSOptions(**tls_changes)
     if tls is not None:
         config_changes.setdefault("tls_v1", True)
-    return make_config(config, **config_changes), TransportOptions(
-        connect_timeout, tls if tls is not None else TLSOptions()
-    )
+    made = make_config(config, **config_changes)
+    # One dial timeout for every runtime: the config's (the TCP connect and the handshake).
+    return made, TransportOptions(made.connect_timeout, tls if tls is not None else TLSOptions())

@@ -13,23 +13,19 @@
 
 from __future__ import annotations
 
-from transports._common import (
-    ConnectionStats,
-    ConsumerStats,
-    HTTPPublishError,
-    ProducerStats,
-    TLSOptions,
-)
+from nsq_sansio.errors import HTTPPublishError, NoNSQDAvailable
+from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 
 from .admin import LookupdAdmin, NSQDAdmin
-from .consumer import Consumer, KeepaliveExpired, Message, drain_on_signals
+from .consumer import Consumer, EventCallback, KeepaliveExpired, Message, drain_on_signals
 from .http import HTTPProducer
-from .producer import NoNSQDAvailable, Producer
+from .producer import Producer, PublishObserver
 
 __all__ = [
     "ConnectionStats",
     "Consumer",
     "ConsumerStats",
+    "EventCallback",
     "HTTPProducer",
     "HTTPPublishError",
     "KeepaliveExpired",
@@ -39,6 +35,7 @@ __all__ = [
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",
+    "PublishObserver",
     "TLSOptions",
     "drain_on_signals",
 ]

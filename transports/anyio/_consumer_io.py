@@ -10,6 +10,7 @@ the connection (the coordinator decides about reconnecting), never the consumer.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from time import monotonic
 from typing import TYPE_CHECKING, Any
@@ -31,17 +32,16 @@ _SOCKET_ERRORS = (*SOCKET_ERRORS, ConnectionLost)
 
 
 class Conn:
+    """One nsqd connection's task state: its stream, what waits to be written, its bytes."""
+
     __slots__ = (
         "address",
         "bytes_in",
         "bytes_out",
         "closing",
         "conn_id",
-        "finished",
         "log",
         "out",
-        "received",
-        "requeued",
         "scope",
         "send_lock",
         "stream",
@@ -62,9 +62,6 @@ class Conn:
         self.tls_pending: bytes | None = None
         self.bytes_in = 0
         self.bytes_out = 0
-        self.received = 0
-        self.finished = 0
-        self.requeued = 0
 
 
 class ConsumerConnections:
@@ -75,7 +72,7 @@ class ConsumerConnections:
     _options: TransportOptions
     _conns: dict[int, Conn]
     _http: dict[int, anyio.CancelScope]
-    _seen: set[NSQDAddress]
+    _connects: Counter[str]
     _reconnects: int
 
     if TYPE_CHECKING:
@@ -88,9 +85,9 @@ class ConsumerConnections:
 
     def _open_connection(self, action: Connect) -> None:
         address = action.address
-        if address in self._seen:
+        if self._connects[str(address)]:
             self._reconnects += 1
-        self._seen.add(address)
+        self._connects[str(address)] += 1
         conn = Conn(action.conn_id, address, self._log_for(address))
         self._conns[action.conn_id] = conn
         self._spawn(self._connection, conn)
@@ -147,6 +144,7 @@ class ConsumerConnections:
                         tls.server_hostname(conn.address.host),
                         trailing,
                         self._options.connect_timeout,
+                        address=str(conn.address),
                     )
                 conn.stream = stream
                 receive = stream.receive
@@ -158,7 +156,7 @@ class ConsumerConnections:
                 data = b""
             conn.bytes_in += len(data)
             coord.receive_data(conn_id, data, monotonic())
-            conn.received += dispatch()
+            dispatch()
             if not data:
                 # The coordinator has closed it (CloseConnection); the writer flushes and ends
                 # the task, even if nothing was decided.
@@ -212,6 +210,7 @@ class ConsumerConnections:
                             self._options.tls.server_hostname(lookupd.host),
                             b"",
                             self._options.connect_timeout,
+                            address=str(lookupd),
                         )
                     await stream.send(action.data)
                     while True:

@@ -71,7 +71,7 @@ def _message_json(msg: Any, topic: str, channel: str) -> str:
         "channel": channel,
         "timestamp": msg.timestamp,
         "attempts": msg.attempts,
-        "nsqd": msg.address,
+        "nsqd": msg.nsqd_address,
     }
     try:
         record["body"] = body.decode("utf-8")

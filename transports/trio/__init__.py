@@ -19,24 +19,19 @@ from __future__ import annotations
 
 import sniffio
 
-from nsq_sansio.errors import LocalProtocolError
-from transports._common import (
-    ConnectionStats,
-    ConsumerStats,
-    HTTPPublishError,
-    ProducerStats,
-    TLSOptions,
-)
+from nsq_sansio.errors import HTTPPublishError, LocalProtocolError, NoNSQDAvailable
+from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 from transports.anyio import consumer as _consumer
 from transports.anyio import http as _http
 from transports.anyio import producer as _producer
-from transports.anyio.consumer import KeepaliveExpired, Message, drain_on_signals
-from transports.anyio.producer import NoNSQDAvailable
+from transports.anyio.consumer import EventCallback, KeepaliveExpired, Message, drain_on_signals
+from transports.anyio.producer import PublishObserver
 
 __all__ = [
     "ConnectionStats",
     "Consumer",
     "ConsumerStats",
+    "EventCallback",
     "HTTPProducer",
     "HTTPPublishError",
     "KeepaliveExpired",
@@ -44,6 +39,7 @@ __all__ = [
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",
+    "PublishObserver",
     "TLSOptions",
     "drain_on_signals",
 ]
