@@ -21,10 +21,7 @@ RUNNER = Path(__file__).resolve().parent / "page_runner.py"
 # Their test is an expected failure (not strict, so a fixed page shows as XPASS); the
 # coordinator empties this set after merging those branches.
 PENDING_PAGES = {
-    "docs/consumer.md",
-    "docs/producers.md",
     "docs/simulator.md",
-    "docs/transports.md",
 }
 
 

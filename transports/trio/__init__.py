@@ -17,15 +17,21 @@ classes only make sure they are used inside ``trio.run`` and say so clearly othe
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import sniffio
 
+from nsq_sansio.admin import AdminRequest
 from nsq_sansio.errors import HTTPPublishError, LocalProtocolError, NoNSQDAvailable
 from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
+from transports.anyio import admin as _admin
 from transports.anyio import consumer as _consumer
 from transports.anyio import http as _http
 from transports.anyio import producer as _producer
 from transports.anyio.consumer import EventCallback, KeepaliveExpired, Message, drain_on_signals
 from transports.anyio.producer import PublishObserver
+
+_T = TypeVar("_T")
 
 __all__ = [
     "ConnectionStats",
@@ -35,7 +41,9 @@ __all__ = [
     "HTTPProducer",
     "HTTPPublishError",
     "KeepaliveExpired",
+    "LookupdAdmin",
     "Message",
+    "NSQDAdmin",
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",
@@ -84,3 +92,21 @@ class HTTPProducer(_http.HTTPProducer):
         _require_trio("HTTPProducer")
         await super().__aenter__()
         return self
+
+
+class NSQDAdmin(_admin.NSQDAdmin):
+    """:class:`transports.anyio.NSQDAdmin`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and answers are the same."""
+
+    async def _call(self, request: AdminRequest[_T]) -> _T:
+        _require_trio("NSQDAdmin")
+        return await super()._call(request)
+
+
+class LookupdAdmin(_admin.LookupdAdmin):
+    """:class:`transports.anyio.LookupdAdmin`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and answers are the same."""
+
+    async def _call(self, request: AdminRequest[_T]) -> _T:
+        _require_trio("LookupdAdmin")
+        return await super()._call(request)
