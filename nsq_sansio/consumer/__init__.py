@@ -77,6 +77,7 @@ from .actions import (
     Deliver,
     Disconnected,
     DrainComplete,
+    DrainTimedOut,
     FetchEnd,
     FetchResult,
     GiveUp,
@@ -84,6 +85,7 @@ from .actions import (
     SendHTTPRequest,
     StartTLS,
     TakenBack,
+    TopicNotFound,
 )
 from .coordinator import ConsumerCoordinator
 from .drain import CLOSE_WAIT_GRACE
@@ -104,6 +106,7 @@ __all__ = [
     "Deliver",
     "Disconnected",
     "DrainComplete",
+    "DrainTimedOut",
     "FetchEnd",
     "FetchResult",
     "GiveUp",
@@ -113,4 +116,5 @@ __all__ = [
     "SendHTTPRequest",
     "StartTLS",
     "TakenBack",
+    "TopicNotFound",
 ]

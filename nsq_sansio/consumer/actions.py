@@ -4,7 +4,8 @@ Connections (:class:`Connect`, :class:`StartTLS`, :class:`CloseConnection`), loo
 (:class:`SendHTTPRequest`, :class:`CloseHTTPRequest`), messages for the user (:class:`Deliver`,
 the handle they answer with, and :class:`FetchResult` in pull mode), and reports
 (:class:`GiveUp`, :class:`TakenBack`, :class:`ConnectionUp`, :class:`Disconnected`,
-:class:`LookupdFailed`, :class:`DrainComplete`, :class:`ConsumerFailed`). :data:`Action` is
+:class:`LookupdFailed`, :class:`TopicNotFound`, :class:`DrainTimedOut`, :class:`DrainComplete`,
+:class:`ConsumerFailed`). :data:`Action` is
 their union. This module decides nothing; it only defines the vocabulary.
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "Deliver",
     "Disconnected",
     "DrainComplete",
+    "DrainTimedOut",
     "FetchEnd",
     "FetchResult",
     "GiveUp",
@@ -35,6 +37,7 @@ __all__ = [
     "SendHTTPRequest",
     "StartTLS",
     "TakenBack",
+    "TopicNotFound",
 ]
 
 _new_tuple = tuple.__new__
@@ -184,6 +187,25 @@ class LookupdFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicNotFound:
+    """``lookupd`` lists no nsqd for the consumer's ``topic`` (it does not know the topic, or
+    no nsqd has it now), and no other lookupd lists one: nothing to consume until an nsqd has
+    the topic. Reported once, and again only after some lookupd listed a producer."""
+
+    lookupd: LookupdAddress
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainTimedOut:
+    """The drain's deadline passed while the user still held ``messages`` (handlers still
+    running, messages not answered): each was requeued (``REQ 0``) just now, so nsqd delivers
+    it again; answering one of them now gives a :class:`TakenBack`."""
+
+    messages: tuple[Deliver, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DrainComplete:
     """Drain finished: every connection is closed and nothing is left in flight."""
 
@@ -233,7 +255,9 @@ Action = (
     | ConnectionUp
     | Disconnected
     | LookupdFailed
+    | TopicNotFound
     | FetchResult
+    | DrainTimedOut
     | DrainComplete
     | ConsumerFailed
 )

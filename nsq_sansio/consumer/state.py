@@ -129,16 +129,21 @@ class CoordinatorState:
         self.requeued = 0
         self.given_up = 0
         self.taken_back = 0
+        #: lookupd answers that listed no nsqd for the topic (TopicNotFound says it once).
+        self.topic_not_found = 0
+        self._topic_reported = False
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: messages received, finished, requeued, given up, taken back."""
+        """Counters: messages received, finished, requeued, given up, taken back, and lookupd
+        answers that listed no nsqd for the topic."""
         return {
             "received": self.received,
             "finished": self.finished,
             "requeued": self.requeued,
             "given_up": self.given_up,
             "taken_back": self.taken_back,
+            "topic_not_found": self.topic_not_found,
         }
 
     # --- introspection -------------------------------------------------------------------------
@@ -297,7 +302,8 @@ class CoordinatorState:
                 delivery.id,
                 command,
                 MessageGone(
-                    f"{command} for message {delivery.id!r} from {delivery.address}: "
+                    f"{command} for message {delivery.id.decode('ascii', 'replace')} from "
+                    f"{delivery.address}: "
                     "it is no longer in flight on this consumer (connection closed, requeued "
                     "by drain, or delivered again after timing out)"
                 ),

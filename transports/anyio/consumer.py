@@ -45,28 +45,45 @@ from nsq_sansio.consumer import (
     Deliver,
     Disconnected,
     DrainComplete,
+    DrainTimedOut,
     FetchEnd,
     FetchResult,
     SendHTTPRequest,
     StartTLS,
 )
 from nsq_sansio.errors import ConfigError, LocalProtocolError
-from transports._common import ConnectionLogger, ConnectionStats, ConsumerStats, split_options
+from transports._common import (
+    ConnectionLogger,
+    ConnectionStats,
+    ConsumerStats,
+    DrainResult,
+    split_options,
+)
 from transports._common.arguments import check_seconds
 from transports._common.message import KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     EventCallback,
     log_consumer_report,
+    log_drain_timed_out,
     log_fetch_refused,
     log_handler_failed,
+    log_paused,
     log_signal_drain,
+    log_signal_stop,
 )
 
 from ._consumer_io import Conn, ConsumerConnections
 from ._groups import sole_error
 from .message import Message
 
-__all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message", "drain_on_signals"]
+__all__ = [
+    "Consumer",
+    "DrainResult",
+    "EventCallback",
+    "KeepaliveExpired",
+    "Message",
+    "drain_on_signals",
+]
 
 _log = logging.getLogger("nsq_sansio.anyio.consumer")
 
@@ -157,6 +174,14 @@ class Consumer(ConsumerConnections):
         #: and at exit if never seen.
         self._failure: Exception | None = None
         self._failure_raised = False
+        #: run()'s handlers under way (cancelled at the drain's deadline), by cancel scope.
+        self._handlers: dict[anyio.CancelScope, Message] = {}
+        #: The drain: when its deadline passes, its timeout, and what it reports.
+        self._drain_ends = math.inf
+        self._drain_timeout = 0.0
+        self._drain_held: list[bytes] = []
+        self._drain_cancelled: list[bytes] = []
+        self._handlers_cut = False
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -172,6 +197,8 @@ class Consumer(ConsumerConnections):
         self._coord.start(monotonic())
         self._spawn(self._pump)
         self._dispatch()
+        if self._coord.max_in_flight == 0:
+            log_paused(self._logger, self.topic, self.channel, 0)
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -216,6 +243,7 @@ class Consumer(ConsumerConnections):
 
     def _stop_tasks(self) -> None:
         self._closed = True
+        self._cancel_handlers()
         for scope in list(self._task_scopes):
             scope.cancel()
         self._wake_readers()
@@ -235,11 +263,9 @@ class Consumer(ConsumerConnections):
 
     async def _shutdown(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_timeout):
-            if self._coord.state is ConsumerState.RUNNING:
+            if self._coord.state in (ConsumerState.RUNNING, ConsumerState.DRAINING):
+                # Answer what is left at once (a drain under way ends now, not at its deadline).
                 self._start_drain(0.0)
-            elif self._coord.state is ConsumerState.DRAINING:
-                # Answer what is left at once rather than waiting for a long drain timeout.
-                self._coord.drain(monotonic(), 0.0)
             self._kick()
             if self._coord.state is not ConsumerState.CREATED:
                 await self._drained.wait()
@@ -249,35 +275,118 @@ class Consumer(ConsumerConnections):
                     await anyio.sleep(0.002)
 
     def _start_drain(self, timeout: float | None) -> None:
+        """Start the drain, or, while draining, move its deadline sooner (0: now)."""
+        now = monotonic()
         # Messages in the inbox were never handed to user code: the coordinator requeues them
         # at once (it cannot tell them from those the user holds unless told).
-        self._coord.drain(monotonic(), timeout, unseen=self._inbox)
+        self._coord.drain(now, timeout, unseen=self._inbox)
         self._inbox.clear()
+        limit = self._coord.config.drain_timeout if timeout is None else timeout
+        if now + limit < self._drain_ends:
+            self._drain_ends = now + limit
+            self._drain_timeout = limit
+            if limit > 0 and not self._closed:
+                self._spawn(self._drain_deadline, self._drain_ends)
         self._wake_readers()
-        self._dispatch()
+        self._dispatch()  # a deadline now: the coordinator reported what it took back
+        if now >= self._drain_ends:
+            self._cut_handlers()
         self._kick()
+
+    async def _drain_deadline(self, deadline: float) -> None:
+        """At the drain's deadline: what user code holds is requeued now and run()'s handlers
+        still running are cancelled (the core's own timer may have done the first part)."""
+        await anyio.sleep(max(deadline - monotonic(), 0.0))
+        if self._coord.state is ConsumerState.DRAINING:
+            self._coord.drain(monotonic(), 0.0)
+            self._dispatch()
+        self._cut_handlers()
+        self._kick()
+
+    def _cut_handlers(self) -> None:
+        """The drain's deadline passed: cancel run()'s handlers still running (their messages
+        were requeued), and say what the deadline took back, once."""
+        if self._handlers_cut:
+            return
+        self._handlers_cut = True
+        cancelled = self._cancel_handlers()
+        self._drain_cancelled.extend(cancelled)
+        log_drain_timed_out(
+            self._logger, timeout=self._drain_timeout, held=self._drain_held, cancelled=cancelled
+        )
+
+    def _cancel_handlers(self) -> list[bytes]:
+        """Cancel every run() handler under way; the ids of their messages."""
+        ids = []
+        for scope, message in list(self._handlers.items()):
+            scope.cancel()
+            ids.append(message.id)
+        return ids
+
+    def _cancellable(
+        self, handler: Callable[[Message], Awaitable[object]]
+    ) -> Callable[[Message], Awaitable[object]]:
+        """``handler``, run in a cancel scope the drain's deadline (or the consumer's end)
+        cancels. A handler cut short that way returns None, its message answered already: the
+        drain requeued it, so nothing is sent for it afterwards (no late FIN)."""
+        handlers = self._handlers
+
+        async def call(message: Message) -> object:
+            with anyio.CancelScope() as scope:
+                handlers[scope] = message
+                try:
+                    return await handler(message)
+                finally:
+                    del handlers[scope]
+            self._handler_cut(message)
+            return None
+
+        return call
+
+    def _handler_cut(self, message: Message) -> None:
+        """A handler was cancelled by the drain's deadline or the consumer's end."""
+        if message.answered:
+            return
+        message.answered = True
+        if self._coord.deadline(message._delivery) is None:
+            message._late = True  # requeued by the drain (or nsqd took it back)
+        else:  # still ours: give it back now rather than at nsqd's timeout
+            self._coord.requeue(message._delivery, monotonic(), 0.0, backoff=False)
+            self._kick()
+
+    def _drain_result(self) -> DrainResult:
+        cancelled = tuple(self._drain_cancelled)
+        running = tuple(m.id for m in list(self._handlers.values()) if m.id not in cancelled)
+        return DrainResult(tuple(self._drain_held), cancelled, running)
 
     def start_drain(self, timeout: float | None = None) -> None:
         """Begin a graceful drain and return at once (safe in a handler: see :meth:`drain`).
 
         RDY 0 everywhere, messages not yet handed to user code are requeued, messages in user
-        code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then CLS.
-        A bad ``timeout`` raises LocalProtocolError here and changes nothing.
+        code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then they
+        are requeued, run()'s handlers still running are cancelled, and CLS. While draining, a
+        ``timeout`` that ends sooner moves the deadline (``0``: stop now). A bad ``timeout``
+        raises LocalProtocolError here and changes nothing.
         """
         if timeout is not None:
             check_seconds("drain timeout", timeout)
         if self._tg is None:
             raise LocalProtocolError("drain before the consumer was started")
         self._draining = True
-        if self._coord.state is ConsumerState.RUNNING:
+        if self._coord.state is ConsumerState.RUNNING or (
+            self._coord.state is ConsumerState.DRAINING and timeout is not None
+        ):
             self._start_drain(timeout)
 
-    async def drain(self, timeout: float | None = None) -> None:
+    async def drain(self, timeout: float | None = None) -> DrainResult:
         """Graceful shutdown (see :meth:`start_drain`); returns once it is over and every
-        connection is closed. Not from a handler of this consumer (the drain waits for that
-        handler's message): call :meth:`start_drain` there."""
+        connection is closed, with what the deadline cut short (:class:`DrainResult`: the
+        messages it requeued, the run() handlers it cancelled). Called again while draining,
+        a sooner deadline wins (``0``: now). Not from a handler of this consumer (the drain
+        waits for that handler's message): call :meth:`start_drain` there."""
         self.start_drain(timeout)
         await self._drained.wait()
+        return self._drain_result()
 
     @property
     def draining(self) -> bool:
@@ -295,7 +404,10 @@ class Consumer(ConsumerConnections):
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change max_in_flight at run time (0 pauses); RDY is redistributed at once.
         A bad value raises (ConfigError) here and changes nothing."""
+        before = self._coord.max_in_flight
         self._coord.set_max_in_flight(max_in_flight, monotonic())
+        if (before == 0) != (max_in_flight == 0):
+            log_paused(self._logger, self.topic, self.channel, max_in_flight)
         self._kick()
 
     def is_starved(self) -> bool:
@@ -377,6 +489,7 @@ class Consumer(ConsumerConnections):
             raise LocalProtocolError(f"run() handler must be callable, got {handler!r}")
         if self._tg is None:
             raise LocalProtocolError("run() before the consumer was started")
+        handler = self._cancellable(handler)  # cancelled at the drain's deadline
         logger = self._logger
 
         inbox = self._inbox
@@ -500,15 +613,35 @@ class Consumer(ConsumerConnections):
     # --- signals -------------------------------------------------------------------------------
 
     async def _signal_loop(
-        self, scope: anyio.CancelScope, signals: Sequence[int], timeout: float | None
+        self,
+        scope: anyio.CancelScope,
+        signals: Sequence[int],
+        timeout: float | None,
+        block: anyio.CancelScope,
     ) -> None:
+        """The first signal drains; one more during the drain stops at once and cancels the
+        ``drain_on_signals`` block; then the receiver closes, so a third signal gets the
+        runtime's own handling (trio's KeyboardInterrupt for Ctrl-C...)."""
         with scope, anyio.open_signal_receiver(*map(signal.Signals, signals)) as receiver:
             async for signum in receiver:
-                log_signal_drain(self._logger, signum)
-                if self._coord.state is ConsumerState.RUNNING:
+                if not self.draining:
+                    limit = self._coord.config.drain_timeout if timeout is None else timeout
+                    log_signal_drain(self._logger, signum, limit)
                     self._draining = True
                     self._start_drain(timeout)
+                    continue
+                log_signal_stop(self._logger, signum)
+                self._stop_now()
+                block.cancel()
                 return
+
+    def _stop_now(self) -> None:
+        """Stop at once: what user code holds is requeued, run()'s handlers are cancelled."""
+        self._draining = True
+        if self._coord.state in (ConsumerState.RUNNING, ConsumerState.DRAINING):
+            self._start_drain(0.0)
+        else:
+            self._cut_handlers()
 
     # --- stats ---------------------------------------------------------------------------------
 
@@ -555,6 +688,8 @@ class Consumer(ConsumerConnections):
             reconnects=self._reconnects,
             connection_errors=self._connection_errors,
             connections=tuple(connections),
+            paused=coord.max_in_flight == 0,
+            topic_not_found=counters["topic_not_found"],
         )
 
     # --- internals: plumbing -------------------------------------------------------------------
@@ -713,10 +848,16 @@ class Consumer(ConsumerConnections):
         elif isinstance(action, DrainComplete):
             self._drained.set()
             self._wake_readers()
+        elif isinstance(action, DrainTimedOut):
+            self._drain_held.extend(delivery.id for delivery in action.messages)
+            self._emit(action)
+            self._cut_handlers()
         elif isinstance(action, ConsumerFailed):
-            # Terminal: every connection is closed; whoever waits for messages raises it.
+            # Terminal: every connection is closed (what was in flight requeued); whoever
+            # waits for messages raises it; run()'s handlers are cancelled.
             self._failure = action.error
             self._report(action)
+            self._cancel_handlers()
             self._drained.set()
             self._wake_readers()
         elif isinstance(action, Disconnected):
@@ -759,17 +900,22 @@ async def drain_on_signals(
     consumer: Consumer, *signals: int, timeout: float | None = None
 ) -> AsyncIterator[None]:
     """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start ``consumer``'s drain
-    (with ``timeout``). A bad ``timeout`` raises LocalProtocolError here, not later in the
-    signal task::
+    (with ``timeout``). One more signal during the drain stops at once: what user code holds
+    is requeued, run()'s handlers are cancelled, and the block is cancelled (the code after it
+    runs, as after ``move_on_after``); a third gets the runtime's own handling. A bad
+    ``timeout`` raises LocalProtocolError here, not later in the signal task::
 
         async with Consumer(...) as c, drain_on_signals(c):
             await c.run(handler)        # returns once the drain finished
     """
     if timeout is not None:
         check_seconds("drain timeout", timeout)
-    scope = anyio.CancelScope()
-    consumer._spawn(consumer._signal_loop, scope, signals or _default_signals(), timeout)
-    try:
-        yield
-    finally:
-        scope.cancel()
+    receiver = anyio.CancelScope()
+    with anyio.CancelScope() as block:
+        consumer._spawn(
+            consumer._signal_loop, receiver, signals or _default_signals(), timeout, block
+        )
+        try:
+            yield
+        finally:
+            receiver.cancel()
