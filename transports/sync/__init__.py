@@ -71,8 +71,11 @@ Threads and guarantees:
   as on the async runtime (``LocalProtocolError``...), see ``docs/transports.md``.
 * ``drain()`` / ``start_drain()`` / :func:`drain_on_signals`: RDY 0 everywhere, messages not yet
   handed to user code are requeued at once, messages in user code get ``timeout`` seconds to be
-  answered, then CLS and close. Leaving the ``with`` block does the same with no grace: every
-  unanswered message is requeued, and every thread of ours is joined.
+  answered, then they are requeued (a ``run()`` handler still running is left to its thread,
+  which cannot be cancelled: reported in the log and in the ``DrainResult`` ``drain()``
+  returns), CLS and close. A second signal during the drain stops at once. Leaving the
+  ``with`` block does the same with no grace: every unanswered message is requeued, and every
+  thread of ours is joined (but a handler's still running).
 * Producer: many publishes in flight per connection, answers matched in order; ``max_pending``
   bounds unanswered publishes (a call beyond it blocks, then raises ``TimeoutError``); a
   publish whose connection died is sent again (another nsqd first), until its ``timeout``;
