@@ -174,8 +174,10 @@ class Consumer(ConsumerConnections):
         #: and at exit if never seen.
         self._failure: Exception | None = None
         self._failure_raised = False
-        #: run()'s handlers under way (cancelled at the drain's deadline), by cancel scope.
-        self._handlers: dict[anyio.CancelScope, Message] = {}
+        #: The messages run()'s handlers are handling, and the cancel scope of each of its
+        #: workers (one per worker, not per message): the drain's deadline cancels them.
+        self._handlers: dict[Message, None] = {}
+        self._workers: set[anyio.CancelScope] = set()
         #: The drain: when its deadline passes, its timeout, and what it reports.
         self._drain_ends = math.inf
         self._drain_timeout = 0.0
@@ -316,30 +318,41 @@ class Consumer(ConsumerConnections):
         )
 
     def _cancel_handlers(self) -> list[bytes]:
-        """Cancel every run() handler under way; the ids of their messages."""
-        ids = []
-        for scope, message in list(self._handlers.items()):
+        """Cancel run()'s workers (their handlers, at the next ``await``: run() returns); the
+        ids of the messages their handlers were handling."""
+        for scope in list(self._workers):
             scope.cancel()
-            ids.append(message.id)
-        return ids
+        return [message.id for message in list(self._handlers)]
 
-    def _cancellable(
+    async def _cancellable(self, worker: Callable[[], Awaitable[None]]) -> None:
+        """One of run()'s workers, in a cancel scope the drain's deadline (or the consumer's
+        end) cancels: one scope per worker, nothing per message."""
+        with anyio.CancelScope() as scope:
+            self._workers.add(scope)
+            try:
+                await worker()
+            finally:
+                self._workers.discard(scope)
+
+    def _tracked(
         self, handler: Callable[[Message], Awaitable[object]]
     ) -> Callable[[Message], Awaitable[object]]:
-        """``handler``, run in a cancel scope the drain's deadline (or the consumer's end)
-        cancels. A handler cut short that way returns None, its message answered already: the
-        drain requeued it, so nothing is sent for it afterwards (no late FIN)."""
+        """``handler``, noting the message it handles (so the drain can say which handlers it
+        cancelled). Cancelled by the drain's deadline, its message is answered already (the
+        drain requeued it): it is marked so, and nothing is sent for it (no late FIN)."""
         handlers = self._handlers
+        cancelled = anyio.get_cancelled_exc_class()
 
         async def call(message: Message) -> object:
-            with anyio.CancelScope() as scope:
-                handlers[scope] = message
-                try:
-                    return await handler(message)
-                finally:
-                    del handlers[scope]
-            self._handler_cut(message)
-            return None
+            handlers[message] = None
+            try:
+                return await handler(message)
+            except cancelled:
+                if self._handlers_cut or self._closed or self._failure is not None:
+                    self._handler_cut(message)
+                raise
+            finally:
+                del handlers[message]
 
         return call
 
@@ -356,7 +369,7 @@ class Consumer(ConsumerConnections):
 
     def _drain_result(self) -> DrainResult:
         cancelled = tuple(self._drain_cancelled)
-        running = tuple(m.id for m in list(self._handlers.values()) if m.id not in cancelled)
+        running = tuple(m.id for m in list(self._handlers) if m.id not in cancelled)
         return DrainResult(tuple(self._drain_held), cancelled, running)
 
     def start_drain(self, timeout: float | None = None) -> None:
@@ -489,7 +502,7 @@ class Consumer(ConsumerConnections):
             raise LocalProtocolError(f"run() handler must be callable, got {handler!r}")
         if self._tg is None:
             raise LocalProtocolError("run() before the consumer was started")
-        handler = self._cancellable(handler)  # cancelled at the drain's deadline
+        handler = self._tracked(handler)  # the drain says which handlers it cancelled
         logger = self._logger
 
         inbox = self._inbox
@@ -522,7 +535,7 @@ class Consumer(ConsumerConnections):
         try:
             async with anyio.create_task_group() as tg:
                 for _ in range(concurrency):
-                    tg.start_soon(worker)
+                    tg.start_soon(self._cancellable, worker)  # cancelled at the drain's deadline
         except BaseException as raised:  # a handler raised a BaseException (KeyboardInterrupt)
             error = sole_error(raised)
             if error is None or error is raised:

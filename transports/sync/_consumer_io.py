@@ -139,9 +139,11 @@ class ConsumerIO:
         #: The error the consumer failed with (ConsumerFailed: nsqd refused the
         #: configuration); raised by iteration, get(), run(), fetch(), and at exit if unseen.
         self.failure: NSQError | None = None
-        #: run()'s handlers under way: their message -> the thread's name (written by the
-        #: worker threads, read here: a thread cannot be cancelled, so the drain reports them).
-        self.handlers: dict[Message, str] = {}
+        #: run()'s handlers under way: their message -> the thread's ident (written by the
+        #: worker threads, read here: a thread cannot be cancelled, so the drain reports them),
+        #: and the workers' names by ident.
+        self.handlers: dict[Message, int] = {}
+        self.worker_names: dict[int, str] = {}
         #: The drain (set by the thread that asks for it): when its deadline passes (monotonic)
         #: and its timeout; what its deadline took back, and the handlers already reported.
         self.drain_ends = math.inf
@@ -584,7 +586,7 @@ class ConsumerIO:
             thread = self.handlers.get(message)
             if thread is not None:
                 message.answered = True
-                running[message.id] = thread
+                running[message.id] = self.worker_names.get(thread, str(thread))
                 self.reported_running.add(message)
         ids = [delivery.id for delivery in action.messages]
         self.drain_held.extend(ids)

@@ -251,7 +251,7 @@ class Consumer:
         current = threading.current_thread()
         busy = set(io.handlers.values())  # a thread cannot be cancelled: not waited for
         for worker in self._workers:
-            if worker is not current and worker.name not in busy:
+            if worker is not current and worker.ident not in busy:
                 worker.join(5.0)
         self._report_left_running()
         for future in list(io.fetches.values()):
@@ -367,6 +367,8 @@ class Consumer:
         self._workers.extend(workers)
         for worker in workers:
             worker.start()
+            assert worker.ident is not None
+            self._io.worker_names[worker.ident] = worker.name
         try:
             self._wait_for(workers)
         except KeyboardInterrupt:
@@ -387,13 +389,14 @@ class Consumer:
     def _tracked(self, handler: Callable[[Message], object]) -> Callable[[Message], object]:
         """``handler``, noted in the IO side's ``handlers`` while it runs (by thread)."""
         handlers = self._io.handlers
+        thread = threading.get_ident
 
         def call(message: Message) -> object:
-            handlers[message] = threading.current_thread().name
+            handlers[message] = thread()
             try:
                 return handler(message)
             finally:
-                handlers.pop(message, None)
+                del handlers[message]
 
         return call
 
@@ -413,7 +416,7 @@ class Consumer:
             if left <= 0 or math.isinf(left):  # over (or failed: no deadline to wait for)
                 busy = set(io.handlers.values())
                 for worker in alive:
-                    if worker.name not in busy:
+                    if worker.ident not in busy:
                         worker.join(1.0)  # idle: it ends at once
                 return
             alive[0].join(min(left, 0.5))
@@ -424,10 +427,13 @@ class Consumer:
         io = self._io
         if not io.drained.is_set():
             return
-        left = {m: name for m, name in list(io.handlers.items()) if m not in io.reported_running}
+        left = {m: t for m, t in list(io.handlers.items()) if m not in io.reported_running}
         if left:
             io.reported_running.update(left)
-            log_handlers_left_running(io.logger, {m.id: name for m, name in left.items()})
+            names = io.worker_names
+            log_handlers_left_running(
+                io.logger, {m.id: names.get(t, str(t)) for m, t in left.items()}
+            )
 
     def fetch(
         self, batch: int, timeout: float | None = 5.0, *, no_wait: bool = False
