@@ -174,10 +174,10 @@ class Consumer(ConsumerConnections):
         #: and at exit if never seen.
         self._failure: Exception | None = None
         self._failure_raised = False
-        #: The messages run()'s handlers are handling, and the cancel scope of each of its
-        #: workers (one per worker, not per message): the drain's deadline cancels them.
-        self._handlers: dict[Message, None] = {}
-        self._workers: set[anyio.CancelScope] = set()
+        #: run()'s workers: each one's cancel scope (the drain's deadline cancels them) and the
+        #: one-item list holding the message it last handed to its handler (one not answered
+        #: is in its handler still: a worker answers as soon as its handler returns or raises).
+        self._workers: dict[anyio.CancelScope, list[Message | None]] = {}
         #: The drain: when its deadline passes, its timeout, and what it reports.
         self._drain_ends = math.inf
         self._drain_timeout = 0.0
@@ -319,42 +319,32 @@ class Consumer(ConsumerConnections):
 
     def _cancel_handlers(self) -> list[bytes]:
         """Cancel run()'s workers (their handlers, at the next ``await``: run() returns); the
-        ids of the messages their handlers were handling."""
-        for scope in list(self._workers):
+        ids of the messages their handlers had not answered, now marked answered (the drain or
+        the failure requeued them; nothing is sent for them afterwards: no late FIN)."""
+        ids = []
+        for scope, slot in list(self._workers.items()):
             scope.cancel()
-        return [message.id for message in list(self._handlers)]
+            message = slot[0]
+            if message is not None and not message.answered:
+                ids.append(message.id)
+                self._handler_cut(message)
+        return ids
 
-    async def _cancellable(self, worker: Callable[[], Awaitable[None]]) -> None:
+    def _handled(self) -> list[Message]:
+        """The messages run()'s handlers hold now (handed to them, not answered yet)."""
+        held = [slot[0] for slot in list(self._workers.values())]
+        return [m for m in held if m is not None and not m.answered]
+
+    async def _cancellable(self, worker: Callable[[list[Message | None]], Awaitable[None]]) -> None:
         """One of run()'s workers, in a cancel scope the drain's deadline (or the consumer's
-        end) cancels: one scope per worker, nothing per message."""
+        end) cancels, with the slot it notes its message in: nothing per message but a store."""
+        slot: list[Message | None] = [None]
         with anyio.CancelScope() as scope:
-            self._workers.add(scope)
+            self._workers[scope] = slot
             try:
-                await worker()
+                await worker(slot)
             finally:
-                self._workers.discard(scope)
-
-    def _tracked(
-        self, handler: Callable[[Message], Awaitable[object]]
-    ) -> Callable[[Message], Awaitable[object]]:
-        """``handler``, noting the message it handles (so the drain can say which handlers it
-        cancelled). Cancelled by the drain's deadline, its message is answered already (the
-        drain requeued it): it is marked so, and nothing is sent for it (no late FIN)."""
-        handlers = self._handlers
-        cancelled = anyio.get_cancelled_exc_class()
-
-        async def call(message: Message) -> object:
-            handlers[message] = None
-            try:
-                return await handler(message)
-            except cancelled:
-                if self._handlers_cut or self._closed or self._failure is not None:
-                    self._handler_cut(message)
-                raise
-            finally:
-                del handlers[message]
-
-        return call
+                del self._workers[scope]
 
     def _handler_cut(self, message: Message) -> None:
         """A handler was cancelled by the drain's deadline or the consumer's end."""
@@ -368,9 +358,8 @@ class Consumer(ConsumerConnections):
             self._kick()
 
     def _drain_result(self) -> DrainResult:
-        cancelled = tuple(self._drain_cancelled)
-        running = tuple(m.id for m in list(self._handlers) if m.id not in cancelled)
-        return DrainResult(tuple(self._drain_held), cancelled, running)
+        running = tuple(m.id for m in self._handled())
+        return DrainResult(tuple(self._drain_held), tuple(self._drain_cancelled), running)
 
     def start_drain(self, timeout: float | None = None) -> None:
         """Begin a graceful drain and return at once (safe in a handler: see :meth:`drain`).
@@ -502,14 +491,13 @@ class Consumer(ConsumerConnections):
             raise LocalProtocolError(f"run() handler must be callable, got {handler!r}")
         if self._tg is None:
             raise LocalProtocolError("run() before the consumer was started")
-        handler = self._tracked(handler)  # the drain says which handlers it cancelled
         logger = self._logger
 
         inbox = self._inbox
         conns = self._conns
         waiters = self._waiters
 
-        async def worker() -> None:
+        async def worker(slot: list[Message | None]) -> None:
             while True:
                 if inbox:  # fast path, as in __anext__
                     delivery = inbox.popleft()
@@ -522,6 +510,7 @@ class Consumer(ConsumerConnections):
                     msg = await self._next_message()
                 if msg is None:
                     return
+                slot[0] = msg  # the drain's deadline says whose handler it cancelled
                 try:
                     await handler(msg)
                 except Exception:
