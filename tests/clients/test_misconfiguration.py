@@ -1,8 +1,9 @@
 """On every runtime, a misconfiguration is one clear error, not a reconnect loop: a consumer or
-a producer pointed at nsqd's HTTP port, TLS asked of an nsqd without it, a delay given in
-milliseconds. Each fails once, names the address (or the seconds and the limit), and makes
-one connection attempt (counted through a forwarding proxy), against the embedded nsqd and,
-where the behaviour is nsqd's, the real one (skipped without the binaries)."""
+a producer pointed at nsqd's HTTP port, TLS (or snappy, deflate) asked of an nsqd without it,
+an nsqd requiring AUTH of a client without a secret, a delay given in milliseconds. Each fails
+once, names the address (or the seconds and the limit), and makes one connection attempt
+(counted through a forwarding proxy), against the embedded nsqd and, where the behaviour is
+nsqd's, the real one (skipped without the binaries)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,14 @@ from support.proxy import CountingProxy
 from support.runtimes import Runtime
 
 from nsq_sansio.consumer import ConsumerFailed, Disconnected
-from nsq_sansio.errors import DelayOutOfRange, IncompatibleNSQD, TLSUnavailable, WrongPort
+from nsq_sansio.errors import (
+    AuthSecretMissing,
+    CompressionUnavailable,
+    DelayOutOfRange,
+    IncompatibleNSQD,
+    TLSUnavailable,
+    WrongPort,
+)
 from transports.testing.real_nsq import RealNSQD, nsqd_flags
 
 pytestmark = pytest.mark.anyio
@@ -131,6 +139,41 @@ async def test_tls_asked_of_an_nsqd_without_it_fails_once(
             with anyio.fail_after(20), pytest.raises(TLSUnavailable):
                 await producer.publish(unique(), b"x")
             await anyio.sleep(0.5)
+            assert proxy.accepted == 2  # the producer's one attempt
+        one_error_line(caplog, proxy.address)
+
+
+#: What a client asks that an nsqd started with these options cannot give: the client's
+#: options, nsqd's, the error expected and a phrase of its text. nsqd's auth server is never
+#: asked (no AUTH is sent without a secret): an address that answers nothing will do.
+UNMET = {
+    "snappy": ({"snappy": True}, {"snappy": False}, CompressionUnavailable, "snappy compression"),
+    "deflate": ({"deflate": True}, {"deflate": False}, CompressionUnavailable, "deflate"),
+    "auth": ({}, {"auth_http_addresses": ["127.0.0.1:1"]}, AuthSecretMissing, "requires AUTH"),
+}
+
+
+@pytest.mark.parametrize("kind", BROKER_KINDS)
+@pytest.mark.parametrize("feature", list(UNMET))
+async def test_a_feature_nsqd_cannot_serve_fails_once(
+    feature: str, kind: str, runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Snappy or deflate asked of an nsqd with it turned off, or an nsqd requiring AUTH of a
+    client without a secret: fatal at the first attempt, as IdentifyRejected is (not retried),
+    for a consumer and a producer alike, the address named once."""
+    client, server, expected, phrase = UNMET[feature]
+    caplog.set_level(logging.INFO, logger="nsq_sansio")
+    with broker(kind, **server) as nsqd, CountingProxy(nsqd.tcp_address) as proxy:
+        error = await consume_until_failed(runtime, proxy.address, **client)
+        assert type(error) is expected and phrase in str(error), error
+        assert str(error).count(proxy.address) == 1, error
+        assert proxy.accepted == 1
+        one_error_line(caplog, proxy.address)
+        caplog.clear()
+        async with runtime.producer(proxy.address, **client, **FAST_RETRY) as producer:
+            with anyio.fail_after(20), pytest.raises(expected):
+                await producer.publish(unique(), b"x")
+            await anyio.sleep(0.5)  # nothing dials again by itself
             assert proxy.accepted == 2  # the producer's one attempt
         one_error_line(caplog, proxy.address)
 
