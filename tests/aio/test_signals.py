@@ -140,3 +140,46 @@ async def test_one_signal_still_drains_gracefully(nsqd: EmbeddedNSQD) -> None:
         assert consumer.stats().finished == 1
     ch = await channel_stats(nsqd, topic, "ch")
     assert ch["depth"] == 0 and ch["requeue_count"] == 0
+
+
+async def test_one_signal_drains_within_drain_timeout(
+    nsqd: EmbeddedNSQD, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One SIGTERM, drain_timeout=0.5 and a 30 s job: the block ends at the drain's deadline,
+    not after the job, the job is cancelled and its message requeued at once, never FIN'd late
+    (on the previous tree run() returned after the whole job and logged a late FIN)."""
+    caplog.set_level(logging.INFO, logger="nsq_sansio")
+    topic = await one_message(nsqd)
+    started = anyio.Event()
+    cancelled = False
+
+    async def handler(message: Message) -> None:
+        nonlocal cancelled
+        started.set()
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            cancelled = True
+            raise
+
+    with anyio.fail_after(20):
+        async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], drain_timeout=0.5) as consumer:
+            async with drain_on_signals(consumer):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consumer.run, handler)
+                    await started.wait()
+                    sent = time.monotonic()
+                    os.kill(os.getpid(), signal.SIGTERM)
+                returned = time.monotonic() - sent
+            await requeued_at_once(nsqd, topic)
+    assert 0.4 < returned < 3.0  # the drain's 0.5 s, not the job's 30 s
+    assert cancelled
+    assert consumer.stats().finished == 0 and consumer.stats().requeued == 1
+    texts = [r.getMessage() for r in caplog.records]
+    assert (
+        texts.count(
+            "SIGTERM received: draining the consumer (up to 0.5 s; SIGTERM again stops at once)"
+        )
+        == 1
+    ), texts
+    assert not [t for t in texts if "came too late" in t]

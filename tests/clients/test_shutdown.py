@@ -111,20 +111,24 @@ def lines(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord
     return [r for r in caplog.records if text in r.getMessage()]
 
 
+@pytest.mark.parametrize("bound", ["drain(0.5)", "drain_timeout=0.5"])
 async def test_the_drain_deadline_ends_run_and_requeues_at_once(
-    runtime: Runtime, nsqd: EmbeddedNSQD, caplog: pytest.LogCaptureFixture
+    bound: str, runtime: Runtime, nsqd: EmbeddedNSQD, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The deadline given to drain(), or the configured drain_timeout, bounds the exit."""
     caplog.set_level(logging.INFO, logger="nsq_sansio")
     topic = unique()
     await publish(runtime, nsqd, topic)
     job = Job(runtime)
-    async with runtime.consumer(topic, "c", nsqd=[nsqd.tcp_address]) as consumer:
+    configured = {"drain_timeout": 0.5} if bound == "drain_timeout=0.5" else {}
+    timeout = () if configured else (0.5,)
+    async with runtime.consumer(topic, "c", nsqd=[nsqd.tcp_address], **configured) as consumer:
         async with anyio.create_task_group() as tg:
             tg.start_soon(job.run, consumer.client)
             await job.wait_started()
             asked = time.monotonic()
             with anyio.fail_after(10):
-                result = await call(runtime, consumer.client.drain, 0.5)
+                result = await call(runtime, consumer.client.drain, *timeout)
         # run() ended at the deadline, not after the job's 30 s
         assert job.run_returned_at is not None and job.run_returned_at - asked < 3.0
         await requeued_at_once(nsqd, topic)

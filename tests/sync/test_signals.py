@@ -102,6 +102,48 @@ def test_a_second_signal_ends_run_and_the_block_at_once(
     assert not [t for t in texts if "came too late" in t]
 
 
+def test_one_signal_drains_within_drain_timeout(
+    nsqd: Pair, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One SIGTERM, drain_timeout=0.5 and a 30 s job: run() and the block end at the drain's
+    deadline (the handler's thread runs on, reported), the message is requeued at once and the
+    handler's late return answers nothing (on the previous tree run() waited for the job)."""
+    caplog.set_level(logging.INFO, logger="nsq_sansio")
+    server, runner = nsqd
+    topic = one_message(server)
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def handler(message: Message) -> None:
+        started.set()
+        release.wait(30)
+        ended.set()
+
+    def kick() -> None:
+        started.wait(10)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sent: list[float] = []
+    with Consumer(topic, "c", nsqd=[server.tcp_address], drain_timeout=0.5) as consumer:
+        with drain_on_signals(consumer):
+            threading.Thread(target=kick, name="test-kicker", daemon=True).start()
+            consumer.run(handler)
+        returned = time.monotonic() - sent[0]
+        requeued_at_once(runner, topic)
+        assert not ended.is_set()
+        release.set()
+        assert ended.wait(10)
+    assert 0.4 < returned < 3.0  # the drain's 0.5 s, not the job's 30 s
+    assert consumer.stats().finished == 0 and consumer.stats().requeued == 1
+    texts = [r.getMessage() for r in caplog.records]
+    assert (
+        "SIGTERM received: draining the consumer (up to 0.5 s; SIGTERM again stops at once)"
+        in texts
+    ), texts
+    assert [t for t in texts if "its run() handler still running on nsq-sync-worker-0" in t]
+    assert not [t for t in texts if "came too late" in t]
+
+
 def test_a_second_signal_interrupts_a_long_job_in_the_loop(nsqd: Pair) -> None:
     server, runner = nsqd
     topic = one_message(server)
