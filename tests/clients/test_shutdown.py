@@ -18,12 +18,13 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from support.brokers import http_channel_stats, unique
+from support.brokers import http_channel_stats, needs_real, unique
 from support.proxy import CountingProxy
 from support.runtimes import Runtime
 
 from transports._common import DrainResult
 from transports.embedded import Cluster, EmbeddedLookupd, EmbeddedNSQD
+from transports.testing.real_nsq import RealLookupd
 
 pytestmark = pytest.mark.anyio
 
@@ -253,6 +254,27 @@ async def test_a_topic_lookupd_does_not_know_is_said_once_and_counted(
         assert message is not None
         await consumer.finish(message)
     assert len(lines(caplog, "lookupd lists no nsqd")) == 1
+
+
+@needs_real
+async def test_the_real_nsqlookupd_not_knowing_the_topic_is_said_once_and_counted(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real nsqlookupd answers a topic it does not know with 404 TOPIC_NOT_FOUND: one
+    INFO line for the topic, every answer counted, no WARNING (it is no lookupd failure)."""
+    caplog.set_level(logging.DEBUG, logger="nsq_sansio")
+    topic = unique()
+    with RealLookupd() as lookupd:
+        address = lookupd.http_address
+        async with runtime.consumer(
+            topic, "c", lookupd=[address], lookupd_poll_interval=0.05
+        ) as consumer:
+            with anyio.fail_after(10):
+                while consumer.stats().topic_not_found < 5:
+                    await anyio.sleep(0.02)
+    (line,) = lines(caplog, f"lookupd lists no nsqd for topic {topic}")
+    assert line.levelname == "INFO" and address in line.getMessage(), line.getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 async def test_reconnects_counts_reconnects(runtime: Runtime, nsqd: EmbeddedNSQD) -> None:
