@@ -696,7 +696,8 @@ class ClientConnection:
 
     def _not_in_flight(self, what: str, message_id: bytes) -> LocalProtocolError:
         return LocalProtocolError(
-            f"{what}: message {message_id!r} is not in flight on this connection "
+            f"{what}: message {message_id.decode('ascii', 'backslashreplace')} is not in flight "
+            "on this connection "
             "(already answered, or never received here)"
         )
 
