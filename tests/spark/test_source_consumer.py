@@ -152,3 +152,41 @@ def test_collector_threshold_raised_while_a_source_runs_and_put_back(
             ReadOptions.parse({"topic": "t", "channel": "c", "nsqd": "a:1", "gc_threshold": "-1"})
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_message_that_cannot_fit_in_a_task_is_refused_before_anything_is_read() -> None:
+    """nsqd accepts messages of up to 2 MiB (--max-msg-size) but a task may carry 1 MiB: the
+    first trigger fails with what to change, and no message was taken from the channel."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from transports.embedded import EmbeddedNSQD, ServerThread
+    from transports.spark import NSQStreamReader
+
+    with ServerThread(EmbeddedNSQD(max_msg_size=2 << 20)) as server:
+        create_channel(server, "huge", "c")
+        publish([server], "huge", [b"h%d" % i for i in range(10)])
+        options = {
+            "topic": "huge",
+            "channel": "c",
+            "nsqd": server.tcp_address,
+            "nsqd_http": server.http_address,
+        }
+        reader = NSQStreamReader(
+            ReadOptions.parse({**options, "max_partition_bytes": str(1 << 20)})
+        )
+        try:
+            with pytest.raises(NSQOptionError, match=r"accepts messages of up to 2097152 bytes"):
+                reader.latestOffset({"batch": 0}, ReadAllAvailable())
+        finally:
+            reader.stop()
+        stats = channel_stats(server, "huge", "c")
+        assert stats["depth"] == 10 and stats["in_flight_count"] == 0
+        # with room for such a message, the same reader reads
+        reader = NSQStreamReader(
+            ReadOptions.parse({**options, "max_partition_bytes": str(3 << 20)})
+        )
+        try:
+            end = reader.latestOffset({"batch": 0}, ReadAllAvailable())
+            assert end["count"] == 10
+        finally:
+            reader.stop()
