@@ -243,6 +243,12 @@ class SourceConsumer:
             return sorted(set(self._up.values()))
 
     @property
+    def max_msg_timeout(self) -> float:
+        """Seconds nsqd keeps a message for a consumer at most, TOUCH or not (its
+        ``--max-msg-timeout``, as IDENTIFY announced; 15 minutes until then)."""
+        return self._max_msg_timeout
+
+    @property
     def consumer_count(self) -> int:
         return len(self._consumers)
 

@@ -165,6 +165,7 @@ class _Held:
     messages: list[Message]
     deliveries: list[Any]
     nodes: _Nodes
+    taken_at: float = 0.0  # when the batch was taken (monotonic)
 
 
 def _record_batch(
@@ -421,7 +422,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = seq + 1
         deliveries = list(map(_delivery, taken))
         nodes = _Nodes(deliveries)
-        self._batches[end] = _Held(taken, deliveries, nodes)
+        self._batches[end] = _Held(taken, deliveries, nodes, time.monotonic())
         return _offset_of(end, list(map(_id, deliveries)), nodes)
 
     def _take(
@@ -626,10 +627,22 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _finish_through(self, seq: int) -> None:
         done = [n for n in self._batches if n <= seq]
-        if not done or self._consumer is None:
+        consumer = self._consumer
+        if not done or consumer is None:
             return
-        messages = [held for n in sorted(done) for held in self._batches.pop(n).messages]
-        sent = self._consumer.finish(messages)
+        batches = [self._batches.pop(n) for n in sorted(done)]
+        messages = [message for held in batches for message in held.messages]
+        # nsqd never keeps a message longer than its max_msg_timeout after sending it,
+        # TOUCH or not: a FIN later than that comes too late (nsqd says so only afterwards).
+        now = time.monotonic()
+        cap = consumer.max_msg_timeout
+        late = 0
+        for held in batches:
+            if now - held.taken_at > cap / 2:  # else none was received long enough ago
+                late += sum(
+                    1 for m in held.messages if not m.taken_back and now - m.received_at > cap
+                )
+        sent = consumer.finish(messages) - late
         if sent < len(messages):
             lost = len(messages) - sent
             self.taken_back += lost
