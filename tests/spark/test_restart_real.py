@@ -80,8 +80,8 @@ time.sleep(600)
     )
     committed = set(first["ids"])
     assert len(committed) == 12_000
-    # nsqd puts what times out back in its memory queue while there is room, the rest at the
-    # end of its disk queue: the backlog is far beyond --mem-queue-size
+    # In 2 s nsqd times the 24,000 out: into its memory queue while there is room, the rest at
+    # the end of its disk queue, behind what is queued there (over 20,000 now).
     assert channel_stats(real_nsqd, TOPIC, CHANNEL)["backend_depth"] > 20_000
 
     # Run 2: Spark restarts from the committed batch; availableNow, batches of 3,000. The
@@ -106,6 +106,8 @@ time.sleep(600)
     assert not committed & set(read), f"{len(committed & set(read))} committed messages again"
     assert len(read) == len(set(read)) == 48_000
     assert "12000 of its messages came again and were dropped, 0 messages" in caplog.text
+    # the run's end closed the connections: the last batch's FINs were out before (Spark
+    # kills the source's process right after)
     stats = channel_stats(real_nsqd, TOPIC, CHANNEL)
-    wait_for(lambda: channel_stats(real_nsqd, TOPIC, CHANNEL)["in_flight_count"] == 0, 10, "FIN")
-    assert stats["depth"] == 0 and stats["timeout_count"] == 24_000
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+    assert stats["timeout_count"] == 24_000

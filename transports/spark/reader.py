@@ -392,7 +392,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._first_call = False
             self._begin(start, seq)
         consumer = self._consumer
-        assert consumer is not None
+        if consumer is None:  # availableNow ended (Spark may still ask, for a no-data batch)
+            return start
         self._finish_through(seq)
         max_rows = self.options.max_messages_per_trigger
         if isinstance(limit, ReadMaxRows):
@@ -410,13 +411,21 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     taken = self._filter.settle_all()
                     self._log_released(taken)
                     self._filter_done()
-                return self._new_batch(seq, taken) if taken else start
+                return self._new_batch(seq, taken) if taken else self._no_data(start)
             max_rows = min(max_rows, remaining)
         taken = self._take(consumer, max_rows, remaining)
         self._ran_dry = len(taken) < max_rows
         if not taken:
-            return start
+            return self._no_data(start)
         return self._new_batch(seq, taken)
+
+    def _no_data(self, start: dict[str, Any]) -> dict[str, Any]:
+        """No new batch. With availableNow that ends the run: close the connections now, so
+        that the FINs of the last batch reach nsqd (Spark kills this process right after) and
+        what was fetched ahead goes back to the channel at once."""
+        if self._available_now:
+            self.stop()
+        return start
 
     def _new_batch(self, seq: int, taken: list[Message]) -> dict[str, Any]:
         end = seq + 1
@@ -667,7 +676,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         view = self._nsqd_view()
         per_node: dict[str, dict[str, int]] = {}
         totals = Counter[str]()
-        for address in view.nodes(now) if self._consumer is None else self._known_nodes(now):
+        for address in self._known_nodes(now):
             counts = view.counts(address, now)
             if counts is None:
                 continue
@@ -697,7 +706,8 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._lag
 
     def _known_nodes(self, now: float) -> list[str]:
-        assert self._consumer is not None
+        if self._consumer is None:
+            return sorted(self._baseline) or self._nsqd_view().nodes(now)
         known = set(self._baseline) | set(self._consumer.connected())
         return sorted(known)
 
