@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import operator
+import sys
+from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any, Generic, TypeVar
 
 __all__ = [
@@ -93,29 +95,45 @@ class NodeDigest:
 
 
 def _gaps(ordered: list[bytes]) -> list[int] | None:
-    """Differences between neighbouring ids read as hexadecimal numbers (nsqd's ids); None
-    when they are not."""
+    """Differences between neighbouring ids read as 16-digit hexadecimal numbers (nsqd's ids);
+    None when they are not. Converted all at once (a per-id int() cost 0.4 us each)."""
     try:
-        values = [int(i, 16) for i in ordered]
-    except ValueError:
+        raw = bytes.fromhex(b"".join(ordered).decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
         return None
-    return [b - a for a, b in pairwise(values)]
+    if len(raw) != 8 * len(ordered):
+        return None
+    values = array("Q", raw)
+    if sys.byteorder == "little":
+        values.byteswap()  # the ids are big-endian numbers
+    return list(map(operator.sub, values[1:], values))
+
+
+def _largest(gaps: list[int], count: int) -> list[int]:
+    """Positions of the ``count`` largest values of ``gaps`` (fewer if there are fewer)."""
+    cuts: list[int] = []
+    for value in sorted(set(heapq.nlargest(count, gaps)), reverse=True):
+        position = -1
+        while len(cuts) < count:
+            try:
+                position = gaps.index(value, position + 1)
+            except ValueError:
+                break
+            cuts.append(position)
+    return cuts
 
 
 def node_digests(ids: Sequence[bytes]) -> list[NodeDigest]:
     """A batch's ids from one nsqd as at most :data:`MAX_BUCKETS` runs, cut at the largest gaps
     between neighbouring ids (one run when the ids are not nsqd's hexadecimal ones)."""
     ordered = sorted(ids)
-    if len(ordered) < 2:
+    gaps = _gaps(ordered) if len(ordered) > 1 else None
+    if not gaps:
         return [NodeDigest._of_sorted(ordered)]
-    gaps = _gaps(ordered)
-    if gaps is None:
-        return [NodeDigest._of_sorted(ordered)]
-    cuts = heapq.nlargest(MAX_BUCKETS - 1, range(len(gaps)), key=gaps.__getitem__)
-    bounds = sorted(i + 1 for i in cuts if gaps[i] > 1)  # never cut inside a contiguous run
+    bounds = sorted(i + 1 for i in _largest(gaps, MAX_BUCKETS - 1) if gaps[i] > 1)
     runs = []
     start = 0
-    for end in [*bounds, len(ordered)]:
+    for end in [*bounds, len(ordered)]:  # never cut inside a contiguous run (gap 1)
         runs.append(NodeDigest._of_sorted(ordered[start:end]))
         start = end
     return runs

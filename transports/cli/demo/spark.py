@@ -6,12 +6,14 @@ and a closing table that accounts for every message (needs the ``spark`` extra a
 1. **publish**: click events (JSON ``{"seq", "page", "user", "ts"}``, 5 minutes of event
    time) to topic ``clicks`` over two embedded nsqd, plus a few malformed bodies;
 2. **stream**: ``readStream.format("nsq")`` (``trigger(availableNow=True)``) parses the events,
-   drops malformed ones, counts clicks and distinct users per page and 1-minute window (30 s
-   watermark) and appends the closed windows to Parquet; messages are FIN'd once Spark
-   committed their micro-batch. Once every click is read, one late *tick* event is published
-   and the query runs again from its checkpoint: the tick moves the watermark past the last
-   window, which is then written (published with the clicks, the tick could be read first and
-   make the clicks after it late);
+   drops malformed ones, counts clicks and distinct users per page and 1-minute window and
+   appends the closed windows to Parquet; messages are FIN'd once Spark committed their
+   micro-batch. NSQ does not keep messages in order (an nsqd hands out its memory queue and
+   its disk queue side by side, several nsqd interleave), so the watermark's delay (10
+   minutes) covers the clicks' whole span: none can arrive late. Once every click is read, one
+   *tick* event, later than that, is published and the query runs again from its checkpoint:
+   the tick moves the watermark past every window, which is then written (published with the
+   clicks, the tick could be read first and make every click late);
 3. **republish**: a batch job writes the Parquet rows to topic ``page_counts`` as JSON
    (``write.format("nsq")``);
 4. **verify**: a consumer reads ``page_counts`` back.
@@ -58,6 +60,8 @@ PAGES = ("/", "/docs", "/pricing", "/blog", "/signup")
 START = datetime.datetime(2026, 1, 1, 10, 0, tzinfo=datetime.timezone.utc)
 SPAN_SECONDS = 300  # the clicks' event time covers 5 minutes
 WINDOW_SECONDS = 60
+#: The watermark's delay: longer than the clicks' span, since NSQ does not keep their order.
+WATERMARK_SECONDS = 600
 #: One malformed body per this many clicks (dropped by the job, and counted as such).
 MALFORMED_EVERY = 1000
 EVENT_SCHEMA = "seq long, page string, user string, ts timestamp"
@@ -115,7 +119,7 @@ def events(count: int) -> tuple[list[bytes], int]:
         if seq % MALFORMED_EVERY == MALFORMED_EVERY // 2:
             bodies.append(b"{not json")
             malformed += 1
-    late = START + datetime.timedelta(seconds=SPAN_SECONDS + 120)
+    late = START + datetime.timedelta(seconds=SPAN_SECONDS + WATERMARK_SECONDS + 60)
     tick = {"seq": -1, "page": "/", "user": "tick", "ts": late.isoformat(timespec="milliseconds")}
     bodies.append(json.dumps(tick).encode())
     return bodies, malformed
@@ -357,7 +361,7 @@ def _polling(fn: Callable[[], Any], poll: Callable[[], None]) -> Any:
 
 
 def _aggregation(spark: Any, nsqd: str, nsqd_http: str, options: SparkDemoOptions) -> Any:
-    """The streaming job: clicks per page and 1-minute window (30 s watermark), the closed
+    """The streaming job: clicks per page and 1-minute window (10-minute watermark), the closed
     windows appended to Parquet, read with ``availableNow`` (its DataStreamWriter)."""
     from pyspark.sql import functions as F
 
@@ -375,7 +379,7 @@ def _aggregation(spark: Any, nsqd: str, nsqd_http: str, options: SparkDemoOption
         .where(F.col("page").isNotNull() & F.col("ts").isNotNull())
     )
     counts = (
-        events_df.withWatermark("ts", "30 seconds")
+        events_df.withWatermark("ts", f"{WATERMARK_SECONDS} seconds")
         .groupBy(F.window("ts", f"{WINDOW_SECONDS} seconds").alias("window"), "page")
         .agg(F.count("*").alias("clicks"), F.approx_count_distinct("user").alias("users"))
         .select(
