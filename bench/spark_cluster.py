@@ -18,9 +18,10 @@ loopback, and a real nsqd (``transports.testing.real_nsq``), then runs, each as 
     python bench/spark_cluster.py                       # everything (several minutes)
     python bench/spark_cluster.py --rows 200000 --skip-demo
 
-Needs Java (17 here), pyspark with pyarrow, and the real NSQ binaries (NSQ_BIN_DIR or
-../shared beside the checkout). Everything listens on 127.0.0.1 and lives in a temporary
-folder, removed at the end (``--keep`` keeps it, with the master's, workers' and apps' logs).
+Needs Java (17 here), pyspark with pyarrow, and the real NSQ binaries (found as
+``transports/testing/real_nsq.py`` says; NSQ_BIN_DIR names their folder). Everything
+listens on 127.0.0.1 and lives in a temporary folder, removed at the end (``--keep`` keeps
+it, with the master's, workers' and applications' logs).
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
-from operator import attrgetter
+from itertools import accumulate, repeat
+from operator import add, attrgetter
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -600,7 +600,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         options = self.options
         topic, channel, names, codes = options.topic, options.channel, nodes.names, nodes.codes
         overhead = row_overhead(topic, channel, names)
-        sizes = [len(body) + overhead for body in map(_body, deliveries)]
+        sizes = list(map(add, map(len, map(_body, deliveries)), repeat(overhead)))
         bounds = split_bounds(sizes, options.partitions, options.max_partition_bytes)
         self._warn_oversized(sizes, bounds)
         return [
