@@ -566,7 +566,8 @@ def _run(
             raise TimeoutError
 
 
-if __name__ == "__main__":  # spark-submit runs this file: the demo, with the CLI's options
-    from transports.cli.demo import demo_main
+if __name__ == "__main__":  # spark-submit runs this file: `nsq-sansio demo --spark ARGS`
+    import runpy
 
-    sys.exit(demo_main(["--spark", *sys.argv[1:]]))
+    sys.argv = ["nsq-sansio", "demo", "--spark", *sys.argv[1:]]
+    runpy.run_module("transports.cli", run_name="__main__")
