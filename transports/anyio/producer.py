@@ -257,6 +257,7 @@ class Producer(ProducerConnections):
 
     @property
     def config(self) -> Config:
+        """The configuration every connection of this producer identifies with."""
         return self._config
 
     async def close(self, timeout: float | None = 10.0) -> None:

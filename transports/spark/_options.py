@@ -77,14 +77,19 @@ READ_OPTIONS: tuple[str, ...] = (
     "channel",
     "nsqd",
     "lookupd",
+    "nsqd_http",
     "max_in_flight",
     "max_messages_per_trigger",
+    "maxrecordspertrigger",
+    "partitions",
+    "max_partition_bytes",
     "wait_timeout",
     "linger",
+    "fail_on_data_loss",
+    "failondataloss",
     "msg_timeout",
     "touch_interval",
     "lookupd_poll_interval",
-    "partitions",
     "gc_threshold",
 )
 #: Every option of the sink (batch and streaming), in the order the reference lists them.
@@ -137,6 +142,19 @@ OPTION_DOCS: Mapping[str, str] = {
     "max_messages_per_trigger": "Upper bound of a micro-batch; at most `max_in_flight`. When "
     "`max_in_flight` is larger, the rest (up to one more batch) is fetched while Spark runs a "
     "batch.",
+    "maxrecordspertrigger": "Kafka's spelling of `max_messages_per_trigger` (options are "
+    "case-insensitive: `maxRecordsPerTrigger`); give one of the two.",
+    "nsqd_http": "Each nsqd's HTTP address, in the order of `nsqd`, for `/stats` and `/config` "
+    "(`availableNow`'s depth, the lag, the restart, the message size check). Without it: the "
+    "lookupd's answer (its `http_port`) with `lookupd`, else the TCP port + 1 if that answers "
+    "`/info` with the right TCP port (nsqd's default layout, 4150 and 4151).",
+    "max_partition_bytes": "Most bytes of rows per Spark task (a micro-batch is cut by count, "
+    "then by bytes), far below `spark.rpc.message.maxSize` (the Spark guide's "
+    "*Bytes per task* explains the cap).",
+    "fail_on_data_loss": "`true`: fail the query when nsqd took back a batch's message (it "
+    "timed out) before Spark committed the batch; `false`: the log and the lag count it.",
+    "failondataloss": "Kafka's spelling of `fail_on_data_loss` (`failOnDataLoss`); give one of "
+    "the two.",
     "wait_timeout": "Seconds a trigger waits for its first message (long poll); "
     "`availableNow` stops after one empty wait.",
     "linger": "After the first message, seconds to wait for more before closing the batch; a "
@@ -192,6 +210,9 @@ OPTION_DEFAULTS: Mapping[str, str] = {
     "nsqd": "one of the two",
     "lookupd": "one of the two",
     "max_messages_per_trigger": "`max_in_flight`",
+    "maxrecordspertrigger": "as `max_messages_per_trigger`",
+    "failondataloss": "as `fail_on_data_loss`",
+    "nsqd_http": "found (see meaning)",
     "touch_interval": "`msg_timeout / 3`",
     "auth_secret": "none",
     "user_agent": "`nsq-sansio/<version>`",

@@ -367,6 +367,7 @@ class Producer(CallerReads, ProducerIOThread):
 
     @property
     def config(self) -> Config:
+        """The configuration every connection of this producer identifies with."""
         return self._config
 
     # --- internals: caller side -------------------------------------------------------------
