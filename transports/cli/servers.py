@@ -9,10 +9,8 @@ SIGTERM. Durations take Go's syntax (``60s``, ``1m30s``, ``250ms``) or plain sec
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import signal
-import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -213,7 +211,8 @@ def build_nsqd_parser() -> argparse.ArgumentParser:
         p,
         "tls-root-ca-file",
         default=None,
-        help="CA that client certificates must chain to (needs --tls-cert)",
+        help="CA that client certificates must chain to (needs --tls-cert; default: the "
+        "system's CAs)",
     )
     flag(
         p,
@@ -221,7 +220,7 @@ def build_nsqd_parser() -> argparse.ArgumentParser:
         choices=("require-verify",),
         default=None,
         help="'require-verify': clients must present a certificate signed by "
-        "--tls-root-ca-file (needs --tls-cert)",
+        "--tls-root-ca-file or the system's CAs; turns --tls-required on (needs --tls-cert)",
     )
     flag(
         p,
@@ -316,74 +315,21 @@ def _with_flag_names(text: str) -> str:
     return re.sub(rf"(?<![-\w])({names})\b", flag_of, text)
 
 
-def _check_nsqd_tls(args: argparse.Namespace) -> None:
-    """Every ``--tls-*`` flag needs the certificate that turns TLS on: without it they would
-    be ignored and clients served in plaintext."""
-    if args.tls_cert and args.tls_key:
-        for name, path in (
-            ("--tls-cert", args.tls_cert),
-            ("--tls-key", args.tls_key),
-            ("--tls-root-ca-file", args.tls_root_ca_file),
-        ):
-            if path is not None and not os.path.isfile(path):
-                raise CLIError(f"{name} {path!r} is not a file")
-        return
-    if args.tls_cert or args.tls_key:
-        raise UsageError("--tls-cert and --tls-key go together")
-    for name, given in (
-        ("--tls-required", bool(args.tls_required)),
-        ("--tls-root-ca-file", args.tls_root_ca_file is not None),
-        ("--tls-client-auth-policy", args.tls_client_auth_policy is not None),
-        ("--https-address", args.https_address is not None),
-    ):
-        if given:
-            raise UsageError(f"{name} needs --tls-cert and --tls-key (TLS cannot be on without)")
-
-
-def _bind_error(address: str) -> OSError | None:
-    """Why ``address`` cannot be listened on now (None if it can), found as the embedded
-    servers bind: the first address it resolves to, ``SO_REUSEADDR`` set."""
-    from transports.embedded._net import parse_address
-
-    try:
-        host, port = parse_address(address)
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except ValueError:
-        return None
-    except OSError as err:
-        return err
-    family, kind, proto, _, sockaddr = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        if hasattr(socket, "SO_REUSEADDR") and sys.platform != "win32":
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(sockaddr)
-        except OSError as err:
-            return err
-    return None
-
-
-def _start_failure(
-    raised: BaseException, listeners: Sequence[tuple[str, str | None]]
-) -> BaseException:
+def _start_failure(raised: BaseException) -> BaseException:
     """What a server that failed to start reports: one line naming the address it could not
-    listen on and why (anyio wraps that error in exception groups), a usage error for a bad
-    address, else the error itself."""
+    listen on, its flag and why (the server's :class:`ListenError` names them), a usage
+    error for a bad option, else the error itself."""
+    from transports.embedded.errors import ListenError
+
     err = first_error(raised)
     if isinstance(err, CLIError):
         return err
+    if isinstance(err, ListenError):
+        return listen_failure(err, err.address, "--" + err.option.replace("_", "-"))
     if isinstance(err, (ValueError, NSQError)) and not isinstance(err, OSError):
         return UsageError(_with_flag_names(str(err)))
     if isinstance(err, OSError):
-        for flag_name, address in listeners:
-            if address is None:
-                continue
-            cause = _bind_error(address)
-            if cause is not None:
-                return listen_failure(cause, address, flag_name)
-        reason = err.strerror or str(err)
-        filename = f" ({err.filename})" if err.filename else ""
-        return CLIError(f"cannot start: {reason}{filename}")
+        return CLIError(f"cannot start: {err}")
     return err
 
 
@@ -397,7 +343,7 @@ async def _serve_until_signal(server: Any, announce: Callable[[Any], None]) -> N
                 return
 
 
-def _serve(server: Any, announce: Callable[[Any], None], listeners: Any) -> None:
+def _serve(server: Any, announce: Callable[[Any], None]) -> None:
     """Run ``server`` until SIGINT/SIGTERM; a failure to start is one line (see
     :func:`_start_failure`), a failure while serving too."""
     import anyio
@@ -418,7 +364,7 @@ def _serve(server: Any, announce: Callable[[Any], None], listeners: Any) -> None
         if isinstance(err, KeyboardInterrupt):
             return
         if not started:
-            raise _start_failure(raised, listeners) from None
+            raise _start_failure(raised) from None
         if isinstance(err, (OSError, NSQError, ValueError)):
             raise CLIError(f"stopped: {err}") from None
         raise
@@ -434,11 +380,10 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
     if args.version:
         print(f"nsqd v{DEFAULT_VERSION} (nsq-sansio embedded)")
         return 0
-    _check_nsqd_tls(args)
     check_metrics_address(args.metrics_address)
     try:
         server = EmbeddedNSQD(**nsqd_options_from_args(args))
-    except OSError as err:  # a certificate that cannot be read, a data path
+    except OSError as err:  # a certificate that cannot be loaded (the error names it)
         raise CLIError(f"cannot start: {err}") from None
     except (ValueError, NSQError) as err:
         raise UsageError(_with_flag_names(str(err))) from None
@@ -460,14 +405,8 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
             url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/metrics"
             print(f"nsqd: metrics {url}", file=sys.stderr, flush=True)
 
-    listeners = (
-        ("--tcp-address", args.tcp_address),
-        ("--http-address", args.http_address),
-        ("--https-address", args.https_address),
-        ("--metrics-address", args.metrics_address),
-    )
     try:
-        _serve(server, announce, listeners)
+        _serve(server, announce)
     finally:
         for metrics_server in metrics_servers:
             metrics_server.shutdown()
@@ -498,6 +437,5 @@ def lookupd_main(argv: Sequence[str] | None = None) -> int:
     def announce(s: EmbeddedLookupd) -> None:
         print(f"nsqlookupd: TCP {s.tcp_address} HTTP {s.http_address}", file=sys.stderr, flush=True)
 
-    listeners = (("--tcp-address", args.tcp_address), ("--http-address", args.http_address))
-    _serve(server, announce, listeners)
+    _serve(server, announce)
     return 0

@@ -34,7 +34,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.tls import TLSStream
 
-from nsq_sansio.errors import LocalProtocolError
+from nsq_sansio.errors import ConfigError, LocalProtocolError
 from nsq_sansio.server.backend import BackendFactory
 from nsq_sansio.server.events import (
     AdminError,
@@ -58,6 +58,7 @@ from ._clock import LoopClock
 from ._net import (
     IO_ERRORS,
     ListenerAddresses,
+    abandon_task_group,
     aclose_quietly,
     bind,
     format_address,
@@ -150,7 +151,16 @@ class EmbeddedNSQD(ListenerAddresses):
     ``tls_required`` is nsqd's ``--tls-required``: ``True`` (TLS before any command but
     IDENTIFY, and the plain HTTP port answers 403) or ``"tcp-https"`` (TCP clients need TLS,
     the plain HTTP API stays open). ``tls_client_auth_policy="require-verify"`` (client
-    certificates signed by ``tls_root_ca_file``) turns ``tls_required`` on, as in nsqd.
+    certificates signed by ``tls_root_ca_file``, or by the system's CAs without one) turns
+    ``tls_required`` on, as in nsqd. Like nsqd, it refuses to require TLS without
+    ``tls_cert`` and ``tls_key`` (a :class:`~nsq_sansio.errors.ConfigError`), and so any
+    other TLS option without them.
+
+    Starting it (``async with``, :class:`Cluster`, :class:`ServerThread`) raises one plain
+    exception when it cannot start: :class:`~transports.embedded.errors.ListenError` names
+    the address and its option (``cannot listen on 127.0.0.1:4150 (tcp_address): Address
+    already in use``), :class:`~transports.embedded.errors.TLSFileError` the certificate
+    files that cannot be loaded.
     """
 
     def __init__(
@@ -182,10 +192,16 @@ class EmbeddedNSQD(ListenerAddresses):
         for reserved in (*reserved_names, "auth_by_transport"):
             if reserved in options:
                 raise TypeError(f"{reserved} is set from the addresses / TLS / auth arguments")
-        if bool(tls_cert) != bool(tls_key):
-            raise ValueError("tls_cert and tls_key must be given together")
-        if https_address is not None and not tls_cert:
-            raise ValueError("https_address needs tls_cert and tls_key")
+        tls_client_auth_policy = tls_client_auth_policy or None  # nsqd: "" is no policy
+        self._tls_required, self._http_tls_required = _tls_required_mode(tls_required)
+        _check_tls_options(
+            tls_cert,
+            tls_key,
+            tls_root_ca_file,
+            tls_client_auth_policy,
+            tls_required=self._tls_required,
+            https_address=https_address,
+        )
         self._tcp_address = tcp_address
         self._http_address = http_address
         self._https_address = https_address
@@ -203,17 +219,10 @@ class EmbeddedNSQD(ListenerAddresses):
             if tls_cert and tls_key
             else None
         )
-        self._tls_required, self._http_tls_required = _tls_required_mode(tls_required)
-        if tls_client_auth_policy:
+        if tls_client_auth_policy and not self._tls_required:
             # nsqd: a client-auth policy means TLS is required, of TCP and HTTP clients alike
-            # (unless --tls-required said how); a certificate is then needed
-            if self._ssl_context is None:
-                raise ValueError(
-                    "tls_client_auth_policy: cannot require TLS client connections without "
-                    "tls_cert and tls_key"
-                )
-            if not self._tls_required:
-                self._tls_required = self._http_tls_required = True
+            # (unless --tls-required said how)
+            self._tls_required = self._http_tls_required = True
         self._seed = seed
         self._lookupd_ping_interval = lookupd_ping_interval
         self._options = options
@@ -298,15 +307,15 @@ class EmbeddedNSQD(ListenerAddresses):
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         """Bind both ports, build the core and serve in ``task_group``."""
-        self._tcp_listener = await bind(self._tcp_address)
+        self._tcp_listener = await bind(self._tcp_address, "tcp_address")
         try:
-            self._http_listener = await bind(self._http_address)
+            self._http_listener = await bind(self._http_address, "http_address")
         except BaseException:
             await self._tcp_listener.aclose()
             raise
         if self._https_address is not None:
             try:
-                self._https_listener = await bind(self._https_address)
+                self._https_listener = await bind(self._https_address, "https_address")
             except BaseException:
                 await self._tcp_listener.aclose()
                 await self._http_listener.aclose()
@@ -481,14 +490,15 @@ class EmbeddedNSQD(ListenerAddresses):
                 peer.close()
 
     async def __aenter__(self) -> EmbeddedNSQD:
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
+        """Start serving; a failure to start is one plain exception (a
+        :class:`~transports.embedded.errors.ListenError` for a port in use), not a group."""
+        self._task_group = tg = anyio.create_task_group()
+        await tg.__aenter__()
         try:
-            await self.start(self._task_group)
-        except BaseException as exc:
-            self._task_group.cancel_scope.cancel()
-            await self.aclose()
-            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            await self.start(tg)
+        except BaseException:
+            self._task_group = None
+            await abandon_task_group(tg, self.aclose)
             raise
         return self
 
@@ -769,6 +779,39 @@ class EmbeddedNSQD(ListenerAddresses):
         return response
 
 
+def _check_tls_options(
+    cert: str | None,
+    key: str | None,
+    root_ca_file: str | None,
+    client_auth_policy: str | None,
+    *,
+    tls_required: bool,
+    https_address: str | None,
+) -> None:
+    """nsqd's start-up checks of the TLS options, as a :class:`ConfigError` (its words where
+    it has them): without a certificate and key nothing may require or configure TLS."""
+    if bool(cert) != bool(key):
+        raise ConfigError("tls_cert and tls_key must be given together")
+    if cert:
+        return
+    for name, given in (
+        ("tls_client_auth_policy", client_auth_policy is not None),
+        ("tls_required", tls_required),
+    ):
+        if given:
+            raise ConfigError(
+                f"{name}: cannot require TLS client connections without TLS key and cert "
+                "(tls_cert, tls_key)"
+            )
+    if root_ca_file is not None:
+        raise ConfigError(
+            "tls_root_ca_file needs tls_cert and tls_key: the embedded nsqd uses it only to "
+            "verify client certificates"
+        )
+    if https_address is not None:
+        raise ConfigError("https_address needs tls_cert and tls_key")
+
+
 def _tls_required_mode(value: bool | str) -> tuple[bool, bool]:
     """nsqd's ``--tls-required`` (true, false, tcp-https) -> (TCP needs TLS, HTTP needs TLS)."""
     if isinstance(value, str):
@@ -779,5 +822,5 @@ def _tls_required_mode(value: bool | str) -> tuple[bool, bool]:
             return True, True
         if mode in ("false", "0", "f", "no", "off", ""):
             return False, False
-        raise ValueError(f"tls_required must be true, false or tcp-https, got {value!r}")
+        raise ConfigError(f"tls_required must be true, false or tcp-https, got {value!r}")
     return bool(value), bool(value)
