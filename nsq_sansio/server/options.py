@@ -222,6 +222,11 @@ class NSQDOptions:
     #: and waits for ``NSQD.auth_result`` (for an auth server reached over the network).
     auth_by_transport: bool = False
 
+    #: nsqd's HTTP client: how long to connect, and the whole request, e.g. asking
+    #: nsqlookupd for a new topic's channels (a topic waits for it at most this long).
+    http_client_connect_timeout: float = 2.0
+    http_client_request_timeout: float = 5.0
+
     #: Longest command line accepted (nsqd reads commands through a 16 KiB buffer).
     max_command_line: int = 16 * 1024
     #: Not nsqd: put a vanished client's in-flight messages back at once instead of waiting
@@ -248,6 +253,8 @@ class NSQDOptions:
             "max_output_buffer_timeout",
             "min_output_buffer_timeout",
             "output_buffer_timeout",
+            "http_client_connect_timeout",
+            "http_client_request_timeout",
             "max_command_line",
         ):
             _positive(name, getattr(self, name))

@@ -80,11 +80,20 @@ def build_nsqd_parser() -> argparse.ArgumentParser:
     )
     flag(
         p,
+        "http-client-connect-timeout",
+        type=positive(parse_duration),
+        default=2.0,
+        metavar="DURATION",
+        help="bound on connecting to the auth server or nsqlookupd's HTTP API (default 2s)",
+    )
+    flag(
+        p,
         "http-client-request-timeout",
         type=positive(parse_duration),
         default=5.0,
         metavar="DURATION",
-        help="bound on a request to the auth server (default 5s)",
+        help="bound on a request to the auth server, and on asking nsqlookupd for a new "
+        "topic's channels (default 5s)",
     )
     flag(p, "data-path", default=None, help="directory for durable message storage")
     flag(
@@ -271,6 +280,8 @@ _NSQD_OPTIONS = {
     "lookupd_tcp_addresses": "lookupd_tcp_address",
     "auth_http_addresses": "auth_http_address",
     "auth_http_timeout": "http_client_request_timeout",
+    "http_client_request_timeout": "http_client_request_timeout",
+    "http_client_connect_timeout": "http_client_connect_timeout",
     "data_path": "data_path",
     "tls_cert": "tls_cert",
     "tls_key": "tls_key",

@@ -42,6 +42,7 @@ from nsq_sansio.server.events import (
     ChannelCreated,
     ChannelDeleted,
     CloseConnection,
+    LookupChannels,
     ServerEvent,
     StartTLS,
     TopicCreated,
@@ -89,7 +90,7 @@ from .nsqd_http import (
     PYTHON_LOG_LEVELS,
     route_nsqd,
 )
-from .registration import serve_lookupd_peer
+from .registration import query_lookupd_channels, serve_lookupd_peer
 
 # NSQD_ROUTES, route_nsqd and memory_stats live in .nsqd_http and .memory (re-exported here).
 __all__ = ["NSQD_ROUTES", "EmbeddedNSQD", "memory_stats", "route_nsqd"]
@@ -255,6 +256,8 @@ class EmbeddedNSQD(ListenerAddresses):
         self._timer_wake: anyio.Event | None = None
         self._timer_target = math.inf
         self._peers: list[tuple[LookupPeer, list[anyio.Event]]] = []
+        # Set when a LookupChannels is over (an HTTP request that created the topic waits).
+        self._lookups_done: dict[int, anyio.Event] = {}
         self._identity: NodeIdentity | None = None
         self._log_level = 2  # nsqd's INFO
         self._tcp_port = 0
@@ -370,7 +373,22 @@ class EmbeddedNSQD(ListenerAddresses):
         peer = LookupPeer(address, self._identity, ping_interval=self._lookupd_ping_interval)
         wake: list[anyio.Event] = [anyio.Event()]
         self._peers.append((peer, wake))
-        self._serve_group.start_soon(serve_lookupd_peer, peer, wake, self._registrations)
+        self._serve_group.start_soon(
+            serve_lookupd_peer, peer, wake, self._registrations, self._lookupd_identified
+        )
+
+    def _lookupd_identified(self) -> None:
+        """Tell the core which nsqlookupds to ask for a new topic's channels: the HTTP
+        address of each that answered IDENTIFY (kept when its connection drops, as nsqd
+        keeps it)."""
+        if self._core is not None:
+            self._core.set_lookupd_http_addresses(
+                [
+                    peer.info.http_address
+                    for peer, _ in self._peers
+                    if peer.info is not None and peer.info.broadcast_address
+                ]
+            )
 
     def _registrations(self) -> list[tuple[str, list[str]]]:
         """Every topic with its channels, announced to an nsqlookupd on (re)connection."""
@@ -392,6 +410,7 @@ class EmbeddedNSQD(ListenerAddresses):
             if address not in known:
                 self._start_lookupd_peer(address)
         self._lookupd_addresses = wanted
+        self._lookupd_identified()
 
     def _config_value(self, name: str) -> tuple[bool, Any]:
         """``GET /config/<name>``: nsqd's option value by its config name, as nsqd gives it
@@ -539,6 +558,9 @@ class EmbeddedNSQD(ListenerAddresses):
                     client.wake.set()
             elif isinstance(event, AuthRequested) and self._serve_group is not None:
                 self._serve_group.start_soon(self._authenticate, event)
+            elif isinstance(event, LookupChannels) and self._serve_group is not None:
+                done = self._lookups_done.setdefault(event.lookup_id, anyio.Event())
+                self._serve_group.start_soon(self._lookup_channels, event, done)
         registry = core.take_registry_events()
         if registry:
             now = anyio.current_time()
@@ -581,6 +603,41 @@ class EmbeddedNSQD(ListenerAddresses):
                 self._after(core.auth_result(event.conn_id, None, anyio.current_time()))
             return
         self._after(events)
+
+    async def _lookup_channels(self, event: LookupChannels, done: anyio.Event) -> None:
+        """Ask every nsqlookupd of a :class:`LookupChannels` at once, each answer to the core
+        as it comes (the core ends the lookup when all answered, or at its timeout)."""
+        try:
+            async with anyio.create_task_group() as tg:
+                for address in event.addresses:
+                    tg.start_soon(self._ask_lookupd, event, address)
+        finally:
+            self._lookups_done.pop(event.lookup_id, None)
+            done.set()
+
+    async def _ask_lookupd(self, event: LookupChannels, address: str) -> None:
+        core = self.core
+        channels: list[str] | None = None
+        try:
+            channels = await query_lookupd_channels(
+                address,
+                event.topic,
+                connect_timeout=core.options.http_client_connect_timeout,
+                timeout=core.options.http_client_request_timeout,
+            )
+        except Exception as exc:  # whatever failed, the topic goes on without its answer
+            _log.warning(
+                "nsqd: failed to query nsqlookupd %s for channels to pre-create for topic %s - %s",
+                address,
+                event.topic,
+                str(exc) or type(exc).__name__,
+            )
+        if self._core is None or self._closed:
+            return
+        try:
+            self._after(core.lookupd_channels(event.lookup_id, address, channels, self.now()))
+        except Exception:
+            _log.exception("nsqd: applying nsqlookupd's channels failed")
 
     async def _timer_loop(self) -> None:
         core = self.core
@@ -776,6 +833,16 @@ class EmbeddedNSQD(ListenerAddresses):
             self._after([])
             return error_response(err.status, err.code)
         self._after(events)
+        for event in events:
+            # the request created a topic: nsqd answers once nsqlookupd told its channels
+            done = (
+                self._lookups_done.get(event.lookup_id)
+                if isinstance(event, LookupChannels)
+                else None
+            )
+            if done is not None:
+                with anyio.move_on_after(core.options.http_client_request_timeout + 1.0):
+                    await done.wait()
         return response
 
 

@@ -94,6 +94,8 @@ CONFIG_DURATIONS = {
     "max_output_buffer_timeout",
     "min_output_buffer_timeout",
     "output_buffer_timeout",
+    "http_client_connect_timeout",
+    "http_client_request_timeout",
 }
 # nsqd's log levels (lg.LogLevel) and the Python logging level each sets on this module's
 # logger, which every embedded nsqd of the process shares.
@@ -118,6 +120,7 @@ def route_nsqd(
     if refused is not None:
         return refused, []
     opts = core.options
+    events: list[ServerEvent]
     if path == "/ping":
         health = core.health
         return plain_text_response(health, 200 if health == "OK" else 500), []
@@ -147,8 +150,10 @@ def route_nsqd(
             raise AdminError(413, "MSG_TOO_BIG")
         if not request.body:
             raise AdminError(400, "MSG_EMPTY")
-        core.publish(_required_topic(request), request.body, now, defer_ms=_defer_ms(request))
-        return text_response("OK"), []
+        events = core.publish(
+            _required_topic(request), request.body, now, defer_ms=_defer_ms(request)
+        )
+        return text_response("OK"), events
     if path == "/mpub":
         if request.body_too_large:
             raise AdminError(413, "BODY_TOO_BIG")
@@ -160,11 +165,9 @@ def route_nsqd(
             bodies = [line for line in request.body.split(b"\n") if line]
             if any(len(b) > opts.max_msg_size for b in bodies):
                 raise AdminError(413, "MSG_TOO_BIG")
-        if bodies:
-            core.multi_publish(topic, bodies, now)
-        else:
-            core.create_topic(topic, now)
-        return text_response("OK"), []
+        # no message: nsqd only makes the topic
+        events = core.multi_publish(topic, bodies, now) if bodies else core.create_topic(topic, now)
+        return text_response("OK"), events
     topic = _required_topic(request)
     channel = request.arg("channel")
     if path.startswith("/channel/") and channel is None:
@@ -173,9 +176,9 @@ def route_nsqd(
         except InvalidName:
             raise AdminError(400, "INVALID_ARG_TOPIC") from None
         raise AdminError(400, "MISSING_ARG_CHANNEL")
-    events: list[ServerEvent] = []
+    events = []
     if path == "/topic/create":
-        core.create_topic(topic, now)
+        events = core.create_topic(topic, now)
     elif path == "/topic/delete":
         events = core.delete_topic(topic, now)
     elif path == "/topic/empty":
