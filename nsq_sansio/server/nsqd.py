@@ -59,7 +59,6 @@ timeout is negotiated and reported but output is never held back to batch it; an
 hold exactly its messages (nsqd reads them off the stream); the AUTH check is a synchronous
 callable (``NSQDOptions.auth_check``) or a transport's answer to ``AuthRequested``
 (``auth_by_transport``), which re-checks when the TTL ends rather than at the next command;
-end-to-end latency percentiles are not computed;
 ``requeue_in_flight_on_close`` (off by default) can put a vanished client's messages back at
 once instead of after their timeouts.
 
@@ -89,6 +88,7 @@ from .events import AdminError, LookupChannels, RegistryEvent, ServerEvent
 from .message import Message
 from .options import AuthState, NSQDOptions
 from .protocol_v2 import ProtocolV2
+from .quantile import merged_result
 from .states import ClientState, NSQDState
 from .topic import ChannelLookup, Topic
 from .topics import Topics
@@ -136,6 +136,8 @@ class NSQD:
             requeue_in_flight_on_close=options.requeue_in_flight_on_close,
         )
         self._topics.lookup_timeout = options.http_client_request_timeout
+        self._topics.e2e_percentiles = options.e2e_processing_latency_percentiles
+        self._topics.e2e_window = options.e2e_processing_latency_window_time
         self._protocol = ProtocolV2(options, self._context, self._topics)
 
     # ------------------------------------------------------------------ connections
@@ -544,6 +546,7 @@ class NSQD:
         else:
             names = sorted(self._topics.by_name)
         topics: list[dict[str, Any]] = []
+        percentiles = self.options.e2e_processing_latency_percentiles
         for name in names:
             found = self._topics.by_name[name]
             if channel:
@@ -575,7 +578,9 @@ class NSQD:
                         "client_count": len(chan.clients),
                         "clients": clients,
                         "paused": chan.paused,
-                        "e2e_processing_latency": {"count": 0, "percentiles": None},
+                        "e2e_processing_latency": merged_result(
+                            percentiles, [] if chan.latency is None else [chan.latency], now
+                        ),
                     }
                 )
             topics.append(
@@ -587,7 +592,12 @@ class NSQD:
                     "message_count": found.message_count,
                     "message_bytes": found.message_bytes,
                     "paused": found.paused,
-                    "e2e_processing_latency": {"count": 0, "percentiles": None},
+                    # merged over all its channels, also when one channel was asked for
+                    "e2e_processing_latency": merged_result(
+                        percentiles,
+                        [c.latency for c in found.channels.values() if c.latency is not None],
+                        now,
+                    ),
                 }
             )
         stats["topics"] = topics

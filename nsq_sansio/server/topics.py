@@ -30,6 +30,7 @@ from .events import (
     TopicCreated,
     TopicDeleted,
 )
+from .quantile import LatencyWindow
 from .states import ClientState
 from .topic import ChannelLookup, Topic
 
@@ -62,6 +63,9 @@ class Topics:
         self.lookups: dict[int, ChannelLookup] = {}
         self.started: list[ChannelLookup] = []
         self.lookup_seq = 0
+        # nsqd's e2e processing latency percentiles (none: not tracked) and their window.
+        self.e2e_percentiles: tuple[float, ...] = ()
+        self.e2e_window = 600.0
         self._backend_factory = backend_factory
         self._requeue_in_flight_on_close = requeue_in_flight_on_close
 
@@ -146,6 +150,8 @@ class Topics:
         if channel is None:
             backend = self._make_backend(topic.name, name)
             channel = Channel(topic.name, name, backend, self.context)
+            if self.e2e_percentiles:
+                channel.latency = LatencyWindow(self.e2e_percentiles, self.e2e_window, now)
             topic.channels[name] = channel
             self.registry.append(ChannelCreated(topic.name, name))
             self.flow(topic, now)

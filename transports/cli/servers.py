@@ -57,6 +57,18 @@ def _tls_required(text: str) -> bool | str:
     return _bool(text)
 
 
+def _percentiles(text: str) -> list[float]:
+    """nsqd's --e2e-processing-latency-percentile: floats, comma separated."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"could not parse {text!r} as numbers") from None
+    for value in values:
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(f"invalid E2E processing latency percentile: {value}")
+    return values
+
+
 def build_nsqd_parser() -> argparse.ArgumentParser:
     """``nsq-sansio nsqd``'s flags: nsqd's names, defaults and duration syntax."""
     p = CommandParser(prog="nsq-sansio nsqd", description="embedded nsqd")
@@ -205,6 +217,24 @@ def build_nsqd_parser() -> argparse.ArgumentParser:
         default=0,
         help="this nsqd's part of message ids, 0-1023 (default 0)",
     )
+    flag(
+        p,
+        "e2e-processing-latency-percentile",
+        type=_percentiles,
+        action="append",
+        default=[],
+        metavar="FLOAT[,FLOAT...]",
+        help="message processing time percentiles, each within (0, 1], to report in /stats "
+        "(may be given several times or comma separated: '1.0,0.99,0.95'; default none)",
+    )
+    flag(
+        p,
+        "e2e-processing-latency-window-time",
+        type=positive(parse_duration),
+        default=600.0,
+        metavar="DURATION",
+        help="the processing time percentiles cover about this much of the past (default 10m)",
+    )
     flag(p, "tls-cert", default=None, help="path to a PEM certificate file (turns TLS on)")
     flag(p, "tls-key", default=None, help="path to its PEM private key file")
     flag(
@@ -302,6 +332,8 @@ _NSQD_OPTIONS = {
     "deflate": "deflate",
     "max_deflate_level": "max_deflate_level",
     "node_id": "node_id",
+    "e2e_processing_latency_percentiles": "e2e_processing_latency_percentile",
+    "e2e_processing_latency_window_time": "e2e_processing_latency_window_time",
 }
 
 
@@ -310,6 +342,9 @@ def nsqd_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     options = {keyword: getattr(args, dest) for keyword, dest in _NSQD_OPTIONS.items()}
     for keyword in ("lookupd_tcp_addresses", "auth_http_addresses"):
         options[keyword] = list(options[keyword])
+    options["e2e_processing_latency_percentiles"] = tuple(
+        value for given in options["e2e_processing_latency_percentiles"] for value in given
+    )
     return options
 
 

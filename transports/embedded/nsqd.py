@@ -54,6 +54,7 @@ from nsq_sansio.server.lookupd_client import (
 )
 from nsq_sansio.server.nsqd import NSQD, ClientState
 from nsq_sansio.server.options import AuthState, NSQDOptions
+from nsq_sansio.server.quantile import go_number
 
 from ._clock import LoopClock
 from ._net import (
@@ -433,8 +434,10 @@ class EmbeddedNSQD(ListenerAddresses):
             return True, addresses[name]
         if name in CONFIG_OPTION_NAMES:
             value = getattr(options, name)
-            if isinstance(value, float) and name in CONFIG_DURATIONS:
+            if name in CONFIG_DURATIONS and isinstance(value, (int, float)):
                 return True, round(value * 1_000_000_000)
+            if isinstance(value, tuple):  # the percentiles, as Go writes floats: [1,0.99]
+                return True, [go_number(item) for item in value]
             return True, value
         return False, None
 

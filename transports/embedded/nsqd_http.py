@@ -96,6 +96,7 @@ CONFIG_DURATIONS = {
     "output_buffer_timeout",
     "http_client_connect_timeout",
     "http_client_request_timeout",
+    "e2e_processing_latency_window_time",
 }
 # nsqd's log levels (lg.LogLevel) and the Python logging level each sets on this module's
 # logger, which every embedded nsqd of the process shares.
@@ -273,7 +274,8 @@ def _stats_text(stats: dict[str, Any], uptime: float) -> str:
         paused = "*P " if topic["paused"] else "   "
         out.append(
             f"\n{paused}[{topic['topic_name']:<15}] depth: {topic['depth']:<5} "
-            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8} e2e%: \n"
+            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8} "
+            f"e2e%: {_e2e_text(topic['e2e_processing_latency'])}\n"
         )
         for ch in topic["channels"]:
             paused = "   *P " if ch["paused"] else "      "
@@ -281,13 +283,27 @@ def _stats_text(stats: dict[str, Any], uptime: float) -> str:
                 f"{paused}[{ch['channel_name']:<25}] depth: {ch['depth']:<5} "
                 f"be-depth: {ch['backend_depth']:<5} inflt: {ch['in_flight_count']:<4} "
                 f"def: {ch['deferred_count']:<4} re-q: {ch['requeue_count']:<5} "
-                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8} e2e%: \n"
+                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8} "
+                f"e2e%: {_e2e_text(ch['e2e_processing_latency'])}\n"
             )
             out.extend(f"        {_client_text(c)}\n" for c in ch["clients"] or ())
     producers = stats["producers"] or []
     out.append("\nProducers:\n" if producers else "\nProducers: None\n")
     out.extend(f"   {_client_text(client)}\n" for client in producers)
     return "".join(out)
+
+
+def _e2e_text(latency: dict[str, Any]) -> str:
+    """The percentiles of an ``e2e_processing_latency`` as nsqd's text /stats prints them
+    (``1.9s, 12.5ms``; nothing when they are not tracked)."""
+    return ", ".join(_nanoseconds_text(p["value"]) for p in latency["percentiles"] or ())
+
+
+def _nanoseconds_text(value: float) -> str:
+    for scale, suffix in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
+        if value > scale:
+            return f"{value / scale:.1f}{suffix}"
+    return f"{value:.1f}ns"
 
 
 def _client_text(client: dict[str, Any]) -> str:
