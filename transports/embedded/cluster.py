@@ -14,6 +14,7 @@ import anyio.abc
 
 from nsq_sansio.server.lookupd import LookupdAPIError
 
+from ._net import abandon_task_group
 from .lookupd import EmbeddedLookupd
 from .nsqd import EmbeddedNSQD
 
@@ -110,6 +111,9 @@ class Cluster:
             time.sleep(0.01)
 
     async def __aenter__(self) -> Cluster:
+        """Start the lookupd and the nsqds; if one cannot start, what it raised is raised
+        alone (a :class:`~transports.embedded.errors.ListenError` for a port in use) and
+        those already started are stopped."""
         self._task_group = tg = anyio.create_task_group()
         await tg.__aenter__()
         try:
@@ -123,10 +127,9 @@ class Cluster:
                 nsqd = EmbeddedNSQD(**options)
                 await nsqd.start(tg)
                 self.nsqds.append(nsqd)
-        except BaseException as exc:
-            tg.cancel_scope.cancel()
-            await self._shutdown()
-            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+        except BaseException:
+            self._task_group = None
+            await abandon_task_group(tg, self._shutdown)
             raise
         return self
 
