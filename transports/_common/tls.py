@@ -35,6 +35,8 @@ class TLSOptions:
     ssl_context: ssl.SSLContext | None = None
 
     def context(self) -> ssl.SSLContext:
+        """An ``ssl.SSLContext`` built from these options (verification on unless ``verify`` is
+        False)."""
         if self.ssl_context is not None:
             return self.ssl_context
         return build_ssl_context(

@@ -290,6 +290,7 @@ class Consumer(ConsumerConnections):
 
     @property
     def config(self) -> Config:
+        """The configuration every connection of this consumer identifies with."""
         return self._coord.config
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
@@ -299,6 +300,8 @@ class Consumer(ConsumerConnections):
         self._kick()
 
     def is_starved(self) -> bool:
+        """Whether some connection has used most of its RDY (NSQ's ``IsStarved``): a batch of
+        messages is waiting for answers."""
         return self._coord.is_starved()
 
     # --- consuming -----------------------------------------------------------------------------

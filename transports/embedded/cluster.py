@@ -51,10 +51,12 @@ class Cluster:
 
     @property
     def lookupd_http_urls(self) -> list[str]:
+        """``http://host:port`` of the nsqlookupd HTTP API (empty without a lookupd)."""
         return [self.lookupd.http_url] if self.lookupd is not None else []
 
     @property
     def nsqd_tcp_addresses(self) -> list[str]:
+        """``host:port`` of every nsqd's TCP listener, in start order."""
         return [n.tcp_address for n in self.nsqds]
 
     async def wait_registered(self, topic: str, timeout: float = 5.0) -> None:

@@ -290,6 +290,7 @@ class EmbeddedNSQD(ListenerAddresses):
 
     @property
     def https_address(self) -> str | None:
+        """``host:port`` of the HTTPS API, None when it was not asked for."""
         if not self._https_port:
             return None
         return format_address(self._connect_host(), self._https_port)
@@ -300,6 +301,7 @@ class EmbeddedNSQD(ListenerAddresses):
         return [peer for peer, _ in self._peers]
 
     def core_has_topic(self, topic: str) -> bool:
+        """Whether the server role holds ``topic`` now (tests use it to wait for a topic)."""
         return self._core is not None and topic in self._core.topic_names()
 
     def now(self) -> float:
