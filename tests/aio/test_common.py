@@ -25,6 +25,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.http_publish import MAX_ANSWER_SIZE, idle_socket_closed
+from transports._common.options import host_names
 
 
 @pytest.mark.parametrize(
@@ -109,6 +110,24 @@ def test_http_publish_client_keep_alive_and_errors() -> None:
     client.pub("events", b"x")
     with pytest.raises(ConnectionLost):
         client.receive_data(b"")
+
+
+def test_identify_names_default_to_the_host_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """client_id is the short host name and hostname the full one (as go-nsq sends them),
+    read once per process; what the user sets wins, "" included."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "web-3.dc1.example.org")
+    host_names.cache_clear()
+    try:
+        config, _ = split_options(None, {})
+        assert (config.client_id, config.hostname) == ("web-3", "web-3.dc1.example.org")
+        body = config.identify_body()
+        assert (body["client_id"], body["hostname"]) == ("web-3", "web-3.dc1.example.org")
+        config, _ = split_options(Config(client_id="billing"), {"hostname": ""})
+        assert (config.client_id, config.hostname) == ("billing", "")
+        monkeypatch.setattr(socket, "gethostname", lambda: "changed")
+        assert split_options(None, {})[0].client_id == "web-3"  # read once
+    finally:
+        host_names.cache_clear()
 
 
 def test_http_publish_answers_are_bounded() -> None:
