@@ -15,7 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from pathlib import Path
 
 import anyio
 import pytest
@@ -279,3 +280,57 @@ async def test_no_nsqd_reachable_within_the_timeout(runtime: Runtime) -> None:
                 await http.publish("t", b"x")
             assert time.monotonic() - started <= TIMEOUT + MARGIN
     assert server.requests == 0
+
+
+@pytest.mark.parametrize("kind", BROKER_KINDS)
+async def test_https_publishes_on_kept_alive_connections(
+    runtime: Runtime, kind: str, tmp_path: Path
+) -> None:
+    """Over TLS (a private CA) too: each publish is stored once, on the pooled connection
+    when nsqd keeps it."""
+    pytest.importorskip("cryptography")
+    from support.tls import make_test_ca
+
+    ca = make_test_ca(tmp_path)
+    topic = unique()
+    with ExitStack() as stack:
+        if kind == "real":
+            port = free_port()
+            real = stack.enter_context(
+                RealNSQD(
+                    [
+                        f"--https-address=127.0.0.1:{port}",
+                        f"--tls-cert={ca.cert_file}",
+                        f"--tls-key={ca.key_file}",
+                    ]
+                )
+            )
+            url = f"https://127.0.0.1:{port}"
+
+            def stored() -> int:
+                return topic_count(real, topic)
+        else:
+            server = EmbeddedNSQD(
+                tls_cert=ca.cert_file, tls_key=ca.key_file, https_address="127.0.0.1:0"
+            )
+            runner = stack.enter_context(_running(server))
+            url = f"https://{server.https_address}"
+
+            def stored() -> int:
+                return embedded_topic_count(runner, topic)
+
+        async with runtime.http_producer(url, timeout=TIMEOUT, tls_ca_file=ca.ca_file) as http:
+            for i in range(3):
+                await http.publish(topic, b"%d" % i)
+            await http.multi_publish(topic, [b"a\n", b"b"])
+        assert await anyio.to_thread.run_sync(stored) == 5
+
+
+@contextmanager
+def _running(server: EmbeddedNSQD) -> Iterator[ServerThread[EmbeddedNSQD]]:
+    runner = ServerThread(server)
+    runner.start()
+    try:
+        yield runner
+    finally:
+        runner.stop()
