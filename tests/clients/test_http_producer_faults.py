@@ -217,6 +217,18 @@ async def test_a_request_lost_after_it_was_written_is_not_sent_again(runtime: Ru
     assert other.requests == 3
 
 
+async def test_a_server_that_never_answers_gets_the_request_once(runtime: Runtime) -> None:
+    """An nsqd that reads the request and never answers: TimeoutError at the timeout, and the
+    request was read once, not sent again to it nor to the next URL."""
+    with scripted(lambda n: "hang") as hung, scripted(lambda n: "ok") as other:
+        async with runtime.http_producer([hung.url, other.url], timeout=TIMEOUT) as http:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match=r"PUB to 't': no answer from .* within 2 s"):
+                await http.publish("t", b"x")
+            assert TIMEOUT * 0.9 <= time.monotonic() - started <= TIMEOUT + MARGIN
+        assert (hung.requests, other.requests) == (1, 0)
+
+
 async def test_a_pooled_connection_nsqd_closed_is_not_used(runtime: Runtime) -> None:
     """nsqd closed a kept-alive connection while it sat in the pool (an idle timeout, a
     restart): nothing was sent on it, so the next publish goes on a fresh connection and is

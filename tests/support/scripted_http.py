@@ -17,7 +17,7 @@ __all__ = ["ScriptedHTTP", "scripted"]
 class ScriptedHTTP:
     """An HTTP server that counts the requests it read and answers each as ``script`` says:
     ``"ok"`` (200 OK, kept alive), ``"ok-then-close"`` (200 OK, then closes the connection),
-    ``"ok-then-reset"`` (200 OK, then resets the connection),
+    ``"ok-then-reset"`` (200 OK, then resets the connection), ``"hang"`` (never answers),
     ``"drop"`` (closes the connection without answering: a crash after storing it),
     ``"endless"`` (200 with a chunked body that does not end: 64 MiB, then the connection
     closes)."""
@@ -67,6 +67,9 @@ class ScriptedHTTP:
                     self.requests += 1
                     action = self.script(self.requests)
                 if action == "drop":
+                    return
+                if action == "hang":
+                    self._stop.wait(30)
                     return
                 if action == "endless":
                     self._endless(sock)
