@@ -1,9 +1,10 @@
-"""nsqlookupd discovery, pure: build ``GET /lookup?topic=...`` with h11, parse the answer, poll.
+"""nsqlookupd discovery, pure: build ``GET /lookup?topic=...``, parse the answer, poll.
 
 * :class:`NSQDAddress` / :class:`LookupdAddress` parse and print addresses (IPv6 bracketed).
-* :class:`LookupRequest` is one HTTP exchange with h11 in the client role: ``data`` is what to
-  write, :meth:`LookupRequest.receive_data` takes what was read (``b""`` at EOF) and returns the
-  outcome once the response is complete. The body is bounded; garbage is an error, never a hang.
+* :class:`LookupRequest` is one HTTP exchange over :class:`~nsq_sansio.http_client.HTTPClient`
+  (the project's one HTTP client): ``data`` is what to write, :meth:`LookupRequest.receive_data`
+  takes what was read (``b""`` at EOF) and returns the outcome once the response is complete.
+  The body is bounded; garbage is an error, never a hang.
 * :func:`parse_lookup_response` reads both answer shapes: nsqlookupd's current one
   (``{"channels": [...], "producers": [...]}``) and the old envelope
   (``{"status_code": 200, "status_txt": "OK", "data": {...}}``). ``404 TOPIC_NOT_FOUND`` is a
@@ -22,9 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-import h11
-
-from .errors import ConfigError, LookupdError
+from .errors import ConfigError, ConnectionLost, LookupdError, RemoteProtocolError
+from .http_client import HTTPClient
 from .names import validate_topic
 
 __all__ = [
@@ -206,33 +206,23 @@ def _failure(lookupd: LookupdAddress, text: str, status: int | None = None) -> L
 
 
 class LookupRequest:
-    """One ``GET /lookup?topic=...`` exchange through h11 (client role)."""
+    """One ``GET /lookup?topic=...`` exchange (:class:`~nsq_sansio.http_client.HTTPClient`)."""
 
-    __slots__ = ("_body", "_done", "_h11", "_status", "data", "lookupd")
+    __slots__ = ("_done", "_http", "data", "lookupd")
 
     def __init__(
         self, lookupd: LookupdAddress, topic: str, *, user_agent: str = "nsq-sansio"
     ) -> None:
         validate_topic(topic)
         self.lookupd = lookupd
-        self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=64 * 1024)
+        self._http = HTTPClient(
+            _join(lookupd.host, lookupd.port),
+            max_body_size=MAX_RESPONSE_SIZE,
+            user_agent=user_agent,
+        )
         target = f"{lookupd.path_prefix}/lookup?topic={quote(topic, safe='')}"
-        request = h11.Request(
-            method="GET",
-            target=target,
-            headers=[
-                ("Host", _join(lookupd.host, lookupd.port)),
-                ("Accept", "application/vnd.nsq; version=1.0"),
-                ("User-Agent", user_agent),
-                ("Connection", "close"),
-            ],
-        )
         #: The request bytes for the transport to write.
-        self.data: bytes = (self._h11.send(request) or b"") + (
-            self._h11.send(h11.EndOfMessage()) or b""
-        )
-        self._status: int | None = None
-        self._body = bytearray()
+        self.data: bytes = self._http.request("GET", target, headers=(("Connection", "close"),))
         self._done = False
 
     @property
@@ -245,32 +235,14 @@ class LookupRequest:
         if self._done:
             return None
         try:
-            self._h11.receive_data(data)
-            while True:
-                event = self._h11.next_event()
-                if event is h11.NEED_DATA:
-                    if not data:  # EOF yet h11 wants more: the answer was cut short
-                        return self._finish(_failure(self.lookupd, "connection closed early"))
-                    return None
-                if isinstance(event, h11.InformationalResponse):
-                    continue
-                if isinstance(event, h11.Response):
-                    self._status = event.status_code
-                elif isinstance(event, h11.Data):
-                    self._body += event.data
-                    if len(self._body) > MAX_RESPONSE_SIZE:
-                        return self._finish(
-                            _failure(self.lookupd, f"answer over {MAX_RESPONSE_SIZE} bytes")
-                        )
-                elif isinstance(event, h11.EndOfMessage):
-                    assert self._status is not None  # h11 yields Response before the body
-                    return self._finish(
-                        parse_lookup_response(self.lookupd, self._status, bytes(self._body))
-                    )
-                else:  # ConnectionClosed or PAUSED before the end of the answer
-                    return self._finish(_failure(self.lookupd, "connection closed early"))
-        except h11.RemoteProtocolError as exc:
-            return self._finish(_failure(self.lookupd, f"broken HTTP answer: {exc}"))
+            answer = self._http.receive_data(data)
+        except ConnectionLost:
+            return self._finish(_failure(self.lookupd, "connection closed early"))
+        except RemoteProtocolError as exc:  # broken, or over MAX_RESPONSE_SIZE
+            return self._finish(_failure(self.lookupd, str(exc)))
+        if answer is None:
+            return None
+        return self._finish(parse_lookup_response(self.lookupd, answer.status, answer.body))
 
     def receive_response(self, status: int, body: bytes) -> LookupAnswer | LookupFailure:
         """For transports with their own HTTP client: the status and body they read."""
@@ -280,7 +252,6 @@ class LookupRequest:
 
     def _finish(self, outcome: LookupAnswer | LookupFailure) -> LookupAnswer | LookupFailure:
         self._done = True
-        self._body = bytearray()
         return outcome
 
 

@@ -4,14 +4,17 @@
 :func:`split_options` is what every consumer and producer calls with its ``**kwargs``:
 ``Config`` field names go to the config (:func:`make_config`), ``connect_timeout`` and the TLS
 options (``tls=TLSOptions(...)`` or the flat ``tls_*`` names) to the transport, and anything
-else is a :class:`~nsq_sansio.errors.ConfigError` that lists what is valid. The transports'
-own constants live here too (:data:`READ_SIZE`, the producer's ``connections_per_nsqd``
-bounds).
+else is a :class:`~nsq_sansio.errors.ConfigError` that lists what is valid. IDENTIFY's
+``client_id`` and ``hostname`` left at None get this host's names (:func:`host_names`: the
+core cannot look them up, it does no IO). The transports' own constants live here too
+(:data:`READ_SIZE`, the producer's ``connections_per_nsqd`` bounds).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ __all__ = [
     "READ_SIZE",
     "TransportOptions",
     "check_connections_per_nsqd",
+    "host_names",
     "make_config",
     "split_options",
 ]
@@ -72,6 +76,29 @@ def make_config(config: Config | None = None, **overrides: Any) -> Config:
     return base.replace(**overrides) if overrides else base
 
 
+@functools.cache
+def host_names() -> tuple[str, str]:
+    """``(client_id, hostname)`` a client sends in IDENTIFY unless told otherwise: the short
+    host name (up to the first dot) and the full one, as go-nsq does. ``gethostname()`` is the
+    kernel's name (no DNS lookup, so it cannot hang); read once per process."""
+    try:
+        full = socket.gethostname()
+    except OSError:
+        full = ""
+    return full.split(".", 1)[0], full
+
+
+def with_host_names(config: Config) -> Config:
+    """``config`` with ``client_id`` / ``hostname`` left at None set to :func:`host_names`."""
+    if config.client_id is not None and config.hostname is not None:
+        return config
+    short, full = host_names()
+    return config.replace(
+        client_id=short if config.client_id is None else config.client_id,
+        hostname=full if config.hostname is None else config.hostname,
+    )
+
+
 _TLS_FLAT = {
     "ssl_context": "ssl_context",
     "tls_ca_file": "ca_file",
@@ -105,7 +132,8 @@ def split_options(
 ) -> tuple[Config, TransportOptions]:
     """Keyword arguments -> (Config, TransportOptions).
 
-    Config field names go to the config; ``connect_timeout``, ``tls=TLSOptions(...)`` or the
+    Config field names go to the config (``client_id`` and ``hostname`` default to this
+    host's names, :func:`with_host_names`); ``connect_timeout``, ``tls=TLSOptions(...)`` or the
     flat ``ssl_context``/``tls_ca_file``/``tls_ca_data``/``tls_cert_file``/``tls_key_file``/
     ``tls_key_password``/``tls_server_name``/``tls_verify`` are transport options. Giving any
     TLS option turns ``tls_v1`` on (verification stays on unless ``tls_verify=False``).
@@ -138,6 +166,6 @@ def split_options(
         tls = TLSOptions(**tls_changes)
     if tls is not None:
         config_changes.setdefault("tls_v1", True)
-    made = make_config(config, **config_changes)
+    made = with_host_names(make_config(config, **config_changes))
     # One dial timeout for every runtime: the config's (the TCP connect and the handshake).
     return made, TransportOptions(made.connect_timeout, tls if tls is not None else TLSOptions())
