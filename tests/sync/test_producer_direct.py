@@ -113,12 +113,23 @@ def test_heartbeats_are_answered_when_callers_stop_reading_embedded() -> None:
 
 
 def _many_threads(address: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int, str]:
+    """24 threads publish 150 each; 48 of those calls (two per thread, at places spread over
+    the run) are bodies over nsqd's 1 KiB limit, each of its own size. Each refusal must reach
+    its own caller, and only it: nsqd's text names the refused size, so each caller checks the
+    BadMessage it got is the one for its body. Every refusal closes the connection (nsqd's
+    E_BAD_MESSAGE is fatal), so what was pipelined behind it is sent again, many times over."""
     topic = unique()
     leads = LeadCounter(monkeypatch)
     threads_count, per_thread = 24, 150
-    bad = {
-        (t, i) for t in range(threads_count) for i in range(per_thread) if (t * 7 + i) % 701 == 0
+    # two per thread, at i = 7t mod 75 and 75 later: first, middle and late calls alike
+    bad_sizes = {
+        (t, i): 1025 + k
+        for k, (t, i) in enumerate(
+            (t, i) for t in range(threads_count) for i in range(per_thread) if (i - 7 * t) % 75 == 0
+        )
     }
+    assert len(bad_sizes) == 2 * threads_count
+    assert len({i for _, i in bad_sizes}) > 20  # spread over the run, not all first calls
     outcomes: dict[tuple[int, int], BaseException | None] = {}
     lock = threading.Lock()
     with Producer(address, timeout=20) as p:
@@ -128,7 +139,8 @@ def _many_threads(address: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, i
         def caller(t: int) -> None:
             go.wait()
             for i in range(per_thread):
-                body = b"B" * 2000 if (t, i) in bad else b"%d:%d" % (t, i)
+                size = bad_sizes.get((t, i))
+                body = b"B" * size if size is not None else b"%d:%d" % (t, i)
                 try:
                     p.publish(topic, body)
                     outcome: BaseException | None = None
@@ -145,10 +157,14 @@ def _many_threads(address: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, i
             thread.join(60)
         stats = p.stats()
     assert len(outcomes) == threads_count * per_thread
-    refused = {key for key, outcome in outcomes.items() if outcome is not None}
-    assert refused == bad  # each refusal went to its own caller, and nothing else failed
-    assert all(isinstance(outcomes[key], BadMessage) for key in bad)
-    good = threads_count * per_thread - len(bad)
+    failed = {key: outcome for key, outcome in outcomes.items() if outcome is not None}
+    # each refusal went to its own caller, and nothing else failed
+    assert set(failed) == set(bad_sizes), sorted(set(failed) ^ set(bad_sizes))[:10]
+    for key, size in bad_sizes.items():
+        error = failed[key]
+        assert type(error) is BadMessage, (key, error)
+        assert str(error) == f"E_BAD_MESSAGE PUB message too big {size} > 1024", (key, error)
+    good = threads_count * per_thread - len(bad_sizes)
     assert stats.published == good + 3
     assert leads.count > 50  # callers, not the IO thread, read most answers
     return good + 3, p.retried, topic
