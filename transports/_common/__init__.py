@@ -45,6 +45,7 @@ from .options import (
     TransportOptions,
     check_connections_per_nsqd,
     make_config,
+    read_auth_secret,
     split_options,
 )
 from .publishing import TOPICS_REMEMBERED, remember_topic
@@ -78,6 +79,7 @@ __all__ = [
     "parse_address",
     "parse_http_url",
     "parse_pub_response",
+    "read_auth_secret",
     "remember_topic",
     "split_options",
 ]
