@@ -211,6 +211,11 @@ class LookupdAddress:
         if "://" not in raw:
             raw = "http://" + raw
         parts = urlsplit(raw)
+        if "@" in parts.netloc:  # said without the address: before "@" may be a password
+            raise ConfigError(
+                "a lookupd address with a user or password is not supported (nsqlookupd's "
+                "HTTP API has no authentication); give http(s)://host:port only"
+            )
         if parts.scheme not in ("http", "https"):
             raise ConfigError(f"lookupd address {text!r}: scheme must be http or https")
         if parts.query or parts.fragment:

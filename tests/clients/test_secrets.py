@@ -24,6 +24,7 @@ from support.brokers import running_nsqd, unique
 from support.runtimes import Runtime
 from support.tls import TestCA, make_test_ca
 
+from nsq_sansio.errors import ConfigError
 from nsq_sansio.server.options import Authorization, AuthRequest, AuthState
 from transports._common import TLSOptions
 
@@ -204,3 +205,20 @@ async def test_no_secret_in_the_metrics_of_a_client(
             scraped = generate_latest(registry).decode()
     assert "nsq_consumer" in scraped and "nsq_producer" in scraped
     assert SECRET not in scraped
+
+
+async def test_a_password_in_an_address_is_refused_and_not_shown(runtime: Runtime) -> None:
+    """nsqd's and nsqlookupd's HTTP APIs have no authentication: a ``user:password@`` in an
+    address is a mistake, refused at once, and the error does not repeat the password."""
+    module = runtime.module
+    url = f"http://admin:{SECRET}@127.0.0.1:4151"
+    attempts = [
+        lambda: module.HTTPProducer([url]),
+        lambda: module.NSQDAdmin(url),
+        lambda: module.Consumer("t", "c", lookupd=[url.replace("4151", "4161")]),
+    ]
+    for attempt in attempts:
+        with pytest.raises((ValueError, ConfigError)) as caught:
+            attempt()
+        assert "user or password" in str(caught.value)
+        assert SECRET not in "".join(traceback.format_exception(caught.value))
