@@ -188,8 +188,9 @@ class ConsumerConnections:
     async def _pause_reading(self, conn: Conn) -> None:
         """More messages wait for user code than ``max_in_flight``: read this connection again
         once they are no more than that, or after the core's ``read_pause_limit`` (heartbeats
-        must be answered), whichever comes first. Checked once per read, never per message:
-        a peer that ignores RDY cannot fill memory faster than user code takes messages."""
+        must be answered), whichever comes first. Checked once per read, never per message: a
+        peer that ignores RDY is read no faster than user code takes messages, but for one
+        read (within the RDY bound) per pause."""
         coord = self._coord
         limit = coord.read_pause_limit(conn.conn_id)
         if limit is None:  # not subscribed: a handshake is never held up

@@ -221,8 +221,8 @@ class ConsumerIO:
         """More messages wait for user threads than ``max_in_flight``: stop reading ``link``
         until they are no more than that, or until the core's ``read_pause_limit`` passed
         (heartbeats must be answered), whichever comes first (:meth:`check_paused`). Checked
-        once per read: a peer that ignores RDY cannot fill memory faster than user code takes
-        messages."""
+        once per read: a peer that ignores RDY is read no faster than user code takes
+        messages, but for one read (within the RDY bound) per pause."""
         limit = self.coordinator.read_pause_limit(conn_id)
         if limit is None or link.closed:  # not subscribed: a handshake is never held up
             return
