@@ -855,6 +855,10 @@ class ClientConnection:
             )
             if self._state in _HANDSHAKE_STATES and isinstance(error, RemoteProtocolError):
                 error = self._handshake_error(error, data, pos)
+            # Reported as a value, not raised: its traceback would hold this frame, whose
+            # ``events`` hold the error (a cycle keeping every message decoded so far, and
+            # the read itself, until a full garbage collection).
+            exc.__traceback__ = error.__traceback__ = None
             self._fail(error, events)
             return
         if pos < end:

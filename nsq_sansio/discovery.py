@@ -13,13 +13,17 @@
   ``interval`` plus a random jitter of up to ``jitter * interval``. A request unanswered after
   ``timeout`` fails. A failing lookupd keeps its last good answer, so it never removes nodes
   from the union (:meth:`LookupdPoller.known_nodes`).
+* :data:`NSQDFilter` is what a consumer may be given to decide which of the nsqd addresses a
+  lookupd lists it connects to (go-nsq's ``DiscoveryFilter``); :func:`allow_nsqd` builds one
+  from an allow-list of hosts, addresses and networks.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
@@ -35,7 +39,9 @@ __all__ = [
     "LookupdError",
     "LookupdPoller",
     "NSQDAddress",
+    "NSQDFilter",
     "PollRequest",
+    "allow_nsqd",
     "parse_lookup_response",
 ]
 
@@ -92,6 +98,97 @@ class NSQDAddress:
         return cls(host, port)
 
 
+#: Which of the nsqd addresses a lookupd lists a consumer connects to: called with each one,
+#: True to connect. Pure (no IO, no DNS: it sees the address as the lookupd wrote it) and
+#: quick. Addresses given to the consumer directly (``nsqd=``) are not filtered.
+NSQDFilter = Callable[[NSQDAddress], bool]
+
+
+def allow_nsqd(*allowed: str) -> NSQDFilter:
+    """An :data:`NSQDFilter` that connects only to the nsqd ``allowed`` names.
+
+    Each entry is a host name (``"nsqd-1.internal"``, matched exactly, case aside), an IP
+    address (``"10.0.0.7"``, ``"::1"``) or a network (``"10.0.0.0/8"``, ``"fd00::/8"``); a
+    host name or an IP address may carry a port (``"nsqd-1.internal:4150"``,
+    ``"[::1]:4150"``), and then only that port matches. A network matches IP addresses only:
+    a name a lookupd lists is never resolved to be checked (DNS would then decide instead of
+    the list). A bad entry, or none at all, is a :class:`~nsq_sansio.errors.ConfigError`.
+    """
+    return _AllowList(allowed)
+
+
+class _AllowList:
+    """:func:`allow_nsqd`'s filter: names, addresses and networks, each with a port or not."""
+
+    __slots__ = ("_entries", "_ips", "_names", "_networks")
+
+    def __init__(self, allowed: Sequence[str]) -> None:
+        if not allowed:
+            raise ConfigError("allow_nsqd() needs at least one host, address or network")
+        self._entries = tuple(allowed)
+        self._names: set[tuple[str, int | None]] = set()
+        self._ips: set[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int | None]] = set()
+        self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        for entry in allowed:
+            if not isinstance(entry, str) or not entry.strip():
+                raise ConfigError(
+                    f"allow_nsqd entry {entry!r}: expected a host, address or network"
+                )
+            text = entry.strip()
+            if "/" in text:
+                try:
+                    self._networks.append(ipaddress.ip_network(text, strict=False))
+                except ValueError:
+                    raise ConfigError(
+                        f"allow_nsqd entry {entry!r}: not a network (such as 10.0.0.0/8)"
+                    ) from None
+                continue
+            host, port = _entry_host_port(text)
+            ip = _ip(host)
+            if ip is not None:
+                self._ips.add((ip, port))
+            elif not host or any(c in host for c in " /[]\r\n\t@"):
+                raise ConfigError(f"allow_nsqd entry {entry!r}: not a host name or address")
+            else:
+                self._names.add((_name(host), port))
+
+    def __call__(self, address: NSQDAddress) -> bool:
+        ip = _ip(address.host)
+        if ip is None:
+            name = _name(address.host)
+            return (name, None) in self._names or (name, address.port) in self._names
+        if (ip, None) in self._ips or (ip, address.port) in self._ips:
+            return True
+        return any(ip in network for network in self._networks)
+
+    def __repr__(self) -> str:
+        return f"allow_nsqd({', '.join(map(repr, self._entries))})"
+
+
+def _entry_host_port(text: str) -> tuple[str, int | None]:
+    """An allow-list entry's host and port (None: any port); a bare IPv6 address has none."""
+    if _ip(text) is not None:
+        return text, None
+    if text.startswith("[") or text.count(":") == 1:
+        try:
+            host, port = _split_host_port(text, 0, "allow_nsqd")
+        except ConfigError as exc:
+            raise ConfigError(f"allow_nsqd entry {text!r}: {exc}") from None
+        return host, port or None
+    return text, None
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _name(host: str) -> str:
+    return host.lower().rstrip(".")
+
+
 @dataclass(frozen=True, slots=True)
 class LookupdAddress:
     """An nsqlookupd HTTP endpoint; ``tls`` means the transport must speak HTTPS."""
@@ -114,6 +211,11 @@ class LookupdAddress:
         if "://" not in raw:
             raw = "http://" + raw
         parts = urlsplit(raw)
+        if "@" in parts.netloc:  # said without the address: before "@" may be a password
+            raise ConfigError(
+                "a lookupd address with a user or password is not supported (nsqlookupd's "
+                "HTTP API has no authentication); give http(s)://host:port only"
+            )
         if parts.scheme not in ("http", "https"):
             raise ConfigError(f"lookupd address {text!r}: scheme must be http or https")
         if parts.query or parts.fragment:

@@ -39,6 +39,7 @@ from .options import (
     TransportOptions,
     check_connections_per_nsqd,
     make_config,
+    read_auth_secret,
     split_options,
 )
 from .publishing import TOPICS_REMEMBERED, remember_topic
@@ -69,6 +70,7 @@ __all__ = [
     "make_config",
     "parse_address",
     "parse_http_url",
+    "read_auth_secret",
     "remember_topic",
     "split_options",
 ]

@@ -282,7 +282,11 @@ class ProducerConnections:
         self, node: Node, stream: anyio.abc.ByteStream, deadline: float
     ) -> tuple[anyio.abc.ByteStream, ClientConnection]:
         options = self._options
-        proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
+        proto = ClientConnection(
+            self._identify,
+            auth_secret=self._config.auth_secret,
+            auth_requires_tls=self._config.auth_requires_tls,
+        )
         try:
             await stream.send(proto.data_to_send())
             while True:

@@ -603,7 +603,9 @@ class Producer(CallerReads, ProducerIOThread):
         node.config_error = None
         node.connects += 1
         node.conn = ClientConnection(
-            self._config.identify_body(), auth_secret=self._config.auth_secret
+            self._config.identify_body(),
+            auth_secret=self._config.auth_secret,
+            auth_requires_tls=self._config.auth_requires_tls,
         )
         node.ready_by = time.monotonic() + self._config.connect_timeout
         node.connecting = True
