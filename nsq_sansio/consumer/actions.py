@@ -4,9 +4,9 @@ Connections (:class:`Connect`, :class:`StartTLS`, :class:`CloseConnection`), loo
 (:class:`SendHTTPRequest`, :class:`CloseHTTPRequest`), messages for the user (:class:`Deliver`,
 the handle they answer with, and :class:`FetchResult` in pull mode), and reports
 (:class:`GiveUp`, :class:`TakenBack`, :class:`ConnectionUp`, :class:`Disconnected`,
-:class:`LookupdFailed`, :class:`TopicNotFound`, :class:`DrainTimedOut`, :class:`DrainComplete`,
-:class:`ConsumerFailed`). :data:`Action` is
-their union. This module decides nothing; it only defines the vocabulary.
+:class:`LookupdFailed`, :class:`NodeRefused`, :class:`TopicNotFound`, :class:`DrainTimedOut`,
+:class:`DrainComplete`, :class:`ConsumerFailed`). :data:`Action` is their union. This module
+decides nothing; it only defines the vocabulary.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ __all__ = [
     "FetchResult",
     "GiveUp",
     "LookupdFailed",
+    "NodeRefused",
     "SendHTTPRequest",
     "StartTLS",
     "TakenBack",
@@ -187,6 +188,15 @@ class LookupdFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeRefused:
+    """A lookupd listed ``address`` and the consumer's ``nsqd_filter`` refused it: it is not
+    connected to. Reported once per address."""
+
+    lookupd: LookupdAddress
+    address: NSQDAddress
+
+
+@dataclass(frozen=True, slots=True)
 class TopicNotFound:
     """``lookupd`` lists no nsqd for the consumer's ``topic`` (it does not know the topic, or
     no nsqd has it now), and no other lookupd lists one: nothing to consume until an nsqd has
@@ -213,10 +223,10 @@ class DrainComplete:
 @dataclass(frozen=True, slots=True)
 class ConsumerFailed:
     """The consumer stopped for good (state ``FAILED``): ``error`` cannot be cured by
-    reconnecting. Today that is :class:`~nsq_sansio.errors.IdentifyRejected`: nsqd refused the
-    configuration (a value outside its limits). Every connection was closed (what was in
-    flight requeued), lookupd polling stopped, waiting fetches answered ``FAILED``; nothing
-    will follow. The transport raises ``error`` to the user."""
+    reconnecting: an :class:`~nsq_sansio.errors.IncompatibleNSQD` (nsqd refused IDENTIFY, the
+    address is nsqd's HTTP port, a TLS/compression/AUTH requirement not met). Every connection
+    was closed (what was in flight requeued), lookupd polling stopped, waiting fetches answered
+    ``FAILED``; nothing will follow. The transport raises ``error`` to the user."""
 
     error: NSQError
 
@@ -256,6 +266,7 @@ Action = (
     | Disconnected
     | LookupdFailed
     | TopicNotFound
+    | NodeRefused
     | FetchResult
     | DrainTimedOut
     | DrainComplete

@@ -503,7 +503,10 @@ class ProducerConnections:
         node.last_error = str(error)
         node.last_exc = error
         if not self._closed:
-            node.down_until = monotonic() + 1.0
+            if not (was_ready and isinstance(error, ServerError)):
+                # Publishes prefer other nsqd for a second; not after nsqd closed a working
+                # connection over a refused publish (it is up: the next publish reconnects).
+                node.down_until = monotonic() + 1.0
             log_producer_disconnect(
                 node.log, error, was_ready=was_ready, unanswered=len(node.pending)
             )

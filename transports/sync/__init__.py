@@ -85,6 +85,7 @@ Threads and guarantees:
 
 from __future__ import annotations
 
+from nsq_sansio.discovery import allow_nsqd
 from nsq_sansio.errors import HTTPPublishError, NoNSQDAvailable
 from transports._common import (
     ConnectionStats,
@@ -119,5 +120,6 @@ __all__ = [
     "PublishFuture",
     "PublishObserver",
     "TLSOptions",
+    "allow_nsqd",
     "drain_on_signals",
 ]

@@ -22,6 +22,7 @@ from typing import TypeVar
 import sniffio
 
 from nsq_sansio.admin import AdminRequest
+from nsq_sansio.discovery import allow_nsqd
 from nsq_sansio.errors import HTTPPublishError, LocalProtocolError, NoNSQDAvailable
 from transports._common import (
     ConnectionStats,
@@ -56,6 +57,7 @@ __all__ = [
     "ProducerStats",
     "PublishObserver",
     "TLSOptions",
+    "allow_nsqd",
     "drain_on_signals",
 ]
 
