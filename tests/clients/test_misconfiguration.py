@@ -218,6 +218,28 @@ async def test_a_configured_max_req_timeout_bounds_deferred_publish(
 
 
 @pytest.mark.parametrize("kind", BROKER_KINDS)
+async def test_an_http_defer_above_max_req_timeout_is_refused_before_it_is_sent(
+    kind: str, runtime: Runtime
+) -> None:
+    """HTTPProducer's ``/pub?defer=``: 5000 (milliseconds meant) is above nsqd's default hour
+    and 20 above a configured 10 s: refused locally, naming seconds and the limit (nsqd would
+    answer 400 INVALID_DEFER), nothing stored; a delay within the limit is published."""
+    topic = unique()
+    with broker(kind, max_req_timeout=10.0) as nsqd:
+        url = f"http://{nsqd.http_address}"
+        async with runtime.http_producer(url) as producer:
+            with pytest.raises(DelayOutOfRange) as info:
+                await producer.deferred_publish(topic, b"late", 5000)
+            assert "5000 seconds" in str(info.value) and "3600 seconds" in str(info.value)
+            assert "not milliseconds" in str(info.value)
+        async with runtime.http_producer(url, max_req_timeout=10.0) as producer:
+            with pytest.raises(DelayOutOfRange, match="20 seconds is above the 10 seconds"):
+                await producer.deferred_publish(topic, b"too late", 20)
+            await producer.deferred_publish(topic, b"ok", 10)
+        assert nsqd.stored(topic) == 1
+
+
+@pytest.mark.parametrize("kind", BROKER_KINDS)
 async def test_a_requeue_above_max_req_timeout_is_refused_and_answers_nothing(
     kind: str, runtime: Runtime
 ) -> None:
