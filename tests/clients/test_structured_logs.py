@@ -147,7 +147,7 @@ async def test_lost_connections_say_when_they_reconnect(
                 with anyio.fail_after(10):
                     while c.stats().connected:
                         await anyio.sleep(0.01)
-                with pytest.raises(Exception):  # noqa: B017, PT011 - which one is not the point
+                with pytest.raises(Exception):  # noqa: B017 - which one is not the point
                     await p.publish(topic, b"lost")
     lost = _one(
         [r for r in caplog.records if r.name == f"nsq_sansio.{kind}.consumer"], "connection lost"

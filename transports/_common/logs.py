@@ -38,7 +38,6 @@ def fields(
     count: int | None = None,
     command: str | None = None,
     signal: str | None = None,
-    backoff_level: int | None = None,
 ) -> dict[str, object]:
     """The ``extra`` of one log record: each fact given, under its ``nsq_*`` name.
 
@@ -74,6 +73,4 @@ def fields(
         extra["nsq_command"] = command
     if signal is not None:
         extra["nsq_signal"] = signal
-    if backoff_level is not None:
-        extra["nsq_backoff_level"] = backoff_level
     return extra
