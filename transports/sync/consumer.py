@@ -334,7 +334,14 @@ class Consumer:
                 try:
                     handler(message)
                 except Exception:
-                    log_handler_failed(logger, message.nsqd_address, message.id)
+                    log_handler_failed(
+                        logger,
+                        message.nsqd_address,
+                        message.id,
+                        topic=self.topic,
+                        channel=self.channel,
+                        attempts=message.attempts,
+                    )
                     if not message.answered:
                         message.requeue()
                 else:
