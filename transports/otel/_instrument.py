@@ -27,6 +27,8 @@ __all__ = ["NSQDInstrumentation", "instrument", "instrument_nsqd", "process", "u
 
 #: The instrumentation scope's name (tracers and meters).
 SCOPE = "transports.otel"
+#: The semantic conventions the names and attributes follow.
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
 
 _Client = TypeVar("_Client")
 
@@ -62,7 +64,7 @@ def _metrics_for(provider: MeterProvider | None) -> ClientMetrics:
     with _lock:
         found = _client_metrics.get(id(provider))
         if found is None or found[0] is not provider:
-            meter = provider.get_meter(SCOPE, _VERSION)
+            meter = provider.get_meter(SCOPE, _VERSION, schema_url=SCHEMA_URL)
             found = (provider, ClientMetrics(meter))
             _client_metrics[id(provider)] = found
         return found[1]
@@ -99,9 +101,9 @@ def instrument(
     """
     uninstrument(client)
     tracer = (
-        trace.get_tracer(SCOPE, _VERSION)
+        trace.get_tracer(SCOPE, _VERSION, schema_url=SCHEMA_URL)
         if tracer_provider is None
-        else tracer_provider.get_tracer(SCOPE, _VERSION)
+        else tracer_provider.get_tracer(SCOPE, _VERSION, schema_url=SCHEMA_URL)
     )
     metrics = _metrics_for(meter_provider)
     done = _Instrumented(metrics)
@@ -211,7 +213,7 @@ def instrument_nsqd(
     with _lock:
         found = _nsqd_metrics.get(id(provider))
         if found is None or found[0] is not provider:
-            found = (provider, NSQDMetrics(provider.get_meter(SCOPE, _VERSION)))
+            found = (provider, NSQDMetrics(provider.get_meter(SCOPE, _VERSION, schema_url=SCHEMA_URL)))
             _nsqd_metrics[id(provider)] = found
     metrics = found[1]
     key = metrics.add(http_addresses, timeout=timeout, tls=tls, max_response_size=max_response_size)
