@@ -195,14 +195,16 @@ def test_every_prometheus_figure_has_its_documented_instrument(
                 consumer.start_drain()
 
         consumer.run(handler, concurrency=1)
-        with otel.instrument_nsqd(
-            [nsqd.http_address], meter_provider=telemetry.meter_provider
-        ), Consumer(topic, "pulled", nsqd=nsqd.tcp_address, pull=True) as pulled:
+        with (
+            otel.instrument_nsqd([nsqd.http_address], meter_provider=telemetry.meter_provider),
+            Consumer(topic, "pulled", nsqd=nsqd.tcp_address, pull=True) as pulled,
+        ):
             otel.instrument(pulled, **telemetry.providers)
             pulled.fetch(1, timeout=0.5)
             exported = set(telemetry.metrics())
     # nsqd's end-to-end latencies only exist when nsqd measures them (the embedded one does
     # not; nor does nsqd without --e2e-processing-latency-percentile)
-    missing = {o for _, o in pairs} - exported - {"nsq.topic.e2e_latency", "nsq.channel.e2e_latency"}
+    unmeasured = {"nsq.topic.e2e_latency", "nsq.channel.e2e_latency"}
+    missing = {o for _, o in pairs} - exported - unmeasured
     assert not missing, missing
     assert "messaging.process.duration" in exported

@@ -58,25 +58,25 @@ class MessageBase:
     A runtime's ``Message`` subclasses this and adds the answer calls; one with more slots
     sets them all in its own ``__init__`` (no ``super()`` call per message). ``answered``
     turns True once ``finish()`` or ``requeue()`` answered it; later answers return False.
-    ``_body`` is the body user code sees: the delivery's, unless telemetry took a trace
-    context envelope off it; ``_trace`` is telemetry's own state, never set without it.
+    ``_trace`` is telemetry's state for the message (``transports.otel``), None without it;
+    when it has one, :attr:`body` is its ``body`` (what is left once a trace context
+    envelope was taken off).
     """
 
     #: True once ``finish()`` or ``requeue()`` answered the message (pynsq's
     #: ``has_responded()``).
     answered: bool
 
-    __slots__ = ("_body", "_consumer", "_delivery", "_trace", "answered")
+    __slots__ = ("_consumer", "_delivery", "_trace", "answered")
 
     _consumer: Any
     _delivery: Deliver
-    _body: bytes
     _trace: Any
 
     def __init__(self, consumer: Any, delivery: Deliver) -> None:
         self._consumer = consumer
         self._delivery = delivery
-        self._body = delivery.body
+        self._trace = None
         self.answered = False
 
     @property
@@ -86,7 +86,11 @@ class MessageBase:
 
     @property
     def body(self) -> bytes:
-        return self._body
+        trace = self._trace
+        if trace is None:
+            return self._delivery.body
+        body: bytes = trace.body
+        return body
 
     @property
     def timestamp(self) -> int:

@@ -213,7 +213,8 @@ def instrument_nsqd(
     with _lock:
         found = _nsqd_metrics.get(id(provider))
         if found is None or found[0] is not provider:
-            found = (provider, NSQDMetrics(provider.get_meter(SCOPE, _VERSION, schema_url=SCHEMA_URL)))
+            meter = provider.get_meter(SCOPE, _VERSION, schema_url=SCHEMA_URL)
+            found = (provider, NSQDMetrics(meter))
             _nsqd_metrics[id(provider)] = found
     metrics = found[1]
     key = metrics.add(http_addresses, timeout=timeout, tls=tls, max_response_size=max_response_size)

@@ -63,12 +63,15 @@ def error_type(error: BaseException) -> str:
 
 
 class MessageTrace:
-    """What telemetry keeps on a message (its ``_trace``): the context it was created in (from
-    its envelope), and the span that handed it to user code (receive, fetch or process)."""
+    """What telemetry keeps on a message (its ``_trace``): the body user code sees (the
+    delivery's, or what is left of it once its envelope came off), the context the message
+    was created in (from the envelope), and the span that handed it to user code (receive,
+    fetch or process)."""
 
-    __slots__ = ("creation", "span")
+    __slots__ = ("body", "creation", "span")
 
-    def __init__(self, creation: Context | None, span: SpanContext | None) -> None:
+    def __init__(self, body: bytes, creation: Context | None, span: SpanContext | None) -> None:
+        self.body = body
         self.creation = creation
         self.span = span
 
@@ -125,18 +128,18 @@ class ConsumerTelemetry:
     def trace_of(self, message: Any) -> MessageTrace:
         """The message's trace state; the first time, its envelope is taken off its body (with
         ``propagate``) and the context it carried kept."""
-        found: MessageTrace | None = getattr(message, "_trace", None)
+        found: MessageTrace | None = message._trace
         if found is not None:
             return found
+        body: bytes = message._delivery.body
         creation = None
         if self.propagate:
-            fields, inner = unwrap(message._body)
+            fields, body = unwrap(body)
             if fields is not None:
-                message._body = inner
                 extracted = otel_propagate.extract(fields)
                 if _current_span_valid(extracted):
                     creation = extracted
-        found = MessageTrace(creation, None)
+        found = MessageTrace(body, creation, None)
         message._trace = found
         return found
 

@@ -71,7 +71,7 @@ class Message(MessageBase):
     def __init__(self, consumer: MessageOwner, delivery: Deliver) -> None:
         self._consumer = consumer
         self._delivery = delivery
-        self._body = delivery.body
+        self._trace = None
         self.answered = False
         self._expiring = False
         self._taken_back = False
