@@ -186,6 +186,8 @@ class NSQDInstrumentation:
         self._key: int | None = key
 
     def close(self) -> None:
+        """Stop observing these nsqd (the next collection has none of their figures) and close
+        the connections to them; calling it again does nothing."""
         if self._key is not None:
             self._metrics.remove(self._key)
             self._key = None
