@@ -61,20 +61,6 @@ DOCUMENTED_UPSTREAM = ("pyspark.", "prometheus_client.")
 # here that has a docstring (or no longer exists) fails tests/docs, so the list cannot go stale.
 ALLOWED_MISSING: frozenset[str] = frozenset(
     {
-        "nsq_sansio.connection.ClientConnection.in_flight_count",
-        "nsq_sansio.connection.ClientConnection.is_in_flight",
-        "nsq_sansio.connection.ClientConnection.max_rdy_count",
-        "nsq_sansio.connection.ClientConnection.state",
-        "nsq_sansio.errors.ServerError.fatal",
-        "nsq_sansio.server.backend.DiscardBackend.depth",
-        "nsq_sansio.server.lookupd.Lookupd.connection_count",
-        "nsq_sansio.server.backend.DiscardBackend.get",
-        "nsq_sansio.server.backend.DiscardBackend.put",
-        "nsq_sansio.server.backend.MemoryBackend.delete",
-        "nsq_sansio.server.backend.MemoryBackend.depth",
-        "nsq_sansio.server.backend.MemoryBackend.empty",
-        "nsq_sansio.server.backend.MemoryBackend.get",
-        "nsq_sansio.server.backend.MemoryBackend.put",
         "nsq_sansio.testing.clock.Scheduler.call_later",
         "nsq_sansio.testing.invariants.Monitor.check_discovery",
         "nsq_sansio.testing.invariants.Monitor.check_final",
@@ -151,19 +137,6 @@ ALLOWED_MISSING: frozenset[str] = frozenset(
         "nsq_sansio.testing.strategies.workloads",
         "nsq_sansio.testing.violations.Invariant",
         "nsq_sansio.testing.violations.Violation",
-        "transports._common.stats.ConsumerStats.connected",
-        "transports._common.tls.TLSOptions.context",
-        "transports.anyio.consumer.Consumer.config",
-        "transports.anyio.consumer.Consumer.is_starved",
-        "transports.embedded.cluster.Cluster.lookupd_http_urls",
-        "transports.embedded.cluster.Cluster.nsqd_tcp_addresses",
-        "transports.embedded.nsqd.EmbeddedNSQD.core_has_topic",
-        "transports.embedded.nsqd.EmbeddedNSQD.https_address",
-        "transports.embedded.thread.ServerThread.portal",
-        "transports.sync.publish_future.PublishFuture.done",
-        "transports.sync.publish_future.PublishFuture.exception",
-        "transports.testing.real_nsq.RealLookupd.command",
-        "transports.testing.real_nsq.RealNSQD.command",
     }
 )
 

@@ -18,6 +18,7 @@ from nsq_sansio.consumer import (
     Disconnected,
     GiveUp,
     LookupdFailed,
+    NodeRefused,
     TakenBack,
 )
 from nsq_sansio.discovery import NSQDAddress
@@ -40,8 +41,8 @@ __all__ = [
 ]
 
 #: ``on_event`` receives a consumer's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-#: LookupdFailed, ConsumerFailed) and KeepaliveExpired, synchronously: on the event loop, or,
-#: blocking, on the IO thread. It must return quickly and never block.
+#: LookupdFailed, NodeRefused, ConsumerFailed) and KeepaliveExpired, synchronously: on the
+#: event loop, or, blocking, on the IO thread. It must return quickly and never block.
 EventCallback = Callable[[object], None]
 
 
@@ -49,7 +50,7 @@ def log_consumer_report(
     logger: logging.Logger, action: object, *, topic: str, channel: str, now: float
 ) -> None:
     """Log one of the coordinator's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-    LookupdFailed, ConsumerFailed); anything else is not logged."""
+    LookupdFailed, NodeRefused, ConsumerFailed); anything else is not logged."""
     if isinstance(action, TakenBack):
         ConnectionLogger(logger, str(action.address)).warning(
             "%s for message %s came too late: %s",
@@ -92,6 +93,11 @@ def log_consumer_report(
     elif isinstance(action, LookupdFailed):
         ConnectionLogger(logger, str(action.lookupd)).warning(
             "lookupd query failed: %s", action.error
+        )
+    elif isinstance(action, NodeRefused):
+        ConnectionLogger(logger, str(action.lookupd)).warning(
+            "lookupd listed nsqd %s; nsqd_filter refused it: not connecting (said once)",
+            action.address,
         )
     elif isinstance(action, ConsumerFailed):
         logger.error("consumer %s/%s failed, not retrying: %s", topic, channel, action.error)

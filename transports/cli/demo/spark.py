@@ -431,6 +431,7 @@ def _run(
     with ServerThread(Cluster(nsqd_count=2)) as cluster, contextlib.ExitStack() as stack:
         http = [stack.enter_context(NSQDAdmin(n.http_url, timeout=5.0)) for n in cluster.nsqds]
         nsqd = ",".join(cluster.nsqd_tcp_addresses)
+        nsqd_http = ",".join(n.http_address for n in cluster.nsqds)
         for admin in http:  # channels first: they get every message published after
             for topic, channel in ((TOPIC, CHANNEL), (OUT_TOPIC, OUT_CHANNEL)):
                 admin.create_topic(topic)
@@ -460,7 +461,7 @@ def _run(
             return result.published - _channel_backlog(http, TOPIC, CHANNEL)
 
         def run_query() -> None:
-            query = _aggregation(spark, nsqd, ",".join(http), options).start(
+            query = _aggregation(spark, nsqd, nsqd_http, options).start(
                 parquet, checkpointLocation=checkpoint
             )
             try:
