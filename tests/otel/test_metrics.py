@@ -5,6 +5,7 @@ export has has its OpenTelemetry instrument (the table of docs/otel.md, checked 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from support.brokers import unique
 from support.runtimes import Runtime
 
 from transports import otel
-from transports.embedded import EmbeddedNSQD
+from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.sync.admin import NSQDAdmin
 
 from .conftest import Telemetry, point
@@ -150,6 +151,47 @@ def test_nsqd_metrics_from_its_stats(nsqd: EmbeddedNSQD, telemetry: Telemetry) -
     assert "nsq.nsqd.up" not in telemetry.metrics()
 
 
+def test_nsqd_end_to_end_latency_per_quantile(telemetry: Telemetry) -> None:
+    """nsqd run with end-to-end latency percentiles: one point per quantile for the channel
+    and the topic, in seconds, within what the messages took; none before a message was
+    FIN'd (nsqd reports zeros then, which are no latency)."""
+    from transports.sync import Consumer, Producer
+
+    embedded = EmbeddedNSQD(e2e_processing_latency_percentiles=(0.5, 0.99))
+    with ServerThread(embedded) as nsqd:
+        topic = unique()
+        with NSQDAdmin(nsqd.http_address) as admin:
+            admin.create_topic(topic)
+            admin.create_channel(topic, "c")
+        with otel.instrument_nsqd([nsqd.http_address], meter_provider=telemetry.meter_provider):
+            before = telemetry.metrics()
+            started = time.monotonic()
+            with Producer(nsqd.tcp_address) as producer:
+                producer.multi_publish(topic, [b"1", b"2", b"3"])
+            with Consumer(topic, "c", nsqd=[nsqd.tcp_address]) as consumer:
+                for count, msg in enumerate(consumer, 1):
+                    msg.finish()
+                    if count == 3:
+                        break
+            longest = time.monotonic() - started
+            found = telemetry.metrics()
+    assert "nsq.channel.e2e_latency" not in before
+    of_topic = {"messaging.destination.name": topic}
+    of_channel = {**of_topic, "messaging.consumer.group.name": "c"}
+    for quantile in ("0.5", "0.99"):
+        latency = {"messaging.nsq.latency.quantile": quantile}
+        channel = point(found["nsq.channel.e2e_latency"], **of_channel, **latency)
+        assert 0 < channel <= longest
+        whole_topic = [
+            v
+            for a, v in found["nsq.topic.e2e_latency"]
+            if a.get("messaging.destination.name") == topic
+            and "messaging.consumer.group.name" not in a
+            and a.get("messaging.nsq.latency.quantile") == quantile
+        ]
+        assert len(whole_topic) == 1 and 0 < whole_topic[0] <= longest
+
+
 def _documented() -> list[tuple[str, str]]:
     """The (Prometheus, OpenTelemetry) pairs of docs/otel.md's table."""
     pairs = []
@@ -202,8 +244,8 @@ def test_every_prometheus_figure_has_its_documented_instrument(
             otel.instrument(pulled, **telemetry.providers)
             pulled.fetch(1, timeout=0.5)
             exported = set(telemetry.metrics())
-    # nsqd's end-to-end latencies only exist when nsqd measures them (the embedded one does
-    # not; nor does nsqd without --e2e-processing-latency-percentile)
+    # nsqd's end-to-end latencies only exist when nsqd measures them (not without
+    # --e2e-processing-latency-percentile, as here; test_nsqd_end_to_end_latency_per_quantile)
     unmeasured = {"nsq.topic.e2e_latency", "nsq.channel.e2e_latency"}
     missing = {o for _, o in pairs} - exported - unmeasured
     assert not missing, missing
