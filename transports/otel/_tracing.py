@@ -169,7 +169,9 @@ class ConsumerTelemetry:
             span.end()
             state.span = span.get_span_context()
         except Exception:  # telemetry never breaks consuming
-            _log.exception("OpenTelemetry: receive span failed")
+            _log.exception(
+                "OpenTelemetry: a %s span failed (the operation itself went on)", "receive"
+            )
 
     def settled(self, message: Any, operation: str) -> None:
         """``finish()`` or ``requeue()`` answered ``message``: a settle span."""
@@ -188,7 +190,9 @@ class ConsumerTelemetry:
             )
             span.end()
         except Exception:
-            _log.exception("OpenTelemetry: settle span failed")
+            _log.exception(
+                "OpenTelemetry: a %s span failed (the operation itself went on)", "settle"
+            )
 
     @contextmanager
     def processing(self, message: Any, ambient: Context | None = None) -> Iterator[Span]:
@@ -355,7 +359,9 @@ class ConsumerTelemetry:
             for state in states:
                 state.span = handed
         except Exception:
-            _log.exception("OpenTelemetry: fetch span failed")
+            _log.exception(
+                "OpenTelemetry: a %s span failed (the operation itself went on)", "fetch"
+            )
 
     def wrap_finish_many(self, finish_many: Callable[..., int]) -> Callable[..., int]:
         """``finish_many()``: one settle span for the messages it answered."""
@@ -398,7 +404,9 @@ class ConsumerTelemetry:
             )
             span.end()
         except Exception:
-            _log.exception("OpenTelemetry: settle span failed")
+            _log.exception(
+                "OpenTelemetry: a %s span failed (the operation itself went on)", "settle"
+            )
 
 
 def _fail(span: Span, error: BaseException) -> None:
@@ -525,7 +533,9 @@ class ProducerTelemetry:
             try:
                 payload = self._envelope(span, payload, bodies)
             except Exception:
-                _log.exception("OpenTelemetry: trace context envelope failed")
+                _log.exception(
+                    "OpenTelemetry: no trace context envelope (the body is sent as it was)"
+                )
         return span, payload, time.perf_counter(), count
 
     def _envelope(self, span: Span, payload: Any, bodies: list[Any] | None) -> Any:
@@ -560,4 +570,6 @@ class ProducerTelemetry:
             self.metrics.operation_duration.record(seconds, attributes)
             self.metrics.sent_messages.add(count, attributes)
         except Exception:
-            _log.exception("OpenTelemetry: publish span failed")
+            _log.exception(
+                "OpenTelemetry: a %s span failed (the operation itself went on)", "publish"
+            )
