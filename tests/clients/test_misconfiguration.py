@@ -120,7 +120,9 @@ async def test_a_producer_at_nsqds_http_port_fails_once(
             assert proxy.accepted == 1
         assert str(info.value).startswith(f"{proxy.address} answered like an HTTP server")
     text = one_error_line(caplog, proxy.address)
-    assert text.startswith(f"[{proxy.address}] answered like an HTTP server"), text
+    assert text.startswith(
+        f"[{proxy.address}] nsqd cannot serve this producer: answered like an HTTP server"
+    ), text
 
 
 @pytest.mark.parametrize("kind", BROKER_KINDS)

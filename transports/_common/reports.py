@@ -2,8 +2,9 @@
 every runtime (anyio, trio, blocking), only the logger's name says which runtime logged it.
 
 Every line about one connection goes through :class:`~.connection_log.ConnectionLogger`
-(``[host:port]`` first, ``record.nsq_address`` set). The consumers log the coordinator's
-reports with :func:`log_consumer_report`; the producers call the ``log_*`` helpers below.
+(``[host:port]`` first, ``record.nsq_address`` set), and every record carries its facts as
+``nsq_*`` extra fields (:func:`.logs.fields`). The consumers log the coordinator's reports with
+:func:`log_consumer_report`; the producers call the ``log_*`` helpers below.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from nsq_sansio.errors import IncompatibleNSQD, MessageGone, ServerError
 
 from .connection_log import ConnectionLogger
 from .failures import seconds, without_address
+from .logs import fields, message_id_text
 from .message import KeepaliveExpired
 
 __all__ = [
     "EventCallback",
-    "hex_id",
     "log_coalesced_refused",
     "log_consumer_report",
     "log_drain_timed_out",
@@ -54,13 +55,8 @@ __all__ = [
 EventCallback = Callable[[object], None]
 
 
-def hex_id(message_id: bytes) -> str:
-    """A message id as the logs print it: its hex text (nsqd's ids are 16 hex digits)."""
-    return message_id.decode("ascii", "backslashreplace")
-
-
 def _ids(message_ids: Iterable[bytes]) -> str:
-    return ", ".join(map(hex_id, message_ids))
+    return ", ".join(map(message_id_text, message_ids))
 
 
 def _late_reason(action: TakenBack) -> str:
@@ -69,7 +65,7 @@ def _late_reason(action: TakenBack) -> str:
     error = action.error
     text = str(error)
     if action.message_id is not None:
-        message_id = hex_id(action.message_id)
+        message_id = message_id_text(action.message_id)
         if isinstance(error, MessageGone):
             prefix = f"{action.command} for message {message_id} from {action.address}: "
             if text.startswith(prefix):
@@ -87,32 +83,50 @@ def log_consumer_report(
     """Log one of the coordinator's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
     LookupdFailed, NodeRefused, ConsumerFailed); anything else is not logged."""
     if isinstance(action, TakenBack):
+        message_id = message_id_text(action.message_id) if action.message_id else "?"
         ConnectionLogger(logger, str(action.address)).warning(
             "%s for message %s came too late: %s",
             action.command,
-            hex_id(action.message_id or b"?"),
+            message_id,
             _late_reason(action),
+            extra=fields(
+                topic=topic,
+                channel=channel,
+                message_id=action.message_id,
+                command=action.command,
+                error=action.error,
+            ),
         )
     elif isinstance(action, Disconnected):
         log = ConnectionLogger(logger, str(action.address))
         if action.error is None:
-            log.info("connection closed")
+            log.info(
+                "connection closed", extra=fields(topic=topic, channel=channel, state="closed")
+            )
             return
         if isinstance(action.error, IncompatibleNSQD):
             # The consumer fails on it at once: its ERROR line (which names the address)
             # says it; this is only the connection's end.
-            log.debug("connection closed: nsqd cannot serve this configuration")
+            log.debug(
+                "connection closed: nsqd cannot serve this configuration",
+                extra=fields(topic=topic, channel=channel, error=action.error, state="failed"),
+            )
             return
-        retry = (
-            f"; reconnecting in {max(action.reconnect_at - now, 0.0):.1f}s"
-            if action.reconnect_at is not None
-            else ""
-        )
+        delay = max(action.reconnect_at - now, 0.0) if action.reconnect_at is not None else None
+        retry = f"; reconnecting in {delay:.1f}s" if delay is not None else ""
         log.warning(
             "connection lost: %s (%d messages unanswered%s)",
             action.error,
             len(action.unanswered),
             retry,
+            extra=fields(
+                topic=topic,
+                channel=channel,
+                error=action.error,
+                count=len(action.unanswered),
+                state="disconnected" if delay is None else "reconnecting",
+                delay=delay,
+            ),
         )
     elif isinstance(action, ConnectionUp):
         settings = action.settings
@@ -123,53 +137,90 @@ def log_consumer_report(
             settings.version or "?",
             settings.max_rdy_count,
             settings.msg_timeout / 1000,
+            extra=fields(topic=topic, channel=channel, state="subscribed"),
         )
     elif isinstance(action, GiveUp):
+        message = action.message
         ConnectionLogger(logger, str(action.address)).warning(
             "giving up on message %s after %d attempts; it was FIN'd",
-            hex_id(action.message.id),
-            action.message.attempts,
+            message_id_text(message.id),
+            message.attempts,
+            extra=fields(
+                topic=topic, channel=channel, message_id=message.id, attempts=message.attempts
+            ),
         )
     elif isinstance(action, LookupdFailed):
-        ConnectionLogger(logger, str(action.lookupd)).warning(
-            "lookupd query failed: %s", action.error
+        ConnectionLogger(logger, str(action.lookupd), field="nsq_lookupd").warning(
+            "lookupd query failed: %s",
+            action.error,
+            extra=fields(topic=topic, channel=channel, error=action.error),
         )
     elif isinstance(action, TopicNotFound):
-        ConnectionLogger(logger, str(action.lookupd)).info(
+        ConnectionLogger(logger, str(action.lookupd), field="nsq_lookupd").info(
             "lookupd lists no nsqd for topic %s: nothing to consume until an nsqd has it "
             "(lookupd is asked again at each poll)",
             action.topic,
+            extra=fields(topic=topic, channel=channel),
         )
     elif isinstance(action, NodeRefused):
-        ConnectionLogger(logger, str(action.lookupd)).warning(
+        ConnectionLogger(logger, str(action.lookupd), field="nsq_lookupd").warning(
             "lookupd listed nsqd %s; nsqd_filter refused it: not connecting (said once)",
             action.address,
+            extra=fields(topic=topic, channel=channel, address=action.address),
         )
     elif isinstance(action, ConsumerFailed):
-        logger.error("consumer %s/%s failed, not retrying: %s", topic, channel, action.error)
+        logger.error(
+            "consumer %s/%s failed, not retrying: %s",
+            topic,
+            channel,
+            action.error,
+            extra=fields(topic=topic, channel=channel, error=action.error, state="failed"),
+        )
 
 
-def log_keepalive_expired(logger: logging.Logger, event: KeepaliveExpired, now: float) -> None:
+def log_keepalive_expired(
+    logger: logging.Logger,
+    event: KeepaliveExpired,
+    now: float,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+) -> None:
     """``keepalive()`` cannot extend a message any further (nsqd's max_msg_timeout)."""
+    delay = max(event.deadline - now, 0.0)
     ConnectionLogger(logger, str(event.address)).warning(
         "keepalive: message %s reaches nsqd's max_msg_timeout in %.1fs; nsqd will take it back "
         "and deliver it again unless it is answered (TOUCH cannot extend it further)",
-        hex_id(event.message_id),
-        max(event.deadline - now, 0.0),
+        message_id_text(event.message_id),
+        delay,
+        extra=fields(topic=topic, channel=channel, message_id=event.message_id, delay=delay),
     )
 
 
 def log_handler_failed(
-    logger: logging.Logger, address: NSQDAddress | str, message_id: bytes
+    logger: logging.Logger,
+    address: NSQDAddress | str,
+    message_id: bytes,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+    attempts: int | None = None,
 ) -> None:
     """``run()``'s handler raised (call from the ``except`` block: the traceback is logged)."""
     ConnectionLogger(logger, str(address)).exception(
-        "handler failed for message %s; requeueing it", hex_id(message_id)
+        "handler failed for message %s; requeueing it",
+        message_id_text(message_id),
+        extra=fields(topic=topic, channel=channel, message_id=message_id, attempts=attempts),
     )
 
 
-def log_fetch_refused(logger: logging.Logger) -> None:
-    logger.warning("fetch refused: max_waiting_fetches requests already wait")
+def log_fetch_refused(
+    logger: logging.Logger, *, topic: str | None = None, channel: str | None = None
+) -> None:
+    logger.warning(
+        "fetch refused: max_waiting_fetches requests already wait",
+        extra=fields(topic=topic, channel=channel),
+    )
 
 
 def signal_name(signum: int) -> str:
@@ -180,7 +231,14 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def log_signal_drain(logger: logging.Logger, signum: int, timeout: float) -> None:
+def log_signal_drain(
+    logger: logging.Logger,
+    signum: int,
+    timeout: float,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+) -> None:
     """The first signal: a graceful drain starts (a second one stops at once)."""
     name = signal_name(signum)
     logger.warning(
@@ -188,14 +246,19 @@ def log_signal_drain(logger: logging.Logger, signum: int, timeout: float) -> Non
         name,
         seconds(timeout),
         name,
+        extra=fields(topic=topic, channel=channel, signal=name, state="draining"),
     )
 
 
-def log_signal_stop(logger: logging.Logger, signum: int) -> None:
+def log_signal_stop(
+    logger: logging.Logger, signum: int, *, topic: str | None = None, channel: str | None = None
+) -> None:
     """A signal during the drain: stop at once (a third gets the runtime's own handling)."""
+    name = signal_name(signum)
     logger.warning(
         "%s received again: stopping at once (unanswered messages are requeued)",
-        signal_name(signum),
+        name,
+        extra=fields(topic=topic, channel=channel, signal=name, state="closed"),
     )
 
 
@@ -207,9 +270,16 @@ def log_paused(logger: logging.Logger, topic: str, channel: str, max_in_flight: 
             "(set_max_in_flight() resumes it)",
             topic,
             channel,
+            extra=fields(topic=topic, channel=channel, count=0),
         )
     else:
-        logger.info("consumer %s/%s resumed: max_in_flight %d", topic, channel, max_in_flight)
+        logger.info(
+            "consumer %s/%s resumed: max_in_flight %d",
+            topic,
+            channel,
+            max_in_flight,
+            extra=fields(topic=topic, channel=channel, count=max_in_flight),
+        )
 
 
 def log_drain_timed_out(
@@ -219,11 +289,14 @@ def log_drain_timed_out(
     held: Sequence[bytes],
     cancelled: Sequence[bytes] = (),
     running: Mapping[bytes, str] | None = None,
+    topic: str | None = None,
+    channel: str | None = None,
 ) -> None:
     """The drain's deadline passed: what user code still held was requeued (``held``), and
     ``run()``'s handlers were cancelled (asyncio, trio: ``cancelled``) or are left running in
     their threads (blocking: ``running``, message id to thread name). One line, each message
-    named once."""
+    named once: WARNING when the deadline cut something short, INFO for a drain asked to end
+    at once with nothing running."""
     running = running or {}
     cancelled_set = set(cancelled)
     parts: list[str] = []
@@ -231,11 +304,13 @@ def log_drain_timed_out(
 
         def named(message_id: bytes) -> str:
             if message_id in cancelled_set:
-                return f"{hex_id(message_id)} (its run() handler cancelled)"
+                return f"{message_id_text(message_id)} (its run() handler cancelled)"
             if message_id in running:
                 thread = running[message_id]
-                return f"{hex_id(message_id)} (its run() handler still running on {thread})"
-            return hex_id(message_id)
+                return (
+                    f"{message_id_text(message_id)} (its run() handler still running on {thread})"
+                )
+            return message_id_text(message_id)
 
         one = len(held) == 1
         count, verb, them = (
@@ -244,39 +319,61 @@ def log_drain_timed_out(
         when = f"still unanswered after {seconds(timeout)}" if timeout > 0 else "unanswered"
         now = "" if timeout > 0 else " at once"
         parts.append(
-            f"drain: {count} {when} {verb} requeued{now} (nsqd delivers {them} again): "
+            f"{count} {when} {verb} requeued{now} (nsqd delivers {them} again): "
             + ", ".join(map(named, held))
         )
     after = [i for i in cancelled if i not in held]
     if after:
-        parts.append(f"drain: run() handlers cancelled after answering: {_ids(after)}")
+        parts.append(f"run() handlers cancelled after answering: {_ids(after)}")
     if any(i in running for i in held):
         parts.append("a thread cannot be cancelled: what such a handler answers now is ignored")
     if not parts:
         return
-    level = logging.WARNING if (timeout > 0 or cancelled or running) else logging.INFO
-    logger.log(level, "%s", "; ".join(parts))
+    text = "; ".join(parts)
+    extra = fields(topic=topic, channel=channel, count=len(held), state="draining")
+    if timeout > 0 or cancelled or running:
+        logger.warning("drain: %s", text, extra=extra)
+    else:
+        logger.info("drain: %s", text, extra=extra)
 
 
-def log_handlers_left_running(logger: logging.Logger, running: Mapping[bytes, str]) -> None:
+def log_handlers_left_running(
+    logger: logging.Logger,
+    running: Mapping[bytes, str],
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+) -> None:
     """Blocking ``run()`` returned with handlers still running in their threads, not
     reported at the drain's deadline (they had answered their message)."""
     if running:
-        threads = ", ".join(f"{hex_id(i)} on {name}" for i, name in running.items())
+        threads = ", ".join(f"{message_id_text(i)} on {name}" for i, name in running.items())
         logger.warning(
             "run() returns with handlers still running (a thread cannot be cancelled): %s",
             threads,
+            extra=fields(topic=topic, channel=channel, count=len(running)),
         )
 
 
 def log_publish_refused(log: ConnectionLogger, kind: str, topic: str, error: BaseException) -> None:
     """nsqd refused one publish (its error goes to that publish's caller)."""
-    log.warning("%s to %r refused: %s", kind, topic, error)
+    log.warning(
+        "%s to %r refused: %s",
+        kind,
+        topic,
+        error,
+        extra=fields(topic=topic, command=kind, error=error),
+    )
 
 
 def log_coalesced_refused(log: ConnectionLogger, topic: str, error: BaseException) -> None:
     """nsqd refused an MPUB that concurrent PUBs were coalesced into (once per MPUB)."""
-    log.warning("coalesced MPUB to %r refused (%s): each PUB goes again alone", topic, error)
+    log.warning(
+        "coalesced MPUB to %r refused (%s): each PUB goes again alone",
+        topic,
+        error,
+        extra=fields(topic=topic, command="MPUB", error=error),
+    )
 
 
 def log_producer_disconnect(
@@ -285,8 +382,13 @@ def log_producer_disconnect(
     """A producer's connection attempt failed, or its connection was lost."""
     text = without_address(log.address, error)  # the line starts with the address already
     if isinstance(error, IncompatibleNSQD):
-        log.error("%s", text)
+        log.error("nsqd cannot serve this producer: %s", text, extra=fields(error=text))
     elif was_ready:
-        log.warning("connection lost: %s (%d unanswered publishes go again)", text, unanswered)
+        log.warning(
+            "connection lost: %s (%d unanswered publishes go again)",
+            text,
+            unanswered,
+            extra=fields(error=text, count=unanswered, state="reconnecting"),
+        )
     else:
-        log.warning("cannot connect: %s", text)
+        log.warning("cannot connect: %s", text, extra=fields(error=text, state="reconnecting"))

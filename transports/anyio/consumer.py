@@ -61,7 +61,8 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.logs import fields
+from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     EventCallback,
     log_consumer_report,
@@ -190,6 +191,8 @@ class Consumer(ConsumerConnections):
         self._drain_held: list[bytes] = []
         self._drain_cancelled: list[bytes] = []
         self._handlers_cut = False
+        #: OpenTelemetry's hook (``transports.otel``): None unless instrumented.
+        self._telemetry: DeliveryHook | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -320,7 +323,12 @@ class Consumer(ConsumerConnections):
         cancelled = self._cancel_handlers()
         self._drain_cancelled.extend(cancelled)
         log_drain_timed_out(
-            self._logger, timeout=self._drain_timeout, held=self._drain_held, cancelled=cancelled
+            self._logger,
+            timeout=self._drain_timeout,
+            held=self._drain_held,
+            cancelled=cancelled,
+            topic=self.topic,
+            channel=self.channel,
         )
 
     def _cancel_handlers(self) -> list[bytes]:
@@ -433,7 +441,7 @@ class Consumer(ConsumerConnections):
 
     async def __anext__(self) -> Message:
         inbox = self._inbox
-        if inbox:  # fast path: no await when messages are buffered
+        if inbox and self._telemetry is None:  # fast path: no await when messages are buffered
             delivery = inbox.popleft()
             if delivery.conn_id in self._conns:
                 if inbox and self._waiters:
@@ -444,6 +452,8 @@ class Consumer(ConsumerConnections):
             if self._failure is not None:
                 self._raise_failure()
             raise StopAsyncIteration
+        if self._telemetry is not None:
+            self._telemetry.received(message)
         return message
 
     async def _next_message(self) -> Message | None:
@@ -523,7 +533,14 @@ class Consumer(ConsumerConnections):
                 try:
                     await handler(msg)
                 except Exception:
-                    log_handler_failed(logger, msg.nsqd_address, msg.id)
+                    log_handler_failed(
+                        logger,
+                        msg.nsqd_address,
+                        msg.id,
+                        topic=self.topic,
+                        channel=self.channel,
+                        attempts=msg.attempts,
+                    )
                     if not msg.answered:
                         msg.requeue_nowait()
                 else:
@@ -637,11 +654,13 @@ class Consumer(ConsumerConnections):
             async for signum in receiver:
                 if not self.draining:
                     limit = self._coord.config.drain_timeout if timeout is None else timeout
-                    log_signal_drain(self._logger, signum, limit)
+                    log_signal_drain(
+                        self._logger, signum, limit, topic=self.topic, channel=self.channel
+                    )
                     self._draining = True
                     self._start_drain(timeout)
                     continue
-                log_signal_stop(self._logger, signum)
+                log_signal_stop(self._logger, signum, topic=self.topic, channel=self.channel)
                 self._stop_now()
                 block.cancel()
                 return
@@ -722,7 +741,12 @@ class Consumer(ConsumerConnections):
             try:
                 await func(*args)
             except Exception as exc:
-                self._logger.exception("a task of consumer %s/%s crashed", self.topic, self.channel)
+                self._logger.exception(
+                    "a task of consumer %s/%s crashed",
+                    self.topic,
+                    self.channel,
+                    extra=fields(topic=self.topic, channel=self.channel, error=exc),
+                )
                 if self._failure is None:
                     self._failure = exc
                 self._drained.set()
@@ -755,10 +779,16 @@ class Consumer(ConsumerConnections):
             try:
                 self._on_event(event)
             except Exception:
-                self._logger.exception("on_event callback failed for %r", event)
+                self._logger.exception(
+                    "on_event callback failed for %r",
+                    event,
+                    extra=fields(topic=self.topic, channel=self.channel),
+                )
 
     def _log_for(self, address: object) -> ConnectionLogger:
-        return ConnectionLogger(self._logger, str(address))
+        return ConnectionLogger(
+            self._logger, str(address), nsq_topic=self.topic, nsq_channel=self.channel
+        )
 
     async def _pump(self) -> None:
         """Timers, and writes decided by user code (FIN/REQ/TOUCH), batched per iteration."""
@@ -886,7 +916,7 @@ class Consumer(ConsumerConnections):
 
     def _on_fetch_result(self, result: FetchResult) -> None:
         if result.reason is FetchEnd.TOO_MANY_WAITING:
-            log_fetch_refused(self._logger)
+            log_fetch_refused(self._logger, topic=self.topic, channel=self.channel)
         slot = self._fetches.pop(result.request_id, None)
         if slot is None:  # its caller is gone (should not happen: fetch() cancels it)
             self._requeue_all(result.messages)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from nsq_sansio.consumer import ConsumerCoordinator, Deliver
 from transports._common.arguments import check_seconds
-from transports._common.message import MessageBase
+from transports._common.message import DeliveryHook, MessageBase
 
 from ._loop import IOLoop
 
@@ -47,6 +47,7 @@ class MessageOwner(Protocol):
     posted: deque[Message | tuple[int, Message, Any]]
     loop: IOLoop
     coordinator: ConsumerCoordinator
+    telemetry: DeliveryHook | None
 
     def post(self, op: int, message: Message, arg: Any) -> None: ...
 
@@ -71,6 +72,7 @@ class Message(MessageBase):
     def __init__(self, consumer: MessageOwner, delivery: Deliver) -> None:
         self._consumer = consumer
         self._delivery = delivery
+        self._trace = None
         self.answered = False
         self._expiring = False
         self._taken_back = False
@@ -85,6 +87,8 @@ class Message(MessageBase):
         loop = consumer.loop
         if not loop._wake_pending:
             loop.wake()
+        if consumer.telemetry is not None:
+            consumer.telemetry.settled(self, "finish")
         return True
 
     def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
@@ -100,7 +104,10 @@ class Message(MessageBase):
         if delay is not None:  # above nsqd's max_req_timeout: raised here, in the caller
             self._consumer.coordinator.check_requeue_delay(self._delivery, delay)
         self.answered = True
-        self._consumer.post(OP_REQ, self, (delay, backoff))
+        consumer = self._consumer
+        consumer.post(OP_REQ, self, (delay, backoff))
+        if consumer.telemetry is not None:
+            consumer.telemetry.settled(self, "requeue")
         return True
 
     def touch(self) -> bool:

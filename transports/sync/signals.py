@@ -81,10 +81,21 @@ def drain_on_signals(
     def handler(signum: int, frame: FrameType | None) -> None:
         if not consumer.draining:
             limit = consumer.config.drain_timeout if timeout is None else timeout
-            log_signal_drain(_log, signum, limit)
+            log_signal_drain(
+                _log,
+                signum,
+                limit,
+                topic=getattr(consumer, "topic", None),
+                channel=getattr(consumer, "channel", None),
+            )
             consumer.start_drain(timeout)
             return
-        log_signal_stop(_log, signum)
+        log_signal_stop(
+            _log,
+            signum,
+            topic=getattr(consumer, "topic", None),
+            channel=getattr(consumer, "channel", None),
+        )
         restore()  # a third signal gets the handling that was there before
         consumer.start_drain(0.0)  # what user code holds goes back now
         if inside:
