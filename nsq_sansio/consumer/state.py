@@ -176,6 +176,17 @@ class CoordinatorState:
     def backoff_level(self) -> int:
         return self._backoff.level
 
+    @property
+    def backoff_allowance(self) -> int:
+        """While backoff tests: the most messages the consumer may hold (what it held when
+        the test began, one more, two more per success since); else 0."""
+        return self._backoff.allowance
+
+    @property
+    def backoff_windows(self) -> int:
+        """Backoff windows opened since the consumer started (a counter)."""
+        return self._backoff.windows
+
     def connection_ids(self) -> list[int]:
         return list(self._links)
 
