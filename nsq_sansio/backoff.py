@@ -1,8 +1,8 @@
 """Consumer-wide backoff after failed messages (NSQ client guide, "Backoff"), pure.
 
-Three phases: ``NORMAL`` (full RDY), ``WAITING`` (a backoff window: RDY 0 everywhere, results
-ignored) and ``TESTING`` (the window is over: one new message at a time is let in, and every
-result counts).
+Three phases: ``NORMAL`` (full RDY), ``WAITING`` (a backoff window: RDY 0 everywhere) and
+``TESTING`` (the window is over: one new message at a time is let in, and every result
+counts).
 
 * A **failure** (REQ with backoff) of a message on its first delivery raises the level by one
   and opens a window of ``multiplier * 2**level`` seconds (capped at ``max_duration``; the level
@@ -19,11 +19,15 @@ result counts).
 * A **neutral** result (REQ without backoff) while testing opens another window at the same
   level (nothing was learned), as go-nsq and pynsq do; otherwise it changes nothing.
 
-Only one result counts per window: results that arrive while ``WAITING`` came from messages
-already in flight when the window opened and are ignored, so a burst of failures cannot push
-the level to the maximum at once. The test phase lets in one message more than the consumer
-holds when it begins (handlers still running keep their messages and do not hold the test
-back); the coordinator turns :meth:`Backoff.rdy_budget` into RDY.
+Results that arrive while ``WAITING`` come from messages already in flight when the window
+opened: they never raise the level (a burst of failures cannot push it to the maximum at
+once), but once their successes outnumber their failures (the one that opened the window
+included), each further success lowers the level, and at 0 the window ends early (as in
+pynsq, successes always count): one poison message among handlers that succeed costs
+nothing, while a downstream where most calls fail keeps the window. The test phase lets in
+one message more than the consumer holds when it begins (handlers still running keep their
+messages and do not hold the test back); the coordinator turns :meth:`Backoff.rdy_budget`
+into RDY.
 
 Also here: :func:`reconnect_delay`, the capped, jittered exponential delay for direct-mode
 reconnection.
@@ -62,6 +66,7 @@ class Backoff:
 
     __slots__ = (
         "_allowance",
+        "_balance",
         "_deadline",
         "_enabled",
         "_failures",
@@ -85,6 +90,8 @@ class Backoff:
         self._windows = 0
         self._failures = 0
         self._allowance = 0
+        #: While waiting: successes minus failures of the window so far.
+        self._balance = 0
         level = 0
         while self._enabled and multiplier * 2.0**level < max_duration and level < _MAX_LEVEL_LIMIT:
             level += 1
@@ -153,13 +160,16 @@ class Backoff:
 
     def record(self, outcome: Outcome, now: float) -> bool:
         """Count one result; True when the phase or the level changed (RDY must be redone)."""
-        if not self._enabled or self._phase is BackoffPhase.WAITING:
+        if not self._enabled:
             return False
-        if outcome is Outcome.FAILURE or outcome is Outcome.REPEATED_FAILURE:
+        failed = outcome is Outcome.FAILURE or outcome is Outcome.REPEATED_FAILURE
+        if self._phase is BackoffPhase.WAITING:
+            return self._in_window(outcome, failed)
+        if failed:
             self._failures += 1
             if outcome is Outcome.FAILURE or self._level == 0:
                 self._level = min(self._level + 1, self._max_level)
-            self._open_window(now)
+            self._open_window(now, balance=-1)
             return True
         if self._level == 0:  # NORMAL: successes and neutral results change nothing
             return False
@@ -170,7 +180,24 @@ class Backoff:
             else:  # testing: the freed slot, and one more
                 self._allowance += 1
             return True
-        self._open_window(now)  # neutral while testing: nothing learned, wait again
+        self._open_window(now, balance=0)  # neutral while testing: nothing learned, wait again
+        return True
+
+    def _in_window(self, outcome: Outcome, failed: bool) -> bool:
+        """A result while waiting: it never raises the level; a success that makes the
+        window's successes outnumber its failures lowers it (ending the window at 0)."""
+        if failed:
+            self._balance -= 1
+            return False
+        if outcome is not Outcome.SUCCESS:
+            return False
+        self._balance += 1
+        if self._balance <= 0:
+            return False
+        self._balance = 0
+        self._level -= 1
+        if self._level == 0:
+            self.reset()
         return True
 
     def handle_timer(self, now: float, held: int = 0) -> bool:
@@ -195,8 +222,9 @@ class Backoff:
         self._failures = 0
         self._allowance = 0
 
-    def _open_window(self, now: float) -> None:
+    def _open_window(self, now: float, *, balance: int) -> None:
         self._phase = BackoffPhase.WAITING
+        self._balance = balance
         self._window = self.duration(self._level)
         self._deadline = now + self._window
         self._windows += 1

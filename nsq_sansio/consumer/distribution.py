@@ -102,10 +102,17 @@ class RdyDistribution(RdyBound):
         return [count + share if share else 0 for count, share in zip(held, shares, strict=True)]
 
     def _backoff_moved(self, now: float) -> None:
-        """Backoff changed phase or level: RDY follows, and the change is reported."""
+        """Backoff changed phase or level: RDY follows, and a change of phase, a window
+        opened or a test's level is reported (a level lowered inside a window is not: the
+        window goes on, only its end says so)."""
         self._recalm()
         self._rebalance(now)
         backoff = self._backoff
+        seen = (backoff.phase, backoff.windows, backoff.level)
+        last = self._backoff_reported
+        self._backoff_reported = seen
+        if seen[:2] == last[:2] and (seen[0] is not BackoffPhase.TESTING or seen == last):
+            return
         self._actions.append(
             BackoffChanged(backoff.phase, backoff.level, backoff.window, backoff.failures)
         )

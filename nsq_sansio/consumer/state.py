@@ -88,6 +88,8 @@ class CoordinatorState:
             self._config.max_backoff_duration,
             enabled=self._config.backoff_enabled,
         )
+        #: What BackoffChanged last reported: (phase, windows opened, level).
+        self._backoff_reported = (BackoffPhase.NORMAL, 0, 0)
         self._links: dict[int, Link] = {}
         self._by_address: dict[NSQDAddress, Link] = {}
         self._next_conn_id = 1

@@ -126,8 +126,8 @@ def test_successes_while_testing_let_more_in_without_another_window() -> None:
     for wait in (2.0, 4.0):  # two first failures: level 2
         c.requeue(w.inbox.pop(0), w.now)
         w.pump()
-        for d in w.inbox:  # answered during the window: ignored
-            c.finish(d, w.now)
+        for d in w.inbox:  # failures during the window: never raise the level
+            c.requeue(d, w.now)
         w.inbox.clear()
         w.pump()
         w.advance(wait)
@@ -160,3 +160,45 @@ def test_a_requeue_without_backoff_while_testing_waits_again_at_the_same_level()
     w.pump()
     assert c.backoff_phase is BackoffPhase.WAITING and c.backoff_level == 1
     assert _changes(w)[-1] == ("waiting", 1, 2.0, 1)
+
+
+def test_successes_during_a_window_that_outnumber_its_failures_end_it() -> None:
+    # One poison message among handlers that succeed: the window the failure opened ends as
+    # soon as successes outnumber it (the level back at 0), RDY comes back at once.
+    w = World(1, Config(max_in_flight=4, default_requeue_delay=0.0))
+    w.start()
+    w.publish(0, 10)
+    w.advance(0.5)
+    c = w.coordinator
+    failed, *others = w.inbox
+    w.inbox.clear()
+    c.requeue(failed, w.now)
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.WAITING and w.rdy_by_conn() == {1: 0}
+    c.finish(others[0], w.now)  # one each: not outnumbered yet
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.WAITING
+    c.finish(others[1], w.now)
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.NORMAL and w.rdy_by_conn() == {1: 4}
+    assert _changes(w) == [("waiting", 1, 2.0, 1), ("normal", 0, 0.0, 0)]
+
+
+def test_a_window_holds_while_its_failures_outnumber_its_successes() -> None:
+    w = World(1, Config(max_in_flight=4, default_requeue_delay=0.0))
+    w.start()
+    w.publish(0, 10)
+    w.advance(0.5)
+    c = w.coordinator
+    first, second, third, fourth = w.inbox
+    w.inbox.clear()
+    c.requeue(first, w.now)  # opens the window
+    c.requeue(second, w.now)  # in flight, failed too: never raises the level
+    c.finish(third, w.now)  # 2 failures, 1 success: the window holds
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.WAITING and c.backoff_level == 1
+    c.finish(fourth, w.now)  # 2 and 2: still not outnumbered
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.WAITING and w.rdy_by_conn() == {1: 0}
+    w.advance(2.0)
+    assert c.backoff_phase is BackoffPhase.TESTING

@@ -28,15 +28,29 @@ def test_failure_opens_exponential_window_then_tests_with_one_message_more() -> 
     assert b.rdy_budget(0) == 0
 
 
-def test_only_one_result_counts_per_window() -> None:
+def test_failures_in_a_window_never_raise_the_level() -> None:
     b = Backoff(1.0, 120.0)
     b.record(F, 0.0)
-    for outcome in (F, R, S, N) * 3:  # results of messages already in flight: ignored
+    for outcome in (F, R, S, N) * 3:  # in flight when the window opened: failures dominate
         assert not b.record(outcome, 0.5)
     assert b.level == 1 and b.failures == 1 and b.windows == 1
     b.handle_timer(2.0)
     b.record(F, 2.0)
     assert b.level == 2 and b.deadline == 6.0 and b.failures == 2 and b.windows == 2
+
+
+def test_successes_in_a_window_lower_the_level_once_they_outnumber_its_failures() -> None:
+    b = Backoff(1.0, 120.0)
+    b.record(F, 0.0)
+    b.handle_timer(2.0)
+    b.record(F, 2.0)  # level 2, a 4 s window
+    assert not b.record(S, 2.1)  # one failure (the window's), one success: even
+    assert b.record(S, 2.2)  # outnumbered: level 1, the window goes on
+    assert b.level == 1 and b.phase is BackoffPhase.WAITING and b.deadline == 6.0
+    assert not b.record(F, 2.3) and not b.record(S, 2.4)  # even again
+    assert b.record(S, 2.5)
+    assert b.phase is BackoffPhase.NORMAL and b.level == 0 and b.deadline is None
+    assert b.windows == 2
 
 
 def test_a_success_while_testing_lowers_the_level_and_lets_two_more_in() -> None:
