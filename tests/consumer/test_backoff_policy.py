@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from nsq_sansio.backoff import BackoffPhase
 from nsq_sansio.config import Config
-from nsq_sansio.consumer import BackoffChanged, GiveUp
+from nsq_sansio.consumer import BackoffChanged, Deliver, GiveUp
 
 from .harness import World
 
@@ -202,3 +202,70 @@ def test_a_window_holds_while_its_failures_outnumber_its_successes() -> None:
     assert c.backoff_phase is BackoffPhase.WAITING and w.rdy_by_conn() == {1: 0}
     w.advance(2.0)
     assert c.backoff_phase is BackoffPhase.TESTING
+
+
+def test_the_worked_timeline_of_the_docs() -> None:
+    # docs/transports.md, "Backoff": default settings, max_in_flight 4, jobs of 12 s.
+    w = World(1, Config(max_in_flight=4))
+    w.start()
+    for i in range(1, 21):
+        w.publish(0, 1, b"m%d" % i)
+    c = w.coordinator
+
+    def take(body: bytes) -> Deliver:
+        (d,) = [d for d in w.inbox if d.body == body]
+        w.inbox.remove(d)
+        return d
+
+    def started() -> list[bytes]:
+        return [d.body for d in w.inbox]
+
+    def answer(d: Deliver, ok: bool) -> None:
+        assert c.finish(d, w.now) if ok else c.requeue(d, w.now)
+        w.pump()
+
+    assert started() == [b"m1", b"m2", b"m3", b"m4"]
+    m1 = take(b"m1")
+    answer(m1, ok=False)  # t=0: a first failure
+    assert (c.backoff_phase, c.backoff_level, w.rdy_by_conn()) == (BackoffPhase.WAITING, 1, {1: 0})
+    w.advance(2.0)  # t=2: the test, beside m2-m4
+    assert (c.backoff_phase, w.rdy_by_conn(), started()[-1]) == (
+        BackoffPhase.TESTING,
+        {1: 4},
+        b"m5",
+    )
+    w.advance(1.0)
+    answer(take(b"m5"), ok=False)  # t=3: another first failure, level 2
+    assert (c.backoff_phase, c.backoff_level, w.rdy_by_conn()) == (BackoffPhase.WAITING, 2, {1: 0})
+    w.advance(3.9)
+    assert c.backoff_phase is BackoffPhase.WAITING
+    w.advance(0.1)  # t=7: the 4 s window is over
+    assert (c.backoff_phase, w.rdy_by_conn(), started()[-1]) == (
+        BackoffPhase.TESTING,
+        {1: 4},
+        b"m6",
+    )
+    w.advance(5.0)
+    answer(take(b"m2"), ok=True)  # t=12: level 1, m7 starts in the freed slot
+    assert (c.backoff_phase, c.backoff_level, started()[-1]) == (BackoffPhase.TESTING, 1, b"m7")
+    answer(take(b"m3"), ok=True)  # level 0
+    assert (c.backoff_phase, c.backoff_level, c.total_rdy) == (BackoffPhase.NORMAL, 0, 4)
+    assert _changes(w) == [
+        ("waiting", 1, 2.0, 1),
+        ("testing", 1, 0.0, 1),
+        ("waiting", 2, 4.0, 2),
+        ("testing", 2, 0.0, 2),
+        ("testing", 1, 0.0, 2),
+        ("normal", 0, 0.0, 0),
+    ]
+    for body in started():  # m4, m6... succeed and the queue runs on until m1 is back
+        answer(take(body), ok=True)
+    while b"m1" not in started():
+        for body in started():
+            answer(take(body), ok=True)
+        w.advance(1.0)
+    assert w.now == 90.0  # its automatic delay: 90 s x 1 attempt
+    again = take(b"m1")
+    assert again.attempts == 2
+    answer(again, ok=False)  # a repeated failure: level 1 again, not 3
+    assert _changes(w)[-1] == ("waiting", 1, 2.0, 1)

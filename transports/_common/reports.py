@@ -12,7 +12,9 @@ import logging
 import signal
 from collections.abc import Callable
 
+from nsq_sansio.backoff import BackoffPhase
 from nsq_sansio.consumer import (
+    BackoffChanged,
     ConnectionUp,
     ConsumerFailed,
     Disconnected,
@@ -33,6 +35,7 @@ __all__ = [
     "log_consumer_report",
     "log_fetch_refused",
     "log_handler_failed",
+    "log_handler_result_invalid",
     "log_keepalive_expired",
     "log_producer_disconnect",
     "log_publish_refused",
@@ -40,8 +43,8 @@ __all__ = [
 ]
 
 #: ``on_event`` receives a consumer's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-#: LookupdFailed, ConsumerFailed) and KeepaliveExpired, synchronously: on the event loop, or,
-#: blocking, on the IO thread. It must return quickly and never block.
+#: BackoffChanged, LookupdFailed, ConsumerFailed) and KeepaliveExpired, synchronously: on the
+#: event loop, or, blocking, on the IO thread. It must return quickly and never block.
 EventCallback = Callable[[object], None]
 
 
@@ -49,8 +52,10 @@ def log_consumer_report(
     logger: logging.Logger, action: object, *, topic: str, channel: str, now: float
 ) -> None:
     """Log one of the coordinator's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-    LookupdFailed, ConsumerFailed); anything else is not logged."""
-    if isinstance(action, TakenBack):
+    BackoffChanged, LookupdFailed, ConsumerFailed); anything else is not logged."""
+    if isinstance(action, BackoffChanged):
+        log_backoff(logger, action)
+    elif isinstance(action, TakenBack):
         ConnectionLogger(logger, str(action.address)).warning(
             "%s for message %s came too late: %s",
             action.command,
@@ -97,6 +102,22 @@ def log_consumer_report(
         logger.error("consumer %s/%s failed, not retrying: %s", topic, channel, action.error)
 
 
+def log_backoff(logger: logging.Logger, change: BackoffChanged) -> None:
+    """Backoff moved (once per change, at INFO): a window opened, a test, the end of it."""
+    if change.phase is BackoffPhase.WAITING:
+        logger.info(
+            "backing off %.1f s after %d failure%s (level %d)",
+            change.window,
+            change.failures,
+            "" if change.failures == 1 else "s",
+            change.level,
+        )
+    elif change.phase is BackoffPhase.TESTING:
+        logger.info("testing after backoff (level %d)", change.level)
+    else:
+        logger.info("resuming after backoff")
+
+
 def log_keepalive_expired(logger: logging.Logger, event: KeepaliveExpired, now: float) -> None:
     """``keepalive()`` cannot extend a message any further (nsqd's max_msg_timeout)."""
     ConnectionLogger(logger, str(event.address)).warning(
@@ -113,6 +134,18 @@ def log_handler_failed(
     """``run()``'s handler raised (call from the ``except`` block: the traceback is logged)."""
     ConnectionLogger(logger, str(address)).exception(
         "handler failed for message %s; requeueing it", message_id.decode(errors="replace")
+    )
+
+
+def log_handler_result_invalid(
+    logger: logging.Logger, address: NSQDAddress | str, message_id: bytes, error: TypeError
+) -> None:
+    """``run()``'s handler returned something other than None, True or False (``error`` says
+    which handler and what it returned; logged with it, as a raised exception would be)."""
+    ConnectionLogger(logger, str(address)).error(
+        "handler failed for message %s; requeueing it",
+        message_id.decode(errors="replace"),
+        exc_info=(TypeError, error, None),
     )
 
 
