@@ -58,7 +58,6 @@ Consumer("events", "audit", nsqd=["127.0.0.1:4150"], config=base.replace(max_att
 
 #: For fields that have no ``#:`` comment in config.py (yet); the source wins when it has one.
 FALLBACK = {
-    "hostname": "Sent in IDENTIFY as the client's hostname (see `client_id`).",
     "user_agent": "Sent in IDENTIFY; shows in nsqd's /stats and nsqadmin.",
     "tls_v1": "Ask nsqd to upgrade the connection to TLS after IDENTIFY (see security.md).",
     "snappy": "Negotiate snappy compression of the connection (exclusive with `deflate`).",

@@ -86,9 +86,12 @@ class Config:
     #: Pull mode: how long a message that arrived for no waiting fetch is held before REQ 0.
     pull_hold_timeout: float = 1.0
     # -- IDENTIFY (connection level) --------------------------------------------------------
-    #: Sent to nsqd to name this client; the core cannot look the host up (no IO), so
-    #: transports fill both in (go-nsq's default: the short and the full hostname).
+    #: Sent in IDENTIFY to name this client in nsqd's /stats and nsqadmin. None: every
+    #: client sends the short host name (up to the first dot), as go-nsq does; "" sends it
+    #: empty.
     client_id: str | None = None
+    #: Sent in IDENTIFY as this client's host name. None: every client sends the full host
+    #: name (`socket.gethostname()`, no DNS lookup), as go-nsq does; "" sends it empty.
     hostname: str | None = None
     user_agent: str = DEFAULT_USER_AGENT
     #: Seconds between nsqd heartbeats; None disables them (IDENTIFY -1).

@@ -307,6 +307,7 @@ class ClientConnection:
 
     @property
     def state(self) -> ConnectionState:
+        """Where the connection is in its lifecycle (handshake, ready, subscribed, closing...)."""
         return self._state
 
     @property
@@ -326,9 +327,11 @@ class ClientConnection:
 
     @property
     def in_flight_count(self) -> int:
+        """Messages delivered on this connection and not answered yet (FIN, REQ) here."""
         return len(self._in_flight)
 
     def is_in_flight(self, message_id: bytes) -> bool:
+        """Whether ``message_id`` was delivered here and is still unanswered."""
         return message_id in self._in_flight
 
     @property
@@ -346,6 +349,7 @@ class ClientConnection:
 
     @property
     def max_rdy_count(self) -> int:
+        """nsqd's ``max_rdy_count`` from the IDENTIFY answer (its default before the answer)."""
         settings = self.settings or ServerSettings.default()
         return settings.max_rdy_count
 
@@ -851,6 +855,10 @@ class ClientConnection:
             )
             if self._state in _HANDSHAKE_STATES and isinstance(error, RemoteProtocolError):
                 error = self._handshake_error(error, data, pos)
+            # Reported as a value, not raised: its traceback would hold this frame, whose
+            # ``events`` hold the error (a cycle keeping every message decoded so far, and
+            # the read itself, until a full garbage collection).
+            exc.__traceback__ = error.__traceback__ = None
             self._fail(error, events)
             return
         if pos < end:

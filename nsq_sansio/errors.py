@@ -157,6 +157,7 @@ class ServerError(NSQError):
 
     @property
     def fatal(self) -> bool:
+        """Whether nsqd closes the connection after this error (all but FIN/REQ/TOUCH failures)."""
         return self.code not in NON_FATAL_CODES
 
     @classmethod

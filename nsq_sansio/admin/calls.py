@@ -81,8 +81,13 @@ class AdminEndpoint:
         parts = urlsplit(raw)
         if parts.scheme not in ("http", "https"):
             raise ConfigError(f"HTTP API address {url!r}: scheme must be http or https")
-        if parts.query or parts.fragment or "@" in parts.netloc:
-            raise ConfigError(f"HTTP API address {url!r}: no user, query or fragment allowed")
+        if "@" in parts.netloc:  # said without the URL: before "@" may be a password
+            raise ConfigError(
+                "an HTTP API address with a user or password is not supported (nsqd's and "
+                "nsqlookupd's HTTP APIs have no authentication); give scheme://host:port only"
+            )
+        if parts.query or parts.fragment:
+            raise ConfigError(f"HTTP API address {url!r}: no query or fragment allowed")
         tls = parts.scheme == "https"
         host, port = _split_host_port(parts.netloc, default_port, "HTTP API")
         try:

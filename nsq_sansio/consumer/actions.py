@@ -4,9 +4,9 @@ Connections (:class:`Connect`, :class:`StartTLS`, :class:`CloseConnection`), loo
 (:class:`SendHTTPRequest`, :class:`CloseHTTPRequest`), messages for the user (:class:`Deliver`,
 the handle they answer with, and :class:`FetchResult` in pull mode), and reports
 (:class:`GiveUp`, :class:`TakenBack`, :class:`ConnectionUp`, :class:`Disconnected`,
-:class:`LookupdFailed`, :class:`BackoffChanged`, :class:`DrainComplete`,
-:class:`ConsumerFailed`). :data:`Action` is
-their union. This module decides nothing; it only defines the vocabulary.
+:class:`LookupdFailed`, :class:`NodeRefused`, :class:`BackoffChanged`,
+:class:`DrainComplete`, :class:`ConsumerFailed`). :data:`Action` is their union. This module
+decides nothing; it only defines the vocabulary.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ __all__ = [
     "FetchResult",
     "GiveUp",
     "LookupdFailed",
+    "NodeRefused",
     "SendHTTPRequest",
     "StartTLS",
     "TakenBack",
@@ -187,6 +188,15 @@ class LookupdFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeRefused:
+    """A lookupd listed ``address`` and the consumer's ``nsqd_filter`` refused it: it is not
+    connected to. Reported once per address."""
+
+    lookupd: LookupdAddress
+    address: NSQDAddress
+
+
+@dataclass(frozen=True, slots=True)
 class BackoffChanged:
     """The consumer's backoff moved: a window opened (``WAITING``, ``window`` seconds long),
     a window ended (``TESTING``: one message at a time is let in), a success while testing
@@ -250,6 +260,7 @@ Action = (
     | ConnectionUp
     | Disconnected
     | LookupdFailed
+    | NodeRefused
     | BackoffChanged
     | FetchResult
     | DrainComplete

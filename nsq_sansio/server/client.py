@@ -54,12 +54,14 @@ class Client:
         "encoder",
         "finish_count",
         "heartbeat_interval",
+        "held_out",
         "high_water",
         "hostname",
         "id",
         "in_flight",
         "inbuf",
         "last_read",
+        "lookup_id",
         "message_count",
         "more_input",
         "msg_timeout",
@@ -142,6 +144,10 @@ class Client:
         self.out: list[bytes] = []
         self.out_len = 0
         self.raw_prefix = b""
+        # Waiting for nsqlookupd (the id of the ChannelLookup its command started, else 0):
+        # its input waits, and so does the answer to that command (held_out), as in nsqd.
+        self.lookup_id = 0
+        self.held_out: list[bytes] = []
         self.pending_verb: bytes | None = None
         self.pending_params: list[bytes] = []
         self.pending_size = -1

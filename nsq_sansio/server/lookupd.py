@@ -241,6 +241,7 @@ class Lookupd:
 
     @property
     def connection_count(self) -> int:
+        """TCP connections (nsqd registering) open now."""
         return len(self._conns)
 
     def _conn(self, handle: int) -> _Conn:

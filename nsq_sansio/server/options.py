@@ -7,7 +7,7 @@ seconds (the core's clock unit); on the wire nsqd speaks milliseconds and the co
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
@@ -222,6 +222,19 @@ class NSQDOptions:
     #: and waits for ``NSQD.auth_result`` (for an auth server reached over the network).
     auth_by_transport: bool = False
 
+    #: nsqd's HTTP client: how long to connect, and the whole request, e.g. asking
+    #: nsqlookupd for a new topic's channels (a topic waits for it at most this long).
+    http_client_connect_timeout: float = 2.0
+    http_client_request_timeout: float = 5.0
+
+    #: ``--e2e-processing-latency-percentile``: the percentiles of each channel's (and
+    #: topic's) publish-to-FIN latency reported in ``/stats``, each within (0, 1]; kept
+    #: sorted from the highest, as nsqd keeps them. Empty (the default): none tracked.
+    e2e_processing_latency_percentiles: tuple[float, ...] = ()
+    #: ``--e2e-processing-latency-window-time``: the latencies of about this long ago are
+    #: the oldest the percentiles cover (nsqd's default, 10 minutes).
+    e2e_processing_latency_window_time: float = 600.0
+
     #: Longest command line accepted (nsqd reads commands through a 16 KiB buffer).
     max_command_line: int = 16 * 1024
     #: Not nsqd: put a vanished client's in-flight messages back at once instead of waiting
@@ -248,9 +261,26 @@ class NSQDOptions:
             "max_output_buffer_timeout",
             "min_output_buffer_timeout",
             "output_buffer_timeout",
+            "http_client_connect_timeout",
+            "http_client_request_timeout",
+            "e2e_processing_latency_window_time",
             "max_command_line",
         ):
             _positive(name, getattr(self, name))
+        percentiles = self.e2e_processing_latency_percentiles
+        if isinstance(percentiles, (str, bytes)) or not isinstance(percentiles, Iterable):
+            raise ConfigError(
+                "NSQDOptions.e2e_processing_latency_percentiles must be a sequence of "
+                f"numbers, got {percentiles!r}"
+            )
+        for value in percentiles:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ConfigError(f"invalid E2E processing latency percentile: {value!r}")
+        object.__setattr__(
+            self,
+            "e2e_processing_latency_percentiles",
+            tuple(sorted((float(v) for v in percentiles), reverse=True)),
+        )
         if self.max_defer_timeout is not None:
             _positive("max_defer_timeout", self.max_defer_timeout)
         if self.max_channel_consumers < 0:

@@ -22,13 +22,13 @@ from ..names import validate_channel, validate_topic
 from .backend import BackendError
 from .channel import RESUME_POLL, RESUME_POLL_MAX, Channel
 from .client import Client
-from .context import NodeContext
+from .context import INF, NodeContext
 from .events import AuthRequested, ServerEvent, StartTLS
 from .identify import apply_identify, negotiate, parse_identify
 from .message import Message
 from .options import AuthRequest, AuthState, NSQDOptions
 from .states import ClientState
-from .topic import Topic
+from .topic import ChannelLookup, Topic
 from .topics import Topics
 from .wire import (
     BODY_COMMANDS,
@@ -112,12 +112,14 @@ class ProtocolV2:
             conn.compressed_len += len(data)
         else:
             conn.inbuf += data
-        if conn.state is ClientState.AUTHENTICATING:
-            # Input waits for the auth answer, within the bound of one command.
+        if conn.state is ClientState.AUTHENTICATING or conn.lookup_id:
+            # Input waits for the auth answer (or nsqlookupd), within the bound of one
+            # command (a transport stops reading meanwhile: see NSQD.input_pending).
             limit = self.options.max_body_size + self.options.max_command_line + 8
             if len(conn.inbuf) + conn.compressed_len > limit:
+                waiting = "AUTH" if conn.lookup_id == 0 else "nsqlookupd"
                 self._topics.close_client(
-                    conn, "too much input while waiting for AUTH", None, now, events
+                    conn, f"too much input while waiting for {waiting}", None, now, events
                 )
             return
         self.step(conn, now, events, READ_STEP_COMMANDS)
@@ -146,8 +148,9 @@ class ProtocolV2:
                 state is ClientState.CLOSED
                 or state is ClientState.TLS_HANDSHAKE
                 or state is ClientState.AUTHENTICATING
+                or conn.lookup_id
             ):
-                break  # nothing runs until the handshake or the auth answer is done
+                break  # nothing runs until the handshake, the auth or lookupd answer is in
             if budget <= 0:
                 self._more_input(conn)
                 return
@@ -252,10 +255,13 @@ class ProtocolV2:
     def process(self, conn: Client, now: float, events: list[ServerEvent], budget: int) -> int:
         """Run the complete commands in ``conn.inbuf``, at most ``budget`` of them; returns
         the budget left (0 or less: it stopped at the budget)."""
+        if conn.lookup_id:
+            return budget  # waiting for nsqlookupd: see release_from_lookup
         buf = conn.inbuf
         pos = 0
         max_line = self.options.max_command_line
         fast_path = self._fast_path
+        started = self._topics.started
         max_msg_size = self.options.max_msg_size
         topics = self._topics.by_name
         touched = self._touched
@@ -330,7 +336,10 @@ class ProtocolV2:
                                 if channel.finish(conn, msg):
                                     freed[channel] = None
                                 continue
+                        mark = len(conn.out)
                         self._command(conn, line.split(b" "), now, events)
+                        if started and self._wait_for_lookup(conn, started[-1], mark):
+                            break
                         continue
                     if conn.pending_size < 0:
                         if end - pos < 4:
@@ -348,11 +357,16 @@ class ProtocolV2:
                     conn.pending_verb = None
                     conn.pending_params = []
                     conn.pending_size = -1
+                    mark = len(conn.out)
                     self._body_command(conn, verb, params, body, now, events)
+                    if started and self._wait_for_lookup(conn, started[-1], mark):
+                        break
                 except ClientError as err:
                     conn.pending_verb = None
                     conn.pending_params = []
                     conn.pending_size = -1
+                    if started:
+                        started[-1].claimed = True  # the topic exists; the error is the answer
                     self._client_error(conn, err, now, events)
                     continue
                 if conn.switch_input:
@@ -382,6 +396,42 @@ class ProtocolV2:
                     channel.pump(now)
                 freed.clear()
         return budget
+
+    def _wait_for_lookup(self, conn: Client, lookup: ChannelLookup, mark: int) -> bool:
+        """After a command: when it created a topic that asks nsqlookupd for its channels,
+        the client waits for the answer, as nsqd's command blocks in ``GetTopic``: the
+        command's answer (written since ``mark``) and the rest of its input are held until
+        :meth:`release_from_lookup`. The command's messages are in the topic already, held
+        there, so none is lost or reordered meanwhile. True when the client now waits."""
+        if lookup.claimed:
+            return False
+        lookup.claimed = True
+        if conn.state is ClientState.CLOSED:
+            return False
+        out = conn.out
+        held = out[mark:]
+        del out[mark:]
+        conn.out_len -= sum(len(frame_) for frame_ in held)
+        conn.held_out = held
+        conn.lookup_id = lookup.id
+        lookup.waiters.append(conn)
+        return True
+
+    def release_from_lookup(self, conn: Client, now: float, events: list[ServerEvent]) -> None:
+        """nsqlookupd answered (or the lookup timed out): the client gets the held answer
+        and its input runs again (a bounded step now, the rest from the timer)."""
+        if not conn.lookup_id:
+            return
+        conn.lookup_id = 0
+        held, conn.held_out = conn.held_out, []
+        if conn.state is ClientState.CLOSED:
+            return
+        for data in held:
+            self._write(conn, data)
+        conn.last_read = now  # nsqd reads again only now: its read deadline starts over
+        self._arm_conn(conn)
+        if conn.inbuf or conn.compressed or conn.pieces is not None:
+            self.step(conn, now, events)
 
     def _client_error(
         self, conn: Client, err: ClientError, now: float, events: list[ServerEvent]
@@ -758,8 +808,8 @@ class ProtocolV2:
 
     def _cmd_mpub(self, conn: Client, params: list[bytes], body: bytes, now: float) -> None:
         topic_name = self._topic_param("MPUB", params[1])
+        bodies = self._split_mpub(body)  # before the topic is made, as in nsqd
         topic = self._topics.get_topic(topic_name, now)
-        bodies = self._split_mpub(body)
         timestamp = self._context.timestamp(now)
         self._touched[topic] = None
         try:
@@ -852,7 +902,11 @@ class ProtocolV2:
         if heartbeat <= 0:
             return
         read_deadline = conn.last_read + 2 * heartbeat
-        if now >= read_deadline:
+        if conn.lookup_id:
+            # nsqd is not reading this client while its command waits for nsqlookupd (a
+            # bounded wait): no read deadline meanwhile, as in nsqd; heartbeats go on
+            read_deadline = INF
+        elif now >= read_deadline:
             self._topics.close_client(
                 conn, f"no command for {2 * heartbeat:g}s (missed heartbeats)", None, now, events
             )

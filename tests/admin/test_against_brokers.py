@@ -274,17 +274,9 @@ def lookup_or_none(lookup: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitab
     return call
 
 
-def test_a_new_topic_gets_the_channels_nsqlookupd_knows(
-    brokers: Brokers, request: pytest.FixtureRequest
-) -> None:
+def test_a_new_topic_gets_the_channels_nsqlookupd_knows(brokers: Brokers) -> None:
     """nsqd creating a topic asks its nsqlookupd for the topic's channels and creates them,
-    so none misses the first messages. The embedded nsqd does not (yet)."""
-    if brokers.kind == "embedded":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True, reason="the embedded nsqd does not ask nsqlookupd for the channels"
-            )
-        )
+    so none misses the first messages."""
     with LookupdAdmin(brokers.lookupd_http) as lookupd, NSQDAdmin(brokers.nsqd_http) as nsqd:
         deadline = time.monotonic() + 10
         while not lookupd.nodes():  # nsqd learns nsqlookupd's HTTP port when it registers

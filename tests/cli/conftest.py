@@ -8,6 +8,7 @@ exactly as a user runs it (``python -m transports.cli``), over real loopback soc
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -62,6 +63,10 @@ def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any]
 STAT_COLUMNS = ("nsqd", "lag", "depth", "inflt", "def", "req", "t-o", "msgs", "msg/s", "clients")
 
 
+_TABLE_HEADING = re.compile(r"topic(?:/channel)?\s+nsqd\s")  # a topic may be named "topic"
+_TABLE_STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
+
+
 def stat_tables(output: str) -> list[dict[tuple[str, str], list[str]]]:
     """The tables ``nsq-sansio stat`` printed: per table, (topic, channel or "") -> the cells
     (:data:`STAT_COLUMNS`). A topic line starts at column 0, its channels are indented by two
@@ -71,10 +76,15 @@ def stat_tables(output: str) -> list[dict[tuple[str, str], list[str]]]:
     topic = ""
     pending: tuple[str, str] | None = None
     for line in output.splitlines():
-        if line.startswith("topic"):  # the heading starts a table
+        if _TABLE_HEADING.match(line):  # the heading starts a table
             tables.append({})
             continue
-        if not tables or not line.strip() or line.startswith(("20", "  !", "(no topics)")):
+        if (
+            not tables
+            or not line.strip()
+            or _TABLE_STAMP.match(line)  # "2026-11-22 11:36:51  2 nsqd" (a topic may be "20")
+            or line.startswith(("  !", "(no topics)"))
+        ):
             continue
         words = line.split()
         if line.startswith("   "):  # cells under a name that had its own line

@@ -153,6 +153,15 @@ def test_a_deflate_bomb_at_rdy_1_decodes_no_further_than_the_bound() -> None:
     assert peak < 8 * (1 << 20), peak  # was above 60 MiB: every message decoded
 
 
+def test_a_refused_peer_leaves_nothing_alive_behind_its_error() -> None:
+    # The error is reported as a value, not raised: with its traceback it held the decoder's
+    # frame, whose events held the error (a cycle), and so every message of that read, until
+    # a full garbage collection: a peer refused and reconnected again and again piled them up.
+    conn = subscribed(rdy=1)
+    error = refused(push(conn, ids(0, 3)))
+    assert error.__traceback__ is None
+
+
 def test_a_flood_of_heartbeats_in_one_read_is_refused_early() -> None:
     # 200k heartbeats compress to a few KB; each would be an event and a NOP queued.
     conn = ClientConnection({"deflate": True})

@@ -195,11 +195,11 @@ def test_blocking_clients_authenticate(auth_server: AuthServer) -> None:
 
 
 def test_auth_options_are_checked() -> None:
-    with pytest.raises(ValueError):
-        EmbeddedNSQD(auth_http_addresses=["127.0.0.1"])  # no port
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"'127\.0\.0\.1' needs a port"):
+        EmbeddedNSQD(auth_http_addresses=["127.0.0.1"])
+    with pytest.raises(ValueError, match=r"expected http\(s\)://host\[:port\]/path"):
         EmbeddedNSQD(auth_http_addresses=["ftp://127.0.0.1:21/auth"])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="auth_by_transport is set from"):
         EmbeddedNSQD(auth_by_transport=True)  # set from auth_http_addresses
     assert parse_auth_address("127.0.0.1:4181").target == "/auth"
     state = parse_auth_state(

@@ -106,9 +106,9 @@ def test_bodies_held_at_once_are_bounded_across_connections() -> None:
 
 
 def test_limits_are_checked() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="every limit must be positive"):
         HTTPLimits(max_connections=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="every limit must be positive"):
         EmbeddedNSQD(http_limits={"request_timeout": -1})
 
 

@@ -122,8 +122,3 @@ def test_a_client_auth_policy_requires_tls_of_every_client(
             assert status == 403, (method, path, status, body)
             assert body == b'{"message": "TLS_REQUIRED", "https_port": %d}' % https_port
             assert headers["content-type"] == "application/json; charset=utf-8"
-
-
-def test_a_client_auth_policy_needs_a_certificate() -> None:
-    with pytest.raises(ValueError, match="without tls_cert"):
-        EmbeddedNSQD(tls_client_auth_policy="require-verify")

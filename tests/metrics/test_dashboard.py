@@ -19,6 +19,7 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client import CollectorRegistry
 
+from nsq_sansio.errors import BadMessage
 from transports import metrics
 from transports.embedded import EmbeddedNSQD
 
@@ -91,7 +92,7 @@ def _exported_by_clients_and_embedded_nsqd(nsqd: EmbeddedNSQD) -> Series:
         metrics.instrument(producer, registry=registry)
         producer.multi_publish("dash", [b"a", b"b", b"c"])
         producer.publish("dash", b"d")
-        with pytest.raises(Exception, match="E_BAD_MESSAGE"):  # counted by error class
+        with pytest.raises(BadMessage, match="E_BAD_MESSAGE"):  # counted by error class
             producer.publish("dash", b"x" * (1024 * 1024 + 1))
         series: Series = {}
         with Consumer("dash", "panel", nsqd=[nsqd.tcp_address], max_in_flight=4) as consumer:

@@ -7,7 +7,8 @@
 * :mod:`.stats`: the :class:`ConsumerStats` / :class:`ProducerStats` /
   :class:`ConnectionStats` snapshots.
 * :mod:`.connection_log`: :class:`ConnectionLogger`, the ``[host:port]`` on every log line.
-* :mod:`.http_publish`: nsqd's HTTP ``/pub`` and ``/mpub`` as bytes in and out over h11.
+* :mod:`.http_publish`: nsqd's HTTP ``/pub`` and ``/mpub`` as bytes in and out (over
+  :class:`~nsq_sansio.http_client.HTTPClient`), and when a request may be sent again.
 * :mod:`.publishing`: the bounded set of checked topic names.
 * :mod:`.failures`: why a connection or a publish failed, in one wording for every runtime.
 * :mod:`.reports`: what the clients log, one level and text per event for every runtime.
@@ -33,20 +34,14 @@ from .addresses import (
     parse_http_url,
 )
 from .connection_log import ConnectionLogger
-from .http_publish import (
-    HTTPPublishClient,
-    HTTPPublishError,
-    PubResponse,
-    build_mpub_request,
-    build_pub_request,
-    parse_pub_response,
-)
+from .http_publish import HTTPPublishClient, HTTPPublishError, PubResponse
 from .options import (
     MAX_CONNECTIONS_PER_NSQD,
     READ_SIZE,
     TransportOptions,
     check_connections_per_nsqd,
     make_config,
+    read_auth_secret,
     split_options,
 )
 from .publishing import TOPICS_REMEMBERED, remember_topic
@@ -71,15 +66,13 @@ __all__ = [
     "PubResponse",
     "TLSOptions",
     "TransportOptions",
-    "build_mpub_request",
-    "build_pub_request",
     "build_ssl_context",
     "check_connections_per_nsqd",
     "format_address",
     "make_config",
     "parse_address",
     "parse_http_url",
-    "parse_pub_response",
+    "read_auth_secret",
     "remember_topic",
     "split_options",
 ]

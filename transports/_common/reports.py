@@ -20,6 +20,7 @@ from nsq_sansio.consumer import (
     Disconnected,
     GiveUp,
     LookupdFailed,
+    NodeRefused,
     TakenBack,
 )
 from nsq_sansio.discovery import NSQDAddress
@@ -43,8 +44,9 @@ __all__ = [
 ]
 
 #: ``on_event`` receives a consumer's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-#: BackoffChanged, LookupdFailed, ConsumerFailed) and KeepaliveExpired, synchronously: on the
-#: event loop, or, blocking, on the IO thread. It must return quickly and never block.
+#: BackoffChanged, LookupdFailed, NodeRefused, ConsumerFailed) and KeepaliveExpired,
+#: synchronously: on the event loop, or, blocking, on the IO thread. It must return quickly
+#: and never block.
 EventCallback = Callable[[object], None]
 
 
@@ -52,7 +54,7 @@ def log_consumer_report(
     logger: logging.Logger, action: object, *, topic: str, channel: str, now: float
 ) -> None:
     """Log one of the coordinator's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-    BackoffChanged, LookupdFailed, ConsumerFailed); anything else is not logged."""
+    BackoffChanged, LookupdFailed, NodeRefused, ConsumerFailed); anything else is not logged."""
     if isinstance(action, BackoffChanged):
         log_backoff(logger, action)
     elif isinstance(action, TakenBack):
@@ -97,6 +99,11 @@ def log_consumer_report(
     elif isinstance(action, LookupdFailed):
         ConnectionLogger(logger, str(action.lookupd)).warning(
             "lookupd query failed: %s", action.error
+        )
+    elif isinstance(action, NodeRefused):
+        ConnectionLogger(logger, str(action.lookupd)).warning(
+            "lookupd listed nsqd %s; nsqd_filter refused it: not connecting (said once)",
+            action.address,
         )
     elif isinstance(action, ConsumerFailed):
         logger.error("consumer %s/%s failed, not retrying: %s", topic, channel, action.error)

@@ -64,6 +64,7 @@ class ConsumerStats:
 
     @property
     def connected(self) -> int:
+        """Connections connected now (subscribed, or ready to publish)."""
         return sum(1 for c in self.connections if c.connected)
 
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from nsq_sansio.discovery import allow_nsqd
 from nsq_sansio.errors import HTTPPublishError, NoNSQDAvailable
 from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 
@@ -37,5 +38,6 @@ __all__ = [
     "ProducerStats",
     "PublishObserver",
     "TLSOptions",
+    "allow_nsqd",
     "drain_on_signals",
 ]

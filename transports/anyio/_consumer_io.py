@@ -3,14 +3,16 @@ task), one per lookupd request.
 
 :class:`ConsumerConnections` is a part of :class:`~transports.anyio.consumer.Consumer` (its
 base class): the reader feeds each chunk of up to 64 KiB to the coordinator and dispatches
-what it decided; the writer sends everything queued for its connection since it last ran in
-one write; a lookupd request's task writes the request and feeds the answer back. Errors end
-the connection (the coordinator decides about reconnecting), never the consumer.
+what it decided, and pauses while more messages wait for user code than ``max_in_flight``
+(:meth:`ConsumerConnections._pause_reading`); the writer sends everything queued for its
+connection since it last ran in one write; a lookupd request's task writes the request and
+feeds the answer back. Errors end the connection (the coordinator decides about
+reconnecting), never the consumer.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from time import monotonic
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from nsq_sansio.consumer import Connect, ConsumerCoordinator, SendHTTPRequest
+from nsq_sansio.consumer import Connect, ConsumerCoordinator, Deliver, SendHTTPRequest
 from nsq_sansio.discovery import LookupdAddress, NSQDAddress
 from nsq_sansio.errors import ConnectionLost, NSQError
 from transports._common import READ_SIZE, ConnectionLogger, TransportOptions
@@ -29,6 +31,10 @@ __all__ = ["ConsumerConnections"]
 
 #: What ends a connection's tasks quietly (anything else is logged with its traceback).
 _SOCKET_ERRORS = (*SOCKET_ERRORS, ConnectionLost)
+
+#: How often a paused reader looks whether user code took enough messages to read again:
+#: polled, so that taking a message (the per-message path) does not pay for the pause.
+_RESUME_POLL = 0.02
 
 
 class Conn:
@@ -71,6 +77,7 @@ class ConsumerConnections:
     _coord: ConsumerCoordinator
     _options: TransportOptions
     _conns: dict[int, Conn]
+    _inbox: deque[Deliver]
     _http: dict[int, anyio.CancelScope]
     _connects: Counter[str]
     _reconnects: int
@@ -122,14 +129,26 @@ class ConsumerConnections:
                         tg.cancel_scope.cancel()
         finally:
             self._conns.pop(conn.conn_id, None)
+            self._forget_waiting(conn.conn_id)
             if conn.stream is not None:
                 with anyio.CancelScope(shield=True):
                     await anyio.aclose_forcefully(conn.stream)
+
+    def _forget_waiting(self, conn_id: int) -> None:
+        """A closed connection's messages still waiting for user code are dropped now (they
+        would be skipped when taken: nsqd requeues them), so that a peer refused and
+        reconnected again and again cannot pile them up while user code takes none."""
+        inbox = self._inbox
+        if any(delivery.conn_id == conn_id for delivery in inbox):
+            kept = [delivery for delivery in inbox if delivery.conn_id != conn_id]
+            inbox.clear()
+            inbox.extend(kept)
 
     async def _reader(self, conn: Conn) -> None:
         coord = self._coord
         conn_id = conn.conn_id
         dispatch = self._dispatch
+        inbox = self._inbox
         stream = conn.stream
         assert stream is not None
         receive = stream.receive
@@ -157,12 +176,32 @@ class ConsumerConnections:
             conn.bytes_in += len(data)
             coord.receive_data(conn_id, data, monotonic())
             dispatch()
+            if len(inbox) > coord.max_in_flight and data:
+                await self._pause_reading(conn)
             if not data:
                 # The coordinator has closed it (CloseConnection); the writer flushes and ends
                 # the task, even if nothing was decided.
                 conn.closing = True
                 conn.wake.set()
                 await anyio.sleep_forever()
+
+    async def _pause_reading(self, conn: Conn) -> None:
+        """More messages wait for user code than ``max_in_flight``: read this connection again
+        once they are no more than that, or after the core's ``read_pause_limit`` (heartbeats
+        must be answered), whichever comes first. Checked once per read, never per message: a
+        peer that ignores RDY is read no faster than user code takes messages, but for one
+        read (within the RDY bound) per pause."""
+        coord = self._coord
+        limit = coord.read_pause_limit(conn.conn_id)
+        if limit is None:  # not subscribed: a handshake is never held up
+            return
+        inbox = self._inbox
+        resume_at = monotonic() + limit
+        while len(inbox) > coord.max_in_flight and not conn.closing:
+            left = resume_at - monotonic()
+            if left <= 0:
+                return
+            await anyio.sleep(min(left, _RESUME_POLL))
 
     async def _writer(self, conn: Conn, scope: anyio.CancelScope) -> None:
         coord = self._coord

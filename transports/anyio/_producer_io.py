@@ -282,7 +282,11 @@ class ProducerConnections:
         self, node: Node, stream: anyio.abc.ByteStream, deadline: float
     ) -> tuple[anyio.abc.ByteStream, ClientConnection]:
         options = self._options
-        proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
+        proto = ClientConnection(
+            self._identify,
+            auth_secret=self._config.auth_secret,
+            auth_requires_tls=self._config.auth_requires_tls,
+        )
         try:
             await stream.send(proto.data_to_send())
             while True:
@@ -504,7 +508,10 @@ class ProducerConnections:
         node.last_error = str(error)
         node.last_exc = error
         if not self._closed:
-            node.down_until = monotonic() + 1.0
+            if not (was_ready and isinstance(error, ServerError)):
+                # Publishes prefer other nsqd for a second; not after nsqd closed a working
+                # connection over a refused publish (it is up: the next publish reconnects).
+                node.down_until = monotonic() + 1.0
             log_producer_disconnect(
                 node.log, error, was_ready=was_ready, unanswered=len(node.pending)
             )

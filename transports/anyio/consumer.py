@@ -50,6 +50,7 @@ from nsq_sansio.consumer import (
     SendHTTPRequest,
     StartTLS,
 )
+from nsq_sansio.discovery import NSQDFilter
 from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConnectionLogger, ConnectionStats, ConsumerStats, split_options
 from transports._common.arguments import check_seconds
@@ -87,7 +88,10 @@ class Consumer(ConsumerConnections):
     Keyword arguments are :class:`~nsq_sansio.config.Config` fields (``max_in_flight=200``,
     ``max_attempts``, ``snappy=True``, ``auth_secret``, ``heartbeat_interval``...) or transport
     options (``connect_timeout``, ``tls=TLSOptions(...)`` / ``tls_ca_file=...`` etc.).
-    ``pull=True`` makes a pull consumer (:meth:`fetch`). ``on_event`` receives every report
+    ``pull=True`` makes a pull consumer (:meth:`fetch`). ``nsqd_filter`` decides which nsqd
+    a lookupd lists are connected to (:func:`~nsq_sansio.discovery.allow_nsqd`, or any
+    ``NSQDAddress -> bool``; refused ones are reported once as ``NodeRefused``).
+    ``on_event`` receives every report
     (see :data:`EventCallback`); ``logger`` replaces ``nsq_sansio.anyio.consumer``;
     ``close_timeout`` bounds how long leaving the ``async with`` block waits for the quick
     drain.
@@ -110,6 +114,7 @@ class Consumer(ConsumerConnections):
         logger: logging.Logger | None = None,
         rng: random.Random | None = None,
         close_timeout: float = 10.0,
+        nsqd_filter: NSQDFilter | None = None,
         **options: Any,
     ) -> None:
         check_seconds("close_timeout", close_timeout, error=ConfigError)
@@ -124,6 +129,7 @@ class Consumer(ConsumerConnections):
             nsqd=nsqd_list,
             lookupd=lookupd_list,
             pull=pull,
+            nsqd_filter=nsqd_filter,
         )
         self.topic = topic
         self.channel = channel
@@ -291,6 +297,7 @@ class Consumer(ConsumerConnections):
 
     @property
     def config(self) -> Config:
+        """The configuration every connection of this consumer identifies with."""
         return self._coord.config
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
@@ -300,6 +307,8 @@ class Consumer(ConsumerConnections):
         self._kick()
 
     def is_starved(self) -> bool:
+        """Whether some connection has used most of its RDY (NSQ's ``IsStarved``): a batch of
+        messages is waiting for answers."""
         return self._coord.is_starved()
 
     # --- consuming -----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The anyio HTTP producer: :class:`HTTPProducer`, publishing through nsqd's HTTP API.
 
-``/pub``, binary ``/mpub`` and ``/pub?defer=`` over h11
-(:class:`~transports._common.HTTPPublishClient`), on keep-alive connections kept per URL,
-round-robin over the URLs and on to the next one on a connection error; an error answer raises
+``/pub``, binary ``/mpub`` and ``/pub?defer=`` (:class:`~transports._common.HTTPPublishClient`)
+on keep-alive connections kept per URL, round robin over the URLs. A request is sent once: on
+to the next URL only while no connection could be made; a pooled connection nsqd closed is
+dropped before it is used. ``timeout`` bounds the whole call; an error answer raises
 :class:`~nsq_sansio.errors.HTTPPublishError` at once.
 """
 
@@ -11,14 +12,19 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from time import monotonic
 from types import TracebackType
 from typing import Any
 
 import anyio
 import anyio.abc
 
-from nsq_sansio.errors import ConfigError, LocalProtocolError, NoNSQDAvailable, NSQError
+from nsq_sansio.errors import (
+    ConfigError,
+    LocalProtocolError,
+    NoNSQDAvailable,
+    NSQError,
+    RemoteProtocolError,
+)
 from transports._common import (
     DEFAULT_HTTP_PORT,
     HTTPURL,
@@ -30,7 +36,12 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.failures import at_address, seconds, without_address
+from transports._common.failures import no_answer, seconds, without_address
+from transports._common.http_publish import (
+    idle_socket_closed,
+    lost_after_sending,
+    not_reached_in_time,
+)
 from transports._common.publishing import check_batch, check_deferred, check_publish
 
 from ._net import SOCKET_ERRORS, connect, start_tls
@@ -40,20 +51,16 @@ __all__ = ["HTTPProducer"]
 _log = logging.getLogger("nsq_sansio.anyio.http")
 
 
-class _StaleConnection(Exception):
-    """An HTTP connection failed before any byte of the answer (``error`` says how)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class HTTPProducer:
-    """Publish through nsqd's HTTP API (``/pub``, binary ``/mpub``, ``/pub?defer=``) over h11,
-    with keep-alive connections (at most ``max_connections`` at once) and failover over
-    several nsqd on connection errors. ``timeout`` bounds one publish; when no nsqd can be
-    connected it raises :class:`~nsq_sansio.errors.NoNSQDAvailable` (each URL's cause), when
-    the answer does not come in time ``TimeoutError``."""
+    """Publish through nsqd's HTTP API (``/pub``, binary ``/mpub``, ``/pub?defer=``), on
+    keep-alive connections (at most ``max_connections`` at once), round robin over the URLs.
+
+    A request is sent once; it goes on to the next URL only while it provably reached no nsqd.
+    ``timeout`` bounds the whole call. Raises :class:`~nsq_sansio.errors.NoNSQDAvailable` when
+    no nsqd could be reached (each URL's cause), ``TimeoutError`` when the answer did not come
+    in time and :class:`~nsq_sansio.errors.ConnectionLost` when the connection failed after
+    the request was written (both: it may have been stored), and
+    :class:`~nsq_sansio.errors.HTTPPublishError` for nsqd's refusal."""
 
     def __init__(
         self,
@@ -126,51 +133,76 @@ class HTTPProducer:
     ) -> None:
         if self._closed:
             raise LocalProtocolError("the producer is closed")
-        errors: list[BaseException] = []
-        start = next(self._rr) % len(self._urls)
-        deadline = monotonic() + self._timeout
-        async with self._limit:
-            for url in self._urls[start:] + self._urls[:start]:
-                log = ConnectionLogger(self._logger, url.address)
-                response: PubResponse | None = None
-                with anyio.move_on_after(max(deadline - monotonic(), 0)) as scope:
-                    try:
-                        response = await self._exchange(url, build)
-                    except _Unreachable as exc:
-                        errors.append(at_address(url.address, exc.error))
-                        log.warning("cannot connect: %s", without_address(url.address, exc.error))
-                        continue
-                    except (*SOCKET_ERRORS, NSQError) as exc:
-                        errors.append(at_address(url.address, exc))
-                        log.warning("publish failed: %s", without_address(url.address, exc))
-                        continue
-                if scope.cancelled_caught or response is None:
-                    raise TimeoutError(
-                        f"{kind} to {topic!r}: no answer from {url.address} within "
-                        f"{seconds(self._timeout)}"
-                    )
-                response.raise_for_status()
+        attempt = _Attempt()
+        # One deadline for the whole call: a free connection slot, connecting, the answer.
+        with anyio.move_on_after(self._timeout):
+            async with self._limit:
+                attempt.has_slot = True
+                await self._send_limited(kind, topic, build, attempt)
                 return
-        raise NoNSQDAvailable(errors)
+        raise attempt.timed_out(kind, topic, self._timeout)
 
-    async def _exchange(
-        self, url: HTTPURL, build: Callable[[HTTPPublishClient], bytes]
-    ) -> PubResponse:
-        idle = self._idle[url]
-        if idle:
-            # A kept-alive connection may have been closed by nsqd (restart, idle timeout)
-            # while it sat in the pool: when it fails before any byte of an answer, the
-            # request is sent once more, on a fresh connection (the other idle ones are
-            # dropped: they are most likely stale too).
-            stream, client = idle.pop()
+    async def _send_limited(
+        self,
+        kind: str,
+        topic: str,
+        build: Callable[[HTTPPublishClient], bytes],
+        attempt: _Attempt,
+    ) -> None:
+        """Send the request once; on to the next nsqd only while it provably reached none
+        (no connection could be made to it)."""
+        start = next(self._rr) % len(self._urls)
+        attempt.order = self._urls[start:] + self._urls[:start]
+        for index, url in enumerate(attempt.order):
+            attempt.index = index
+            log = ConnectionLogger(self._logger, url.address)
+            pooled = await self._pooled(url)
+            if pooled is not None:
+                stream, client = pooled
+            else:
+                try:
+                    stream = await self._open(url)
+                except _Unreachable as exc:
+                    attempt.errors.append(exc.error)
+                    log.warning("cannot connect: %s", without_address(url.address, exc.error))
+                    continue
+                client = HTTPPublishClient(url.host_header, url.path)
+            request = build(client)
+            attempt.sent_to = url  # from here on it may reach nsqd: never sent again
+            keep = False
             try:
-                return await self._round_trip(idle, stream, client, build)
-            except _StaleConnection:
-                with anyio.CancelScope(shield=True):
-                    while idle:
-                        await anyio.aclose_forcefully(idle.pop()[0])
+                response = await _round_trip(stream, client, request)
+                keep = response.keep_alive and not self._closed
+            except RemoteProtocolError as exc:
+                raise RemoteProtocolError(f"{url.address}: {kind} to {topic!r}: {exc}") from exc
+            except (*SOCKET_ERRORS, NSQError) as exc:
+                raise lost_after_sending(kind, topic, url.address, exc) from exc
+            finally:
+                if keep:
+                    self._idle[url].append((stream, client))
+                else:
+                    await _close(stream)
+            response.raise_for_status()
+            return
+        raise NoNSQDAvailable(attempt.errors)
+
+    async def _pooled(self, url: HTTPURL) -> tuple[anyio.abc.ByteStream, HTTPPublishClient] | None:
+        """An idle kept-alive connection to ``url`` that nsqd has not closed, or None (the
+        closed ones are dropped: nothing was sent on them)."""
+        idle = self._idle[url]
+        while idle:
+            stream, client = idle.pop()
+            if not _closed_by_peer(stream):
+                return stream, client
+            await _close(stream)
+        return None
+
+    async def _open(self, url: HTTPURL) -> anyio.abc.ByteStream:
+        """A new connection (TLS for ``https``) within ``connect_timeout``."""
         try:
-            stream = await connect(url.host, url.port, self._options.connect_timeout)
+            stream: anyio.abc.ByteStream = await connect(
+                url.host, url.port, self._options.connect_timeout
+            )
             if url.scheme == "https":
                 stream = await start_tls(
                     stream,
@@ -182,47 +214,65 @@ class HTTPProducer:
                 )
         except NSQError as exc:
             raise _Unreachable(exc) from exc
-        client = HTTPPublishClient(url.host_header, url.path)
-        try:
-            return await self._round_trip(idle, stream, client, build)
-        except _StaleConnection as exc:
-            raise exc.error from None
+        return stream
 
-    async def _round_trip(
-        self,
-        idle: list[tuple[anyio.abc.ByteStream, HTTPPublishClient]],
-        stream: anyio.abc.ByteStream,
-        client: HTTPPublishClient,
-        build: Callable[[HTTPPublishClient], bytes],
-    ) -> PubResponse:
-        """One request on ``stream``; :class:`_StaleConnection` when it failed before any
-        byte of the answer arrived (safe to send again elsewhere)."""
-        keep = False
-        answered = False
+
+async def _round_trip(
+    stream: anyio.abc.ByteStream, client: HTTPPublishClient, request: bytes
+) -> PubResponse:
+    """Write ``request`` on ``stream`` and read its answer."""
+    await stream.send(request)
+    while True:
         try:
-            try:
-                await stream.send(build(client))
-                while True:
-                    try:
-                        data = await stream.receive(READ_SIZE)
-                    except anyio.EndOfStream:
-                        data = b""
-                    if data:
-                        answered = True
-                    response = client.receive_data(data)
-                    if response is not None:
-                        keep = response.keep_alive
-                        return response
-            except (*SOCKET_ERRORS, NSQError) as exc:
-                if answered:
-                    raise
-                raise _StaleConnection(exc) from exc
-        finally:
-            if keep and not self._closed:
-                idle.append((stream, client))
-            else:
-                with anyio.CancelScope(shield=True):
-                    await anyio.aclose_forcefully(stream)
+            data = await stream.receive(READ_SIZE)
+        except anyio.EndOfStream:
+            data = b""
+        response = client.receive_data(data)
+        if response is not None:
+            return response
+
+
+async def _close(stream: anyio.abc.ByteStream) -> None:
+    with anyio.CancelScope(shield=True):
+        await anyio.aclose_forcefully(stream)
+
+
+def _closed_by_peer(stream: anyio.abc.ByteStream) -> bool:
+    """An idle connection nsqd closed (or wrote to) while it sat in the pool. Between two
+    requests nothing reads the socket (anyio's asyncio streams pause reading between
+    ``receive()`` calls), so nsqd's FIN or reset is still there to see."""
+    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if raw is None:
+        return False  # cannot tell: used as it is
+    try:
+        fileno = raw.fileno()
+    except OSError:
+        return True
+    return idle_socket_closed(fileno)
+
+
+class _Attempt:
+    """How far one call got, for what its timeout says."""
+
+    __slots__ = ("errors", "has_slot", "index", "order", "sent_to")
+
+    def __init__(self) -> None:
+        self.has_slot = False
+        self.order: list[HTTPURL] = []
+        self.index = 0
+        self.errors: list[BaseException] = []
+        #: The URL the request was written to (None: written nowhere).
+        self.sent_to: HTTPURL | None = None
+
+    def timed_out(self, kind: str, topic: str, timeout: float) -> BaseException:
+        if not self.has_slot:
+            return TimeoutError(
+                f"{kind} to {topic!r}: no HTTP connection free within {seconds(timeout)}"
+            )
+        if self.sent_to is not None:
+            return no_answer(kind, topic, self.sent_to.address, timeout)
+        left = [not_reached_in_time(url.address, timeout) for url in self.order[self.index :]]
+        return NoNSQDAvailable([*self.errors, *left])
 
 
 class _Unreachable(Exception):

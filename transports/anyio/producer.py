@@ -257,6 +257,7 @@ class Producer(ProducerConnections):
 
     @property
     def config(self) -> Config:
+        """The configuration every connection of this producer identifies with."""
         return self._config
 
     async def close(self, timeout: float | None = 10.0) -> None:
@@ -337,10 +338,10 @@ class Producer(ProducerConnections):
         try:
             nodes = self._nodes
             node = nodes[0] if len(nodes) == 1 else nodes[next(self._rr) % len(nodes)]
-            if node.ready or (node.connects == 0 and node.down_until <= start):
-                candidates = [node]  # up, or never tried: connect it (a pool spreads out)
-            else:
-                candidates = self._candidates()
+            # Up, or not known to be down (never tried, or nsqd closed it over a refused
+            # publish): it takes the publish in its turn (connected first), so a pool spreads
+            # out again; else one connection of each nsqd, those not known to be down first.
+            candidates = [node] if node.ready or node.down_until <= start else self._candidates()
             errors: list[BaseException] = _NO_ERRORS  # a list of its own on the first one
             sent = 0
             coalesce = self._coalesce

@@ -37,6 +37,7 @@ from transports._common import (
     format_address,
     parse_address,
     parse_http_url,
+    read_auth_secret,
 )
 
 if TYPE_CHECKING:
@@ -319,7 +320,31 @@ def add_client(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="TLS without verifying nsqd's certificate (encrypted, not authenticated)",
     )
-    group.add_argument("--auth-secret", default=None, help="secret sent with AUTH")
+    secret = group.add_mutually_exclusive_group()
+    secret.add_argument(
+        "--auth-secret",
+        default=None,
+        metavar="SECRET",
+        help="secret sent with AUTH (visible to other users in the process list: prefer "
+        "--auth-secret-env or --auth-secret-file)",
+    )
+    secret.add_argument(
+        "--auth-secret-env",
+        default=None,
+        metavar="NAME",
+        help="read the AUTH secret from the environment variable NAME",
+    )
+    secret.add_argument(
+        "--auth-secret-file",
+        default=None,
+        metavar="FILE",
+        help="read the AUTH secret from FILE (one trailing newline dropped)",
+    )
+    group.add_argument(
+        "--auth-requires-tls",
+        action="store_true",
+        help="never send the AUTH secret over a connection without TLS (refuse the nsqd)",
+    )
     group.add_argument(
         "--connect-timeout",
         type=positive(parse_duration),
@@ -375,6 +400,15 @@ def client_options(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.auth_secret is not None:
         options["auth_secret"] = args.auth_secret.encode()
+    elif args.auth_secret_env is not None or args.auth_secret_file is not None:
+        try:  # read now: a missing variable or file is one line, not a reconnect loop
+            options["auth_secret"] = read_auth_secret(
+                env=args.auth_secret_env, file=args.auth_secret_file
+            )
+        except ConfigError as err:
+            raise CLIError(str(err).replace("auth_secret_", "--auth-secret-", 1)) from None
+    if args.auth_requires_tls:
+        options["auth_requires_tls"] = True
     tls = tls_options(args)
     if tls is not None:
         options["tls_v1"] = True

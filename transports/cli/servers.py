@@ -9,10 +9,8 @@ SIGTERM. Durations take Go's syntax (``60s``, ``1m30s``, ``250ms``) or plain sec
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import signal
-import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,6 +57,18 @@ def _tls_required(text: str) -> bool | str:
     return _bool(text)
 
 
+def _percentiles(text: str) -> list[float]:
+    """nsqd's --e2e-processing-latency-percentile: floats, comma separated."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"could not parse {text!r} as numbers") from None
+    for value in values:
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(f"invalid E2E processing latency percentile: {value}")
+    return values
+
+
 def build_nsqd_parser() -> argparse.ArgumentParser:
     """``nsq-sansio nsqd``'s flags: nsqd's names, defaults and duration syntax."""
     p = CommandParser(prog="nsq-sansio nsqd", description="embedded nsqd")
@@ -82,11 +92,20 @@ def build_nsqd_parser() -> argparse.ArgumentParser:
     )
     flag(
         p,
+        "http-client-connect-timeout",
+        type=positive(parse_duration),
+        default=2.0,
+        metavar="DURATION",
+        help="bound on connecting to the auth server or nsqlookupd's HTTP API (default 2s)",
+    )
+    flag(
+        p,
         "http-client-request-timeout",
         type=positive(parse_duration),
         default=5.0,
         metavar="DURATION",
-        help="bound on a request to the auth server (default 5s)",
+        help="bound on a request to the auth server, and on asking nsqlookupd for a new "
+        "topic's channels (default 5s)",
     )
     flag(p, "data-path", default=None, help="directory for durable message storage")
     flag(
@@ -198,6 +217,24 @@ def build_nsqd_parser() -> argparse.ArgumentParser:
         default=0,
         help="this nsqd's part of message ids, 0-1023 (default 0)",
     )
+    flag(
+        p,
+        "e2e-processing-latency-percentile",
+        type=_percentiles,
+        action="append",
+        default=[],
+        metavar="FLOAT[,FLOAT...]",
+        help="message processing time percentiles, each within (0, 1], to report in /stats "
+        "(may be given several times or comma separated: '1.0,0.99,0.95'; default none)",
+    )
+    flag(
+        p,
+        "e2e-processing-latency-window-time",
+        type=positive(parse_duration),
+        default=600.0,
+        metavar="DURATION",
+        help="the processing time percentiles cover about this much of the past (default 10m)",
+    )
     flag(p, "tls-cert", default=None, help="path to a PEM certificate file (turns TLS on)")
     flag(p, "tls-key", default=None, help="path to its PEM private key file")
     flag(
@@ -213,7 +250,8 @@ def build_nsqd_parser() -> argparse.ArgumentParser:
         p,
         "tls-root-ca-file",
         default=None,
-        help="CA that client certificates must chain to (needs --tls-cert)",
+        help="CA that client certificates must chain to (needs --tls-cert; default: the "
+        "system's CAs)",
     )
     flag(
         p,
@@ -221,7 +259,7 @@ def build_nsqd_parser() -> argparse.ArgumentParser:
         choices=("require-verify",),
         default=None,
         help="'require-verify': clients must present a certificate signed by "
-        "--tls-root-ca-file (needs --tls-cert)",
+        "--tls-root-ca-file or the system's CAs; turns --tls-required on (needs --tls-cert)",
     )
     flag(
         p,
@@ -272,6 +310,8 @@ _NSQD_OPTIONS = {
     "lookupd_tcp_addresses": "lookupd_tcp_address",
     "auth_http_addresses": "auth_http_address",
     "auth_http_timeout": "http_client_request_timeout",
+    "http_client_request_timeout": "http_client_request_timeout",
+    "http_client_connect_timeout": "http_client_connect_timeout",
     "data_path": "data_path",
     "tls_cert": "tls_cert",
     "tls_key": "tls_key",
@@ -292,6 +332,8 @@ _NSQD_OPTIONS = {
     "deflate": "deflate",
     "max_deflate_level": "max_deflate_level",
     "node_id": "node_id",
+    "e2e_processing_latency_percentiles": "e2e_processing_latency_percentile",
+    "e2e_processing_latency_window_time": "e2e_processing_latency_window_time",
 }
 
 
@@ -300,6 +342,9 @@ def nsqd_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     options = {keyword: getattr(args, dest) for keyword, dest in _NSQD_OPTIONS.items()}
     for keyword in ("lookupd_tcp_addresses", "auth_http_addresses"):
         options[keyword] = list(options[keyword])
+    options["e2e_processing_latency_percentiles"] = tuple(
+        value for given in options["e2e_processing_latency_percentiles"] for value in given
+    )
     return options
 
 
@@ -316,74 +361,21 @@ def _with_flag_names(text: str) -> str:
     return re.sub(rf"(?<![-\w])({names})\b", flag_of, text)
 
 
-def _check_nsqd_tls(args: argparse.Namespace) -> None:
-    """Every ``--tls-*`` flag needs the certificate that turns TLS on: without it they would
-    be ignored and clients served in plaintext."""
-    if args.tls_cert and args.tls_key:
-        for name, path in (
-            ("--tls-cert", args.tls_cert),
-            ("--tls-key", args.tls_key),
-            ("--tls-root-ca-file", args.tls_root_ca_file),
-        ):
-            if path is not None and not os.path.isfile(path):
-                raise CLIError(f"{name} {path!r} is not a file")
-        return
-    if args.tls_cert or args.tls_key:
-        raise UsageError("--tls-cert and --tls-key go together")
-    for name, given in (
-        ("--tls-required", bool(args.tls_required)),
-        ("--tls-root-ca-file", args.tls_root_ca_file is not None),
-        ("--tls-client-auth-policy", args.tls_client_auth_policy is not None),
-        ("--https-address", args.https_address is not None),
-    ):
-        if given:
-            raise UsageError(f"{name} needs --tls-cert and --tls-key (TLS cannot be on without)")
-
-
-def _bind_error(address: str) -> OSError | None:
-    """Why ``address`` cannot be listened on now (None if it can), found as the embedded
-    servers bind: the first address it resolves to, ``SO_REUSEADDR`` set."""
-    from transports.embedded._net import parse_address
-
-    try:
-        host, port = parse_address(address)
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except ValueError:
-        return None
-    except OSError as err:
-        return err
-    family, kind, proto, _, sockaddr = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        if hasattr(socket, "SO_REUSEADDR") and sys.platform != "win32":
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(sockaddr)
-        except OSError as err:
-            return err
-    return None
-
-
-def _start_failure(
-    raised: BaseException, listeners: Sequence[tuple[str, str | None]]
-) -> BaseException:
+def _start_failure(raised: BaseException) -> BaseException:
     """What a server that failed to start reports: one line naming the address it could not
-    listen on and why (anyio wraps that error in exception groups), a usage error for a bad
-    address, else the error itself."""
+    listen on, its flag and why (the server's :class:`ListenError` names them), a usage
+    error for a bad option, else the error itself."""
+    from transports.embedded.errors import ListenError
+
     err = first_error(raised)
     if isinstance(err, CLIError):
         return err
+    if isinstance(err, ListenError):
+        return listen_failure(err, err.address, "--" + err.option.replace("_", "-"))
     if isinstance(err, (ValueError, NSQError)) and not isinstance(err, OSError):
         return UsageError(_with_flag_names(str(err)))
     if isinstance(err, OSError):
-        for flag_name, address in listeners:
-            if address is None:
-                continue
-            cause = _bind_error(address)
-            if cause is not None:
-                return listen_failure(cause, address, flag_name)
-        reason = err.strerror or str(err)
-        filename = f" ({err.filename})" if err.filename else ""
-        return CLIError(f"cannot start: {reason}{filename}")
+        return CLIError(f"cannot start: {err}")
     return err
 
 
@@ -397,7 +389,7 @@ async def _serve_until_signal(server: Any, announce: Callable[[Any], None]) -> N
                 return
 
 
-def _serve(server: Any, announce: Callable[[Any], None], listeners: Any) -> None:
+def _serve(server: Any, announce: Callable[[Any], None]) -> None:
     """Run ``server`` until SIGINT/SIGTERM; a failure to start is one line (see
     :func:`_start_failure`), a failure while serving too."""
     import anyio
@@ -418,7 +410,7 @@ def _serve(server: Any, announce: Callable[[Any], None], listeners: Any) -> None
         if isinstance(err, KeyboardInterrupt):
             return
         if not started:
-            raise _start_failure(raised, listeners) from None
+            raise _start_failure(raised) from None
         if isinstance(err, (OSError, NSQError, ValueError)):
             raise CLIError(f"stopped: {err}") from None
         raise
@@ -434,11 +426,10 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
     if args.version:
         print(f"nsqd v{DEFAULT_VERSION} (nsq-sansio embedded)")
         return 0
-    _check_nsqd_tls(args)
     check_metrics_address(args.metrics_address)
     try:
         server = EmbeddedNSQD(**nsqd_options_from_args(args))
-    except OSError as err:  # a certificate that cannot be read, a data path
+    except OSError as err:  # a certificate that cannot be loaded (the error names it)
         raise CLIError(f"cannot start: {err}") from None
     except (ValueError, NSQError) as err:
         raise UsageError(_with_flag_names(str(err))) from None
@@ -460,14 +451,8 @@ def nsqd_main(argv: Sequence[str] | None = None) -> int:
             url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/metrics"
             print(f"nsqd: metrics {url}", file=sys.stderr, flush=True)
 
-    listeners = (
-        ("--tcp-address", args.tcp_address),
-        ("--http-address", args.http_address),
-        ("--https-address", args.https_address),
-        ("--metrics-address", args.metrics_address),
-    )
     try:
-        _serve(server, announce, listeners)
+        _serve(server, announce)
     finally:
         for metrics_server in metrics_servers:
             metrics_server.shutdown()
@@ -498,6 +483,5 @@ def lookupd_main(argv: Sequence[str] | None = None) -> int:
     def announce(s: EmbeddedLookupd) -> None:
         print(f"nsqlookupd: TCP {s.tcp_address} HTTP {s.http_address}", file=sys.stderr, flush=True)
 
-    listeners = (("--tcp-address", args.tcp_address), ("--http-address", args.http_address))
-    _serve(server, announce, listeners)
+    _serve(server, announce)
     return 0

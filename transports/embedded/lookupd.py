@@ -31,6 +31,7 @@ from nsq_sansio.server.lookupd import (
 from ._clock import LoopClock
 from ._net import (
     ListenerAddresses,
+    abandon_task_group,
     bind,
     local_port,
     parse_address,
@@ -103,9 +104,9 @@ class EmbeddedLookupd(ListenerAddresses):
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         """Bind both ports and serve in ``task_group`` (which owns the server's lifetime)."""
-        self._tcp_listener = await bind(self._tcp_address)
+        self._tcp_listener = await bind(self._tcp_address, "tcp_address")
         try:
-            self._http_listener = await bind(self._http_address)
+            self._http_listener = await bind(self._http_address, "http_address")
         except BaseException:
             await self._tcp_listener.aclose()
             raise
@@ -135,13 +136,15 @@ class EmbeddedLookupd(ListenerAddresses):
                     await listener.aclose()
 
     async def __aenter__(self) -> EmbeddedLookupd:
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
+        """Start serving; a failure to start is one plain exception (a
+        :class:`~transports.embedded.errors.ListenError` for a port in use), not a group."""
+        self._task_group = tg = anyio.create_task_group()
+        await tg.__aenter__()
         try:
-            await self.start(self._task_group)
-        except BaseException as exc:
-            self._task_group.cancel_scope.cancel()
-            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            await self.start(tg)
+        except BaseException:
+            self._task_group = None
+            await abandon_task_group(tg, self.aclose)
             raise
         return self
 

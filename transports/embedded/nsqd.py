@@ -34,7 +34,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.tls import TLSStream
 
-from nsq_sansio.errors import LocalProtocolError
+from nsq_sansio.errors import ConfigError, LocalProtocolError
 from nsq_sansio.server.backend import BackendFactory
 from nsq_sansio.server.events import (
     AdminError,
@@ -42,6 +42,7 @@ from nsq_sansio.server.events import (
     ChannelCreated,
     ChannelDeleted,
     CloseConnection,
+    LookupChannels,
     ServerEvent,
     StartTLS,
     TopicCreated,
@@ -53,11 +54,13 @@ from nsq_sansio.server.lookupd_client import (
 )
 from nsq_sansio.server.nsqd import NSQD, ClientState
 from nsq_sansio.server.options import AuthState, NSQDOptions
+from nsq_sansio.server.quantile import go_number
 
 from ._clock import LoopClock
 from ._net import (
     IO_ERRORS,
     ListenerAddresses,
+    abandon_task_group,
     aclose_quietly,
     bind,
     format_address,
@@ -88,7 +91,7 @@ from .nsqd_http import (
     PYTHON_LOG_LEVELS,
     route_nsqd,
 )
-from .registration import serve_lookupd_peer
+from .registration import query_lookupd_channels, serve_lookupd_peer
 
 # NSQD_ROUTES, route_nsqd and memory_stats live in .nsqd_http and .memory (re-exported here).
 __all__ = ["NSQD_ROUTES", "EmbeddedNSQD", "memory_stats", "route_nsqd"]
@@ -150,7 +153,16 @@ class EmbeddedNSQD(ListenerAddresses):
     ``tls_required`` is nsqd's ``--tls-required``: ``True`` (TLS before any command but
     IDENTIFY, and the plain HTTP port answers 403) or ``"tcp-https"`` (TCP clients need TLS,
     the plain HTTP API stays open). ``tls_client_auth_policy="require-verify"`` (client
-    certificates signed by ``tls_root_ca_file``) turns ``tls_required`` on, as in nsqd.
+    certificates signed by ``tls_root_ca_file``, or by the system's CAs without one) turns
+    ``tls_required`` on, as in nsqd. Like nsqd, it refuses to require TLS without
+    ``tls_cert`` and ``tls_key`` (a :class:`~nsq_sansio.errors.ConfigError`), and so any
+    other TLS option without them.
+
+    Starting it (``async with``, :class:`Cluster`, :class:`ServerThread`) raises one plain
+    exception when it cannot start: :class:`~transports.embedded.errors.ListenError` names
+    the address and its option (``cannot listen on 127.0.0.1:4150 (tcp_address): Address
+    already in use``), :class:`~transports.embedded.errors.TLSFileError` the certificate
+    files that cannot be loaded.
     """
 
     def __init__(
@@ -182,10 +194,16 @@ class EmbeddedNSQD(ListenerAddresses):
         for reserved in (*reserved_names, "auth_by_transport"):
             if reserved in options:
                 raise TypeError(f"{reserved} is set from the addresses / TLS / auth arguments")
-        if bool(tls_cert) != bool(tls_key):
-            raise ValueError("tls_cert and tls_key must be given together")
-        if https_address is not None and not tls_cert:
-            raise ValueError("https_address needs tls_cert and tls_key")
+        tls_client_auth_policy = tls_client_auth_policy or None  # nsqd: "" is no policy
+        self._tls_required, self._http_tls_required = _tls_required_mode(tls_required)
+        _check_tls_options(
+            tls_cert,
+            tls_key,
+            tls_root_ca_file,
+            tls_client_auth_policy,
+            tls_required=self._tls_required,
+            https_address=https_address,
+        )
         self._tcp_address = tcp_address
         self._http_address = http_address
         self._https_address = https_address
@@ -203,17 +221,10 @@ class EmbeddedNSQD(ListenerAddresses):
             if tls_cert and tls_key
             else None
         )
-        self._tls_required, self._http_tls_required = _tls_required_mode(tls_required)
-        if tls_client_auth_policy:
+        if tls_client_auth_policy and not self._tls_required:
             # nsqd: a client-auth policy means TLS is required, of TCP and HTTP clients alike
-            # (unless --tls-required said how); a certificate is then needed
-            if self._ssl_context is None:
-                raise ValueError(
-                    "tls_client_auth_policy: cannot require TLS client connections without "
-                    "tls_cert and tls_key"
-                )
-            if not self._tls_required:
-                self._tls_required = self._http_tls_required = True
+            # (unless --tls-required said how)
+            self._tls_required = self._http_tls_required = True
         self._seed = seed
         self._lookupd_ping_interval = lookupd_ping_interval
         self._options = options
@@ -246,6 +257,8 @@ class EmbeddedNSQD(ListenerAddresses):
         self._timer_wake: anyio.Event | None = None
         self._timer_target = math.inf
         self._peers: list[tuple[LookupPeer, list[anyio.Event]]] = []
+        # Set when a LookupChannels is over (an HTTP request that created the topic waits).
+        self._lookups_done: dict[int, anyio.Event] = {}
         self._identity: NodeIdentity | None = None
         self._log_level = 2  # nsqd's INFO
         self._tcp_port = 0
@@ -277,6 +290,7 @@ class EmbeddedNSQD(ListenerAddresses):
 
     @property
     def https_address(self) -> str | None:
+        """``host:port`` of the HTTPS API, None when it was not asked for."""
         if not self._https_port:
             return None
         return format_address(self._connect_host(), self._https_port)
@@ -287,6 +301,7 @@ class EmbeddedNSQD(ListenerAddresses):
         return [peer for peer, _ in self._peers]
 
     def core_has_topic(self, topic: str) -> bool:
+        """Whether the server role holds ``topic`` now (tests use it to wait for a topic)."""
         return self._core is not None and topic in self._core.topic_names()
 
     def now(self) -> float:
@@ -298,15 +313,15 @@ class EmbeddedNSQD(ListenerAddresses):
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         """Bind both ports, build the core and serve in ``task_group``."""
-        self._tcp_listener = await bind(self._tcp_address)
+        self._tcp_listener = await bind(self._tcp_address, "tcp_address")
         try:
-            self._http_listener = await bind(self._http_address)
+            self._http_listener = await bind(self._http_address, "http_address")
         except BaseException:
             await self._tcp_listener.aclose()
             raise
         if self._https_address is not None:
             try:
-                self._https_listener = await bind(self._https_address)
+                self._https_listener = await bind(self._https_address, "https_address")
             except BaseException:
                 await self._tcp_listener.aclose()
                 await self._http_listener.aclose()
@@ -361,7 +376,22 @@ class EmbeddedNSQD(ListenerAddresses):
         peer = LookupPeer(address, self._identity, ping_interval=self._lookupd_ping_interval)
         wake: list[anyio.Event] = [anyio.Event()]
         self._peers.append((peer, wake))
-        self._serve_group.start_soon(serve_lookupd_peer, peer, wake, self._registrations)
+        self._serve_group.start_soon(
+            serve_lookupd_peer, peer, wake, self._registrations, self._lookupd_identified
+        )
+
+    def _lookupd_identified(self) -> None:
+        """Tell the core which nsqlookupds to ask for a new topic's channels: the HTTP
+        address of each that answered IDENTIFY (kept when its connection drops, as nsqd
+        keeps it)."""
+        if self._core is not None:
+            self._core.set_lookupd_http_addresses(
+                [
+                    peer.info.http_address
+                    for peer, _ in self._peers
+                    if peer.info is not None and peer.info.broadcast_address
+                ]
+            )
 
     def _registrations(self) -> list[tuple[str, list[str]]]:
         """Every topic with its channels, announced to an nsqlookupd on (re)connection."""
@@ -383,6 +413,7 @@ class EmbeddedNSQD(ListenerAddresses):
             if address not in known:
                 self._start_lookupd_peer(address)
         self._lookupd_addresses = wanted
+        self._lookupd_identified()
 
     def _config_value(self, name: str) -> tuple[bool, Any]:
         """``GET /config/<name>``: nsqd's option value by its config name, as nsqd gives it
@@ -405,8 +436,10 @@ class EmbeddedNSQD(ListenerAddresses):
             return True, addresses[name]
         if name in CONFIG_OPTION_NAMES:
             value = getattr(options, name)
-            if isinstance(value, float) and name in CONFIG_DURATIONS:
+            if name in CONFIG_DURATIONS and isinstance(value, (int, float)):
                 return True, round(value * 1_000_000_000)
+            if isinstance(value, tuple):  # the percentiles, as Go writes floats: [1,0.99]
+                return True, [go_number(item) for item in value]
             return True, value
         return False, None
 
@@ -481,14 +514,15 @@ class EmbeddedNSQD(ListenerAddresses):
                 peer.close()
 
     async def __aenter__(self) -> EmbeddedNSQD:
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
+        """Start serving; a failure to start is one plain exception (a
+        :class:`~transports.embedded.errors.ListenError` for a port in use), not a group."""
+        self._task_group = tg = anyio.create_task_group()
+        await tg.__aenter__()
         try:
-            await self.start(self._task_group)
-        except BaseException as exc:
-            self._task_group.cancel_scope.cancel()
-            await self.aclose()
-            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            await self.start(tg)
+        except BaseException:
+            self._task_group = None
+            await abandon_task_group(tg, self.aclose)
             raise
         return self
 
@@ -529,6 +563,9 @@ class EmbeddedNSQD(ListenerAddresses):
                     client.wake.set()
             elif isinstance(event, AuthRequested) and self._serve_group is not None:
                 self._serve_group.start_soon(self._authenticate, event)
+            elif isinstance(event, LookupChannels) and self._serve_group is not None:
+                done = self._lookups_done.setdefault(event.lookup_id, anyio.Event())
+                self._serve_group.start_soon(self._lookup_channels, event, done)
         registry = core.take_registry_events()
         if registry:
             now = anyio.current_time()
@@ -571,6 +608,41 @@ class EmbeddedNSQD(ListenerAddresses):
                 self._after(core.auth_result(event.conn_id, None, anyio.current_time()))
             return
         self._after(events)
+
+    async def _lookup_channels(self, event: LookupChannels, done: anyio.Event) -> None:
+        """Ask every nsqlookupd of a :class:`LookupChannels` at once, each answer to the core
+        as it comes (the core ends the lookup when all answered, or at its timeout)."""
+        try:
+            async with anyio.create_task_group() as tg:
+                for address in event.addresses:
+                    tg.start_soon(self._ask_lookupd, event, address)
+        finally:
+            self._lookups_done.pop(event.lookup_id, None)
+            done.set()
+
+    async def _ask_lookupd(self, event: LookupChannels, address: str) -> None:
+        core = self.core
+        channels: list[str] | None = None
+        try:
+            channels = await query_lookupd_channels(
+                address,
+                event.topic,
+                connect_timeout=core.options.http_client_connect_timeout,
+                timeout=core.options.http_client_request_timeout,
+            )
+        except Exception as exc:  # whatever failed, the topic goes on without its answer
+            _log.warning(
+                "nsqd: failed to query nsqlookupd %s for channels to pre-create for topic %s - %s",
+                address,
+                event.topic,
+                str(exc) or type(exc).__name__,
+            )
+        if self._core is None or self._closed:
+            return
+        try:
+            self._after(core.lookupd_channels(event.lookup_id, address, channels, self.now()))
+        except Exception:
+            _log.exception("nsqd: applying nsqlookupd's channels failed")
 
     async def _timer_loop(self) -> None:
         core = self.core
@@ -766,7 +838,50 @@ class EmbeddedNSQD(ListenerAddresses):
             self._after([])
             return error_response(err.status, err.code)
         self._after(events)
+        for event in events:
+            # the request created a topic: nsqd answers once nsqlookupd told its channels
+            done = (
+                self._lookups_done.get(event.lookup_id)
+                if isinstance(event, LookupChannels)
+                else None
+            )
+            if done is not None:
+                with anyio.move_on_after(core.options.http_client_request_timeout + 1.0):
+                    await done.wait()
         return response
+
+
+def _check_tls_options(
+    cert: str | None,
+    key: str | None,
+    root_ca_file: str | None,
+    client_auth_policy: str | None,
+    *,
+    tls_required: bool,
+    https_address: str | None,
+) -> None:
+    """nsqd's start-up checks of the TLS options, as a :class:`ConfigError` (its words where
+    it has them): without a certificate and key nothing may require or configure TLS."""
+    if bool(cert) != bool(key):
+        raise ConfigError("tls_cert and tls_key must be given together")
+    if cert:
+        return
+    for name, given in (
+        ("tls_client_auth_policy", client_auth_policy is not None),
+        ("tls_required", tls_required),
+    ):
+        if given:
+            raise ConfigError(
+                f"{name}: cannot require TLS client connections without TLS key and cert "
+                "(tls_cert, tls_key)"
+            )
+    if root_ca_file is not None:
+        raise ConfigError(
+            "tls_root_ca_file needs tls_cert and tls_key: the embedded nsqd uses it only to "
+            "verify client certificates"
+        )
+    if https_address is not None:
+        raise ConfigError("https_address needs tls_cert and tls_key")
 
 
 def _tls_required_mode(value: bool | str) -> tuple[bool, bool]:
@@ -779,5 +894,5 @@ def _tls_required_mode(value: bool | str) -> tuple[bool, bool]:
             return True, True
         if mode in ("false", "0", "f", "no", "off", ""):
             return False, False
-        raise ValueError(f"tls_required must be true, false or tcp-https, got {value!r}")
+        raise ConfigError(f"tls_required must be true, false or tcp-https, got {value!r}")
     return bool(value), bool(value)

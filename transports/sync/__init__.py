@@ -82,6 +82,7 @@ Threads and guarantees:
 
 from __future__ import annotations
 
+from nsq_sansio.discovery import allow_nsqd
 from nsq_sansio.errors import HTTPPublishError, NoNSQDAvailable
 from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 
@@ -109,5 +110,6 @@ __all__ = [
     "PublishFuture",
     "PublishObserver",
     "TLSOptions",
+    "allow_nsqd",
     "drain_on_signals",
 ]

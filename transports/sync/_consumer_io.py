@@ -7,8 +7,9 @@ consumer's public surface is only what user code calls). It is the
 and ``write_pending`` methods runs on the IO thread: connections, reads, timers, carrying out
 the answers user threads posted (runs of FINs in one coordinator call), keepalive TOUCHes, and
 the coordinator's actions (connections, lookupd requests, deliveries handed to user threads,
-fetch results, logs and events). What user threads touch is named below: the ``ready`` queue
-and its condition, the ``posted`` answers, the ``drained`` event, ``failure``.
+fetch results, logs and events), and pausing the reads of a connection while more messages
+wait for user threads than ``max_in_flight``. What user threads touch is named below: the
+``ready`` queue and its condition, the ``posted`` answers, the ``drained`` event, ``failure``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ from .message import (
 __all__ = ["ConsumerIO"]
 
 _T = TypeVar("_T")
+
+#: While a connection's reads are paused, how often the IO thread looks whether user threads
+#: took enough messages to read it again (their answers wake it at once; taking a message
+#: does not, so that the per-message path does not pay for the pause).
+_RESUME_POLL = 0.02
 _popleft = deque.popleft
 _delivery_of = attrgetter("_delivery")
 
@@ -130,6 +136,9 @@ class ConsumerIO:
         self.drained = threading.Event()
         #: Connections made to each address (reconnects are the ones after the first).
         self.connects: Counter[str] = Counter()
+        #: Connections whose reads are paused, and when each must be read again at the latest.
+        self.paused: dict[Link, float] = {}
+        self.resume_check_at = 0.0
         self.reconnects = 0
         self.connection_errors = 0
         #: The error the consumer failed with (ConsumerFailed: nsqd refused the
@@ -200,9 +209,39 @@ class ConsumerIO:
                 # sent sooner is a message it can send sooner.
                 self.write_pending()
             self.coordinator.receive_data(key, data, now)
-        elif isinstance(key, HTTPKey):
+            self.pump(now)
+            if len(self.ready) > self.coordinator.max_in_flight and data:
+                self.pause_reading(link, key, now)
+            return
+        if isinstance(key, HTTPKey):
             self.coordinator.http_data(key.request_id, data, now)
         self.pump(now)
+
+    def pause_reading(self, link: Link, conn_id: int, now: float) -> None:
+        """More messages wait for user threads than ``max_in_flight``: stop reading ``link``
+        until they are no more than that, or until the core's ``read_pause_limit`` passed
+        (heartbeats must be answered), whichever comes first (:meth:`check_paused`). Checked
+        once per read: a peer that ignores RDY is read no faster than user code takes
+        messages, but for one read (within the RDY bound) per pause."""
+        limit = self.coordinator.read_pause_limit(conn_id)
+        if limit is None or link.closed:  # not subscribed: a handshake is never held up
+            return
+        self.loop.pause_reading(link)
+        self.paused[link] = now + limit
+        self.resume_check_at = now + _RESUME_POLL
+
+    def check_paused(self, now: float | None) -> None:
+        """Read the paused connections again where the pause is over (``now`` None: only
+        if the messages waiting dropped)."""
+        room = len(self.ready) <= self.coordinator.max_in_flight
+        if not room and now is None:
+            return
+        for link, resume_at in list(self.paused.items()):
+            if room or link.closed or (now is not None and now >= resume_at):
+                del self.paused[link]
+                self.loop.resume_reading(link)
+        if now is not None:
+            self.resume_check_at = now + _RESUME_POLL
 
     def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
         key = link.key
@@ -222,6 +261,9 @@ class ConsumerIO:
         if self.keepalives:
             first = self.keepalives[0][0]
             deadline = first if deadline is None else min(deadline, first)
+        if self.paused:
+            check = self.resume_check_at
+            deadline = check if deadline is None else min(deadline, check)
         return deadline
 
     def handle_timer(self, now: float) -> None:
@@ -234,12 +276,16 @@ class ConsumerIO:
             _, _, entry = heapq.heappop(heap)
             if entry.active:
                 self.keepalive_tick(entry, now)
+        if self.paused and now >= self.resume_check_at:
+            self.check_paused(now)
         self.pump(now)
 
     def write_pending(self) -> None:
         if self.posted:
             self.take_answers(time.monotonic())
         self.pump(None)
+        if self.paused:
+            self.check_paused(None)
         links = self.links
         loop = self.loop
         for conn_id, data in self.coordinator.pending_data():
@@ -538,6 +584,8 @@ class ConsumerIO:
                     if message._delivery.conn_id == action.conn_id:
                         message._taken_back = True
                         self.unanswered.discard(message)
+            if self.ready:
+                self.forget_waiting(action.conn_id)
             self.report(action)
         elif isinstance(action, ConsumerFailed):
             # Terminal: every connection is closed; whoever waits for messages raises it.
@@ -548,6 +596,28 @@ class ConsumerIO:
             self.finish_waits()
         else:  # ConnectionUp, GiveUp, LookupdFailed: logged and reported
             self.report(action)
+
+    def forget_waiting(self, conn_id: int) -> None:
+        """A closed connection's messages not yet taken by user threads are dropped (nsqd
+        requeues them; a user thread would only find them taken back), so that a peer
+        refused and reconnected again and again cannot pile them up while user code takes
+        none. User threads may pop meanwhile: each message goes to one taker only."""
+        ready = self.ready
+        if not any(message._delivery.conn_id == conn_id for message in list(ready)):
+            return
+        kept: list[Message] = []
+        while ready:
+            try:
+                message = ready.popleft()
+            except IndexError:
+                break
+            if message._delivery.conn_id != conn_id:
+                kept.append(message)
+        if kept:
+            with self.cond:
+                ready.extendleft(reversed(kept))
+                if self.sleepers:
+                    self.cond.notify(len(kept))
 
     def report(self, action: object) -> None:
         log_consumer_report(

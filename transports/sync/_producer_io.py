@@ -235,7 +235,9 @@ class ProducerIOThread:
             self._on_data(link, data, now)
 
     def _on_closed(self, node: Node, error: BaseException | None, now: float) -> None:
-        was_ready = node.ready
+        # Opened: the handshake ended (``ready_by`` is cleared then), even if ``ready`` was
+        # already dropped by a caller's failed read or write.
+        opened = node.ready_by is None
         if node.wire is not None:
             self._retire(node.wire)  # wakes a caller reading or writing it
             node.wire = None
@@ -254,7 +256,7 @@ class ProducerIOThread:
             node.last_error = str(error)
             node.last_exc = error
             node.retry_at = float("inf")
-            log_producer_disconnect(node.log, error, was_ready=was_ready, unanswered=0)
+            log_producer_disconnect(node.log, error, was_ready=opened, unanswered=0)
             waiting, self._waiting = self._waiting, deque()
             for request in waiting:
                 self._fail_request(request, error)
@@ -263,18 +265,26 @@ class ProducerIOThread:
             for request in orphans:
                 self._fail_request(request, error)
             return
-        node.failures += 1
         lost = at_address(node.address, error or ConnectionLost("nsqd closed the connection"))
         node.last_exc = lost
         node.last_error = str(lost)
-        node.retry_at = now + reconnect_delay(
-            node.failures,
-            self._config.reconnect_delay,
-            self._config.max_reconnect_delay,
-            self._config.reconnect_jitter,
-            self._rng,
-        )
-        log_producer_disconnect(node.log, lost, was_ready=was_ready, unanswered=len(node.inflight))
+        if opened:
+            # A connection that worked (nsqd closed it after refusing a publish, or it broke):
+            # reconnect at once. Backoff is for attempts that fail to open.
+            node.failures = 0
+            node.retry_at = now
+            if not self._loop.in_loop_thread():
+                self._loop.wake()  # a caller saw the close; the IO thread may be asleep
+        else:
+            node.failures += 1
+            node.retry_at = now + reconnect_delay(
+                node.failures,
+                self._config.reconnect_delay,
+                self._config.max_reconnect_delay,
+                self._config.reconnect_jitter,
+                self._rng,
+            )
+        log_producer_disconnect(node.log, lost, was_ready=opened, unanswered=len(node.inflight))
         orphans = list(node.inflight.values())
         node.inflight.clear()
         node.out_pending.clear()
@@ -377,7 +387,6 @@ class ProducerIOThread:
         for node in self._nodes:
             if node.conn is not None:
                 if node.ready_by is not None and now >= node.ready_by:
-                    node.ready_by = None
                     self._on_closed(
                         node, handshake_timed_out(node.address, self._config.connect_timeout), now
                     )

@@ -40,6 +40,7 @@ from typing import Any
 
 from nsq_sansio.config import Config
 from nsq_sansio.consumer import ConsumerCoordinator
+from nsq_sansio.discovery import NSQDFilter
 from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConsumerStats, split_options
 from transports._common.arguments import check_seconds
@@ -67,7 +68,10 @@ class Consumer:
     ``snappy``, ``deflate``, ``auth_secret``, ``heartbeat_interval``, ``msg_timeout``...) or
     transport options (``connect_timeout``, ``tls=TLSOptions(...)`` or ``tls_ca_file``,
     ``tls_cert_file``, ``tls_key_file``, ``tls_server_name``, ``tls_verify``).
-    ``pull=True`` selects pull mode (:meth:`fetch`). ``on_event`` receives every report (see
+    ``pull=True`` selects pull mode (:meth:`fetch`). ``nsqd_filter`` decides which nsqd a
+    lookupd lists are connected to (:func:`~nsq_sansio.discovery.allow_nsqd`, or any
+    ``NSQDAddress -> bool``; refused ones are reported once as ``NodeRefused``).
+    ``on_event`` receives every report (see
     :data:`EventCallback`); ``logger`` replaces ``nsq_sansio.sync.consumer``;
     ``close_timeout`` bounds how long leaving the ``with`` block waits for the quick drain.
     """
@@ -85,6 +89,7 @@ class Consumer:
         logger: logging.Logger | None = None,
         rng: random.Random | None = None,
         close_timeout: float = 10.0,
+        nsqd_filter: NSQDFilter | None = None,
         **options: Any,
     ) -> None:
         check_seconds("close_timeout", close_timeout, error=ConfigError)
@@ -99,6 +104,7 @@ class Consumer:
             nsqd=nsqd_list,
             lookupd=lookupd_list,
             pull=pull,
+            nsqd_filter=nsqd_filter,
         )
         self.topic = coordinator.topic
         self.channel = coordinator.channel

@@ -1,4 +1,4 @@
-"""Blocking publish over nsqd's HTTP API (``/pub``, ``/mpub``), h11 on keep-alive sockets.
+"""Blocking publish over nsqd's HTTP API (``/pub``, ``/mpub``) on keep-alive sockets.
 
 An alternative to the TCP :class:`~transports.sync.producer.Producer` where only the HTTP port is
 reachable, or for a few publishes from scripts::
@@ -9,9 +9,12 @@ reachable, or for a few publishes from scripts::
         p.deferred_publish("events", b"later", delay=5.0)
 
 Thread-safe: each call borrows an idle keep-alive connection (or opens one, at most
-``max_connections`` at once). Failover: when an nsqd cannot be reached (connect error,
-connection lost) the next URL is tried; an HTTP error answer (``400 INVALID_TOPIC``...) raises
-:class:`~nsq_sansio.errors.HTTPPublishError` at once.
+``max_connections`` at once). A request is sent once: on to the next URL only while it
+provably reached no nsqd (no connection could be made, or one failed before any byte of it
+was written); a pooled connection nsqd closed is dropped before it is used. A request written
+and then lost raises :class:`~nsq_sansio.errors.ConnectionLost` (it may have been stored), no
+answer within ``timeout`` ``TimeoutError``, an HTTP error answer (``400 INVALID_TOPIC``...)
+:class:`~nsq_sansio.errors.HTTPPublishError`. ``timeout`` bounds the whole call.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from nsq_sansio.errors import (
     ConfigError,
     LocalProtocolError,
     NoNSQDAvailable,
     NSQError,
+    RemoteProtocolError,
 )
 from transports._common import (
     DEFAULT_HTTP_PORT,
@@ -48,9 +52,15 @@ from transports._common.failures import (
     at_address,
     connect_failed,
     connect_timed_out,
+    no_answer,
     seconds,
     tls_failed,
     without_address,
+)
+from transports._common.http_publish import (
+    idle_socket_closed,
+    lost_after_sending,
+    not_reached_in_time,
 )
 from transports._common.publishing import check_batch, check_deferred, check_publish
 
@@ -60,31 +70,68 @@ _log = logging.getLogger("nsq_sansio.sync.http")
 
 
 class _HTTPConn:
+    """One keep-alive connection to an nsqd's HTTP port, its socket and its HTTP state."""
+
     def __init__(self, url: HTTPURL, sock: socket.socket) -> None:
         self.url = url
         self.sock = sock
         self.client = HTTPPublishClient(url.host_header, url.path)
-        #: A byte of the answer arrived (a failure after that is not a stale connection).
-        self.answered = False
+        #: It carried a request before (it came from the pool).
+        self.reused = False
 
-    def exchange(self, request: bytes, deadline: float) -> PubResponse:
-        """Send ``request`` and read the answer, by ``deadline`` (``socket.timeout``)."""
+    def closed_by_peer(self) -> bool:
+        """An idle connection nsqd closed (or wrote to) while it sat in the pool."""
+        try:
+            fileno = self.sock.fileno()
+        except OSError:
+            return True
+        return idle_socket_closed(fileno)
+
+    def send(self, request: bytes, deadline: float) -> None:
+        """Write ``request`` by ``deadline``; :class:`_NotSent` when it failed before any
+        byte went out (nsqd cannot have seen it), else the socket's error."""
         sock = self.sock
-        sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        sock.sendall(request)
-        self.answered = False
+        view = memoryview(request)
+        sent = 0
+        while sent < len(view):
+            sock.settimeout(_left(deadline))
+            try:
+                sent += sock.send(view[sent:])
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                if sent == 0:
+                    raise _NotSent(exc) from exc
+                raise
+
+    def read_answer(self, deadline: float) -> PubResponse:
+        """Read the answer by ``deadline`` (``TimeoutError`` after it)."""
+        sock = self.sock
         while True:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            data = sock.recv(READ_SIZE)
-            if data:
-                self.answered = True
-            response = self.client.receive_data(data)
+            sock.settimeout(_left(deadline))
+            response = self.client.receive_data(sock.recv(READ_SIZE))
             if response is not None:
                 return response
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline`` for a socket timeout; TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the publish's timeout passed")
+    return left
+
+
+class _NotSent(Exception):
+    """Writing a request failed before any byte of it went out (``error`` says how)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _Unreachable(Exception):
@@ -96,11 +143,15 @@ class _Unreachable(Exception):
 
 
 class HTTPProducer:
-    """Publish through nsqd's HTTP API (``/pub``, binary ``/mpub``, ``/pub?defer=``) over h11,
-    with keep-alive connections (at most ``max_connections`` at once) and failover over
-    several nsqd on connection errors. ``timeout`` bounds one publish; when no nsqd can be
-    connected it raises :class:`~nsq_sansio.errors.NoNSQDAvailable` (each URL's cause), when
-    the answer does not come in time ``TimeoutError``."""
+    """Publish through nsqd's HTTP API (``/pub``, binary ``/mpub``, ``/pub?defer=``), on
+    keep-alive connections (at most ``max_connections`` at once), round robin over the URLs.
+
+    A request is sent once; it goes on to the next URL only while it provably reached no nsqd.
+    ``timeout`` bounds the whole call. Raises :class:`~nsq_sansio.errors.NoNSQDAvailable` when
+    no nsqd could be reached (each URL's cause), ``TimeoutError`` when the answer did not come
+    in time and :class:`~nsq_sansio.errors.ConnectionLost` when the connection failed after
+    the request was written (both: it may have been stored), and
+    :class:`~nsq_sansio.errors.HTTPPublishError` for nsqd's refusal."""
 
     def __init__(
         self,
@@ -186,34 +237,46 @@ class HTTPProducer:
     def _send_limited(
         self, kind: str, topic: str, build: Callable[[HTTPPublishClient], bytes], deadline: float
     ) -> None:
+        """Send the request once; on to the next nsqd only while it provably reached none
+        (no connection could be made, or one failed before any byte of it was written)."""
         start = next(self._rr)
+        count = len(self._urls)
         errors: list[BaseException] = []
-        for i in range(len(self._urls)):
-            url = self._urls[(start + i) % len(self._urls)]
+        for i in range(count):
+            url = self._urls[(start + i) % count]
+            if time.monotonic() >= deadline:
+                errors.extend(
+                    not_reached_in_time(self._urls[(start + j) % count].address, self._timeout)
+                    for j in range(i, count)
+                )
+                break
             log = ConnectionLogger(self._logger, url.address)
-            # A pooled keep-alive connection may have been closed by nsqd: one fresh retry.
-            for fresh in (False, True):
+            while True:
+                conn = self._pooled(url)
+                if conn is None:
+                    try:
+                        conn = self._open(url, deadline)
+                    except _Unreachable as exc:
+                        errors.append(exc.error)
+                        log.warning("cannot connect: %s", without_address(url.address, exc.error))
+                        break
                 try:
-                    conn = self._borrow(url, fresh, deadline)
-                except _Unreachable as exc:
-                    errors.append(exc.error)
+                    conn.send(build(conn.client), deadline)
+                except _NotSent as exc:
+                    conn.close()
+                    if conn.reused:
+                        continue  # nsqd closed it in the pool: nothing was sent, a fresh one
+                    errors.append(at_address(url.address, exc.error))
                     log.warning("cannot connect: %s", without_address(url.address, exc.error))
                     break
+                except BaseException as exc:
+                    conn.close()
+                    self._raise_sent(kind, topic, url, exc)
                 try:
-                    response = conn.exchange(build(conn.client), deadline)
-                except TimeoutError:
+                    response = conn.read_answer(deadline)
+                except BaseException as exc:
                     conn.close()
-                    raise TimeoutError(
-                        f"{kind} to {topic!r}: no answer from {url.address} within "
-                        f"{seconds(self._timeout)}"
-                    ) from None
-                except (OSError, NSQError) as exc:
-                    conn.close()
-                    if fresh or conn.answered:
-                        errors.append(at_address(url.address, exc))
-                        log.warning("publish failed: %s", without_address(url.address, exc))
-                        break
-                    continue
+                    self._raise_sent(kind, topic, url, exc)
                 if response.keep_alive:
                     self._give_back(conn)
                 else:
@@ -222,12 +285,32 @@ class HTTPProducer:
                 return
         raise NoNSQDAvailable(errors)
 
-    def _borrow(self, url: HTTPURL, fresh: bool, deadline: float) -> _HTTPConn:
-        if not fresh:
+    def _raise_sent(self, kind: str, topic: str, url: HTTPURL, error: BaseException) -> NoReturn:
+        """A request (maybe partly) written failed: it may have been stored, so it is raised,
+        not sent again anywhere."""
+        if isinstance(error, TimeoutError):
+            raise no_answer(kind, topic, url.address, self._timeout) from None
+        if isinstance(error, RemoteProtocolError):
+            raise RemoteProtocolError(f"{url.address}: {kind} to {topic!r}: {error}") from error
+        if isinstance(error, OSError | NSQError):
+            raise lost_after_sending(kind, topic, url.address, error) from error
+        raise error
+
+    def _pooled(self, url: HTTPURL) -> _HTTPConn | None:
+        """An idle kept-alive connection to ``url`` that nsqd has not closed, or None."""
+        while True:
             with self._lock:
                 idle = self._idle[url]
-                if idle:
-                    return idle.pop()
+                if not idle:
+                    return None
+                conn = idle.pop()
+            if not conn.closed_by_peer():
+                conn.reused = True
+                return conn
+            conn.close()
+
+    def _open(self, url: HTTPURL, deadline: float) -> _HTTPConn:
+        """A new connection (TLS for ``https``), within ``connect_timeout`` and ``deadline``."""
         timeout = min(self._config.connect_timeout, max(deadline - time.monotonic(), 0.001))
         try:
             sock = socket.create_connection((url.host, url.port), timeout=timeout)
@@ -238,6 +321,10 @@ class HTTPProducer:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if url.scheme == "https":
             context: ssl.SSLContext = self._options.ssl_context()
+            # the handshake, as a whole, within what is left of the connect timeout
+            sock.settimeout(
+                min(self._config.connect_timeout, max(deadline - time.monotonic(), 0.001))
+            )
             try:
                 sock = context.wrap_socket(
                     sock, server_hostname=self._options.tls.server_hostname(url.host)

@@ -36,7 +36,8 @@ round robin over all of them, each connection keeping every guarantee below.
 Failover: each publish goes to the next connected nsqd (round robin). When a connection dies with
 publishes unanswered, they are sent again, preferring an nsqd they were not tried on, at most
 ``len(nsqd) + 1`` times in all and only until their ``timeout``; while no nsqd is connected they
-wait (reconnection follows the config's capped exponential ``reconnect_delay``). A publish that
+wait (a connection that worked is opened again at once; one that fails to open is tried
+again after the config's capped exponential ``reconnect_delay``). A publish that
 nsqd *refused* (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``...) fails at once with that error (the
 others pipelined on that connection are retried). A publish whose answer was lost may be
 delivered twice: NSQ is at-least-once.
@@ -367,6 +368,7 @@ class Producer(CallerReads, ProducerIOThread):
 
     @property
     def config(self) -> Config:
+        """The configuration every connection of this producer identifies with."""
         return self._config
 
     # --- internals: caller side -------------------------------------------------------------
@@ -601,7 +603,9 @@ class Producer(CallerReads, ProducerIOThread):
         node.config_error = None
         node.connects += 1
         node.conn = ClientConnection(
-            self._config.identify_body(), auth_secret=self._config.auth_secret
+            self._config.identify_body(),
+            auth_secret=self._config.auth_secret,
+            auth_requires_tls=self._config.auth_requires_tls,
         )
         node.ready_by = time.monotonic() + self._config.connect_timeout
         node.connecting = True

@@ -43,6 +43,7 @@ class PublishFuture:
         self._callbacks: list[Callable[[PublishFuture], object]] | None = None
 
     def done(self) -> bool:
+        """Whether nsqd answered (or the publish failed); never blocks."""
         return self._done
 
     def _wait(self, timeout: float | None) -> None:
@@ -70,6 +71,7 @@ class PublishFuture:
             raise self._error
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The publish's error (None when it succeeded), waiting up to ``timeout`` for it."""
         self._wait(timeout)
         return self._error
 

@@ -355,6 +355,7 @@ class RealNSQD(_Process):
         self.lookupd = list(lookupd)
 
     def command(self) -> list[str]:
+        """The flags the binary is started with (addresses, data path, extra flags)."""
         return [
             f"--tcp-address={self.tcp_address}",
             f"--http-address={self.http_address}",
@@ -401,6 +402,7 @@ class RealLookupd(_Process):
     binary = "nsqlookupd"
 
     def command(self) -> list[str]:
+        """The flags the binary is started with (addresses, data path, extra flags)."""
         return [
             f"--tcp-address={self.tcp_address}",
             f"--http-address={self.http_address}",

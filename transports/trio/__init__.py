@@ -22,6 +22,7 @@ from typing import TypeVar
 import sniffio
 
 from nsq_sansio.admin import AdminRequest
+from nsq_sansio.discovery import allow_nsqd
 from nsq_sansio.errors import HTTPPublishError, LocalProtocolError, NoNSQDAvailable
 from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 from transports.anyio import admin as _admin
@@ -49,6 +50,7 @@ __all__ = [
     "ProducerStats",
     "PublishObserver",
     "TLSOptions",
+    "allow_nsqd",
     "drain_on_signals",
 ]
 
