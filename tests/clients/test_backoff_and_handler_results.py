@@ -82,6 +82,7 @@ async def test_handler_results_mean_what_a_pynsq_user_expects(
     assert "handler_results_mean_what_a_pynsq_user_expects.<locals>.handler returned 1" in text
     assert "expected None or True (finish the message) or False (requeue it)" in text
     assert wrong.getMessage().endswith("; requeueing it")
+    assert wrong.nsq_error == text and wrong.nsq_attempts == 1
 
 
 async def test_backoff_is_logged_counted_and_reported_the_same_on_every_runtime(
@@ -132,6 +133,13 @@ async def test_backoff_is_logged_counted_and_reported_the_same_on_every_runtime(
         ("INFO", "testing after backoff (level 1)"),
         ("INFO", "resuming after backoff"),
     ]
+    (opened,) = [r for r in caplog.records if r.getMessage().startswith("backing off")]
+    assert (opened.nsq_topic, opened.nsq_channel, opened.nsq_delay, opened.nsq_count) == (
+        topic,
+        "c",
+        0.5,
+        1,
+    )
     assert [(e.phase, e.level, e.window, e.failures) for e in changes] == [
         (BackoffPhase.WAITING, 1, 0.5, 1),
         (BackoffPhase.TESTING, 1, 0.0, 1),

@@ -26,10 +26,15 @@ def handler_finishes(
     logger: logging.Logger,
     address: NSQDAddress | str,
     message_id: bytes,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+    attempts: int | None = None,
 ) -> bool:
     """True when ``result`` (what ``handler`` returned for the message ``message_id``) means
     FIN, False when it means REQ with backoff; a result that is neither None, True nor False
-    is logged as a TypeError first (and means REQ)."""
+    is logged as a TypeError first (and means REQ; ``topic``, ``channel`` and ``attempts`` go
+    into the record's fields)."""
     if result is None or result is True:
         return True
     if result is False:
@@ -42,7 +47,9 @@ def handler_finishes(
         f"run() handler {handler_name(handler)} returned {result!r}{hint}: expected None or "
         "True (finish the message) or False (requeue it)"
     )
-    log_handler_result_invalid(logger, address, message_id, error)
+    log_handler_result_invalid(
+        logger, address, message_id, error, topic=topic, channel=channel, attempts=attempts
+    )
     return False
 
 

@@ -156,7 +156,13 @@ class Message(MessageBase):
                     if not getattr(self, "_expiring", False):
                         self._expiring = True
                         event = KeepaliveExpired(delivery.id, delivery.address, limit)
-                        log_keepalive_expired(consumer._logger, event, monotonic())
+                        log_keepalive_expired(
+                            consumer._logger,
+                            event,
+                            monotonic(),
+                            topic=consumer.topic,
+                            channel=consumer.channel,
+                        )
                         consumer._emit(event)
                     return
                 await anyio.sleep(max(touch_at - monotonic(), 0))

@@ -336,13 +336,27 @@ class Consumer:
                 try:
                     result = handler(message)
                 except Exception:
-                    log_handler_failed(logger, message.nsqd_address, message.id)
+                    log_handler_failed(
+                        logger,
+                        message.nsqd_address,
+                        message.id,
+                        topic=self.topic,
+                        channel=self.channel,
+                        attempts=message.attempts,
+                    )
                     if not message.answered:
                         message.requeue()
                 else:
                     if not message.answered:
                         if result is None or handler_finishes(
-                            result, handler, logger, message.nsqd_address, message.id
+                            result,
+                            handler,
+                            logger,
+                            message.nsqd_address,
+                            message.id,
+                            topic=self.topic,
+                            channel=self.channel,
+                            attempts=message.attempts,
                         ):
                             message.finish()
                         else:
