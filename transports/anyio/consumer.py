@@ -56,7 +56,7 @@ from transports._common import ConnectionLogger, ConnectionStats, ConsumerStats,
 from transports._common.arguments import check_seconds
 from transports._common.handlers import handler_finishes
 from transports._common.logs import fields
-from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     EventCallback,
     log_consumer_report,
@@ -165,6 +165,8 @@ class Consumer(ConsumerConnections):
         #: and at exit if never seen.
         self._failure: Exception | None = None
         self._failure_raised = False
+        #: OpenTelemetry's hook (``transports.otel``): None unless instrumented.
+        self._telemetry: DeliveryHook | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -321,7 +323,7 @@ class Consumer(ConsumerConnections):
 
     async def __anext__(self) -> Message:
         inbox = self._inbox
-        if inbox:  # fast path: no await when messages are buffered
+        if inbox and self._telemetry is None:  # fast path: no await when messages are buffered
             delivery = inbox.popleft()
             if delivery.conn_id in self._conns:
                 if inbox and self._waiters:
@@ -332,6 +334,8 @@ class Consumer(ConsumerConnections):
             if self._failure is not None:
                 self._raise_failure()
             raise StopAsyncIteration
+        if self._telemetry is not None:
+            self._telemetry.received(message)
         return message
 
     async def _next_message(self) -> Message | None:

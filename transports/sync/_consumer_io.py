@@ -46,7 +46,7 @@ from nsq_sansio.discovery import LookupdAddress
 from nsq_sansio.errors import NSQError
 from transports._common import ConnectionStats, ConsumerStats, TransportOptions
 from transports._common.logs import fields
-from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     log_consumer_report,
     log_fetch_refused,
@@ -127,6 +127,8 @@ class ConsumerIO:
         #: Answers from user code, taken by the IO thread: a Message is its FIN, anything
         #: else an (op, message, argument) tuple.
         self.posted: deque[Message | tuple[int, Message, Any]] = deque()
+        #: OpenTelemetry's hook (``transports.otel``): None unless the consumer is instrumented.
+        self.telemetry: DeliveryHook | None = None
         #: Messages handed to user code and not answered yet (IO thread only).
         self.unanswered: set[Message] = set()
         self.keepalives: list[tuple[float, int, Keepalive]] = []
