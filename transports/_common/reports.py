@@ -13,7 +13,9 @@ import logging
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from nsq_sansio.backoff import BackoffPhase
 from nsq_sansio.consumer import (
+    BackoffChanged,
     ConnectionUp,
     ConsumerFailed,
     Disconnected,
@@ -38,6 +40,7 @@ __all__ = [
     "log_drain_timed_out",
     "log_fetch_refused",
     "log_handler_failed",
+    "log_handler_result_invalid",
     "log_handlers_left_running",
     "log_keepalive_expired",
     "log_paused",
@@ -49,9 +52,9 @@ __all__ = [
 ]
 
 #: ``on_event`` receives a consumer's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-#: LookupdFailed, NodeRefused, TopicNotFound, DrainTimedOut, ConsumerFailed) and
-#: KeepaliveExpired, synchronously: on the event loop, or, blocking, on the IO thread. It
-#: must return quickly and never block.
+#: BackoffChanged, LookupdFailed, NodeRefused, TopicNotFound, DrainTimedOut, ConsumerFailed)
+#: and KeepaliveExpired, synchronously: on the event loop, or, blocking, on the IO thread.
+#: It must return quickly and never block.
 EventCallback = Callable[[object], None]
 
 
@@ -81,8 +84,10 @@ def log_consumer_report(
     logger: logging.Logger, action: object, *, topic: str, channel: str, now: float
 ) -> None:
     """Log one of the coordinator's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-    LookupdFailed, NodeRefused, ConsumerFailed); anything else is not logged."""
-    if isinstance(action, TakenBack):
+    BackoffChanged, LookupdFailed, NodeRefused, ConsumerFailed); anything else is not logged."""
+    if isinstance(action, BackoffChanged):
+        log_backoff(logger, action, topic=topic, channel=channel)
+    elif isinstance(action, TakenBack):
         message_id = message_id_text(action.message_id) if action.message_id else "?"
         ConnectionLogger(logger, str(action.address)).warning(
             "%s for message %s came too late: %s",
@@ -178,6 +183,29 @@ def log_consumer_report(
         )
 
 
+def log_backoff(
+    logger: logging.Logger, change: BackoffChanged, *, topic: str, channel: str
+) -> None:
+    """Backoff moved (once per change, at INFO): a window opened, a test, the end of it."""
+    if change.phase is BackoffPhase.WAITING:
+        logger.info(
+            "backing off %.1f s after %d failure%s (level %d)",
+            change.window,
+            change.failures,
+            "" if change.failures == 1 else "s",
+            change.level,
+            extra=fields(topic=topic, channel=channel, delay=change.window, count=change.failures),
+        )
+    elif change.phase is BackoffPhase.TESTING:
+        logger.info(
+            "testing after backoff (level %d)",
+            change.level,
+            extra=fields(topic=topic, channel=channel),
+        )
+    else:
+        logger.info("resuming after backoff", extra=fields(topic=topic, channel=channel))
+
+
 def log_keepalive_expired(
     logger: logging.Logger,
     event: KeepaliveExpired,
@@ -211,6 +239,28 @@ def log_handler_failed(
         "handler failed for message %s; requeueing it",
         message_id_text(message_id),
         extra=fields(topic=topic, channel=channel, message_id=message_id, attempts=attempts),
+    )
+
+
+def log_handler_result_invalid(
+    logger: logging.Logger,
+    address: NSQDAddress | str,
+    message_id: bytes,
+    error: TypeError,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+    attempts: int | None = None,
+) -> None:
+    """``run()``'s handler returned something other than None, True or False (``error`` says
+    which handler and what it returned; logged with it, as a raised exception would be)."""
+    ConnectionLogger(logger, str(address)).error(
+        "handler failed for message %s; requeueing it",
+        message_id_text(message_id),
+        exc_info=(TypeError, error, None),
+        extra=fields(
+            topic=topic, channel=channel, message_id=message_id, attempts=attempts, error=error
+        ),
     )
 
 

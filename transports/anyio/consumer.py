@@ -61,6 +61,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
+from transports._common.handlers import handler_finishes
 from transports._common.logs import fields
 from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
@@ -497,9 +498,10 @@ class Consumer(ConsumerConnections):
         concurrency: int | None = None,
     ) -> None:
         """Call ``handler(msg)`` for every message with up to ``concurrency`` running at once
-        (default: ``max_in_flight``, at most 256) until the consumer is drained or closed. A
-        handler that returns FINs the message (unless it answered itself); one that raises
-        REQs it (with backoff)."""
+        (default: ``max_in_flight``, at most 256) until the consumer is drained or closed.
+        Unless the handler answered the message itself: returning None or True FINs it,
+        returning False or raising REQs it (with backoff); any other value is logged as a
+        TypeError and REQs it."""
         if self._pull:
             raise LocalProtocolError("run() is for push consumers; this one has pull=True")
         if concurrency is None:
@@ -531,7 +533,7 @@ class Consumer(ConsumerConnections):
                     return
                 slot[0] = msg  # the drain's deadline says whose handler it cancelled
                 try:
-                    await handler(msg)
+                    result = await handler(msg)
                 except Exception:
                     log_handler_failed(
                         logger,
@@ -545,7 +547,19 @@ class Consumer(ConsumerConnections):
                         msg.requeue_nowait()
                 else:
                     if not msg.answered:
-                        msg.finish_nowait()
+                        if result is None or handler_finishes(
+                            result,
+                            handler,
+                            logger,
+                            msg.nsqd_address,
+                            msg.id,
+                            topic=self.topic,
+                            channel=self.channel,
+                            attempts=msg.attempts,
+                        ):
+                            msg.finish_nowait()
+                        else:
+                            msg.requeue_nowait()
 
         try:
             async with anyio.create_task_group() as tg:
@@ -715,6 +729,7 @@ class Consumer(ConsumerConnections):
             max_in_flight=coord.max_in_flight,
             backoff_level=coord.backoff_level,
             backoff_phase=coord.backoff_phase.value,
+            backoff_windows=coord.backoff_windows,
             reconnects=self._reconnects,
             connection_errors=self._connection_errors,
             connections=tuple(connections),

@@ -339,6 +339,20 @@ _CLIENT_INSTRUMENTS = [
     ),
     (
         "updown",
+        "nsq.consumer.backing_off",
+        "{consumer}",
+        "Consumers backing off (waiting out a window, or testing)",
+        _per_channel(lambda s: int(s.backoff_phase != "normal")),
+    ),
+    (
+        "counter",
+        "nsq.consumer.backoff_windows",
+        "{window}",
+        "Backoff windows opened (RDY 0 for a while after failures)",
+        _per_channel(_field("backoff_windows")),
+    ),
+    (
+        "updown",
         "nsq.consumer.connections",
         "{connection}",
         "Subscribed nsqd connections",

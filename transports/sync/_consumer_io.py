@@ -518,6 +518,7 @@ class ConsumerIO:
             max_in_flight=coordinator.max_in_flight,
             backoff_level=coordinator.backoff_level,
             backoff_phase=coordinator.backoff_phase.value,
+            backoff_windows=coordinator.backoff_windows,
             reconnects=self.reconnects,
             connection_errors=self.connection_errors,
             connections=tuple(connections),

@@ -7,7 +7,7 @@
             handle(msg.body)
             msg.finish()                   # or msg.requeue(delay=..., backoff=...), msg.touch()
 
-    c.run(handler, concurrency=8)          # handler returns -> FIN, raises -> REQ
+    c.run(handler, concurrency=8)          # returns None/True -> FIN, False or raises -> REQ
     batch = c.fetch(100, timeout=5.0)      # pull mode: Consumer(..., pull=True)
     c.drain(timeout=30)                    # graceful: see drain()
 
@@ -45,6 +45,7 @@ from nsq_sansio.discovery import NSQDFilter
 from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConsumerStats, DrainResult, split_options
 from transports._common.arguments import check_seconds
+from transports._common.handlers import handler_finishes
 from transports._common.message import DeliveryHook, KeepaliveExpired
 from transports._common.reports import (
     EventCallback,
@@ -344,10 +345,11 @@ class Consumer:
 
     def run(self, handler: Callable[[Message], object], *, concurrency: int | None = None) -> None:
         """Call ``handler(msg)`` for every message on ``concurrency`` worker threads (default:
-        ``max_in_flight``, at most 32) until the consumer is drained or closed. A handler
-        that returns FINs the message (unless it answered itself); one that raises REQs it
-        (with backoff). Ctrl-C starts a drain. At most ``max_in_flight`` handlers run at once
-        whatever ``concurrency`` is (no more messages exist)."""
+        ``max_in_flight``, at most 32) until the consumer is drained or closed. Unless the
+        handler answered the message itself: returning None or True FINs it, returning False
+        or raising REQs it (with backoff); any other value is logged as a TypeError and REQs
+        it. Ctrl-C starts a drain. At most ``max_in_flight`` handlers run at once whatever
+        ``concurrency`` is (no more messages exist)."""
         if self._pull:
             raise LocalProtocolError("run() is for push consumers; this one has pull=True")
         if concurrency is None:
@@ -357,6 +359,7 @@ class Consumer:
         if not callable(handler):
             raise LocalProtocolError(f"run() handler must be callable, got {handler!r}")
         self._ensure_started()
+        user_handler = handler  # named in the log when it returns what is not a result
         handler = self._tracked(handler)  # the drain reports the handlers still running
         logger = self._io.logger
 
@@ -366,7 +369,7 @@ class Consumer:
                 if message is None:
                     return
                 try:
-                    handler(message)
+                    result = handler(message)
                 except Exception:
                     log_handler_failed(
                         logger,
@@ -380,7 +383,19 @@ class Consumer:
                         message.requeue()
                 else:
                     if not message.answered:
-                        message.finish()
+                        if result is None or handler_finishes(
+                            result,
+                            user_handler,
+                            logger,
+                            message.nsqd_address,
+                            message.id,
+                            topic=self.topic,
+                            channel=self.channel,
+                            attempts=message.attempts,
+                        ):
+                            message.finish()
+                        else:
+                            message.requeue()
 
         workers = [
             threading.Thread(target=work, name=f"nsq-sync-worker-{i}", daemon=True)
