@@ -402,11 +402,12 @@ class Consumer:
             for i in range(concurrency)
         ]
         self._workers.extend(workers)
-        for worker in workers:
-            worker.start()
-            assert worker.ident is not None
-            self._io.worker_names[worker.ident] = worker.name
         try:
+            # Started inside the try: a Ctrl-C as soon as a handler runs still drains.
+            for worker in workers:
+                worker.start()
+                assert worker.ident is not None
+                self._io.worker_names[worker.ident] = worker.name
             self._wait_for(workers)
         except KeyboardInterrupt:
             # Ctrl-C without drain_on_signals: a graceful drain (bounded by its timeout),
