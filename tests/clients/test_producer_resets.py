@@ -41,6 +41,8 @@ class RefusingNSQD:
     def __init__(self, max_msg_size: int = 1024) -> None:
         self.max_msg_size = max_msg_size
         self.stored: list[bytes] = []
+        #: Every publish command read: (command, number of bodies).
+        self.commands: list[tuple[bytes, int]] = []
         self.unconfirmed: list[bytes] = []
         self.resets = 0
         self.refusals = 0
@@ -143,6 +145,7 @@ class RefusingNSQD:
                     offset += 4 + length
             else:
                 bodies = [body]
+            self.commands.append((command, len(bodies)))
             if any(len(b) > self.max_msg_size for b in bodies):
                 kind = command.decode()
                 error = b"E_BAD_MESSAGE %s message too big" % kind.encode()
@@ -152,33 +155,55 @@ class RefusingNSQD:
             out += _OK
 
 
-@pytest.mark.parametrize("coalesce", [True, False])
+@pytest.mark.parametrize(
+    ("coalesce", "bad_call"), [(True, "publish"), (False, "publish"), (True, "multi_publish")]
+)
 async def test_good_publishes_pipelined_with_refused_ones_all_succeed(
-    runtime: Runtime, coalesce: bool
+    runtime: Runtime, coalesce: bool, bad_call: str
 ) -> None:
-    """100 concurrent PUBs, every tenth too big: only those fail (BadMessage); every other one
-    succeeds and is stored once, or twice only when a reset destroyed the OK it got (its
-    publisher could not know it was stored: at-least-once)."""
+    """100 concurrent publishes, every tenth too big (a PUB, or an MPUB with one good body):
+    only those fail (BadMessage); every other one succeeds and is stored once, or twice only
+    when a reset destroyed the OK it got (its publisher could not know it was stored:
+    at-least-once). Then the producer pipelines again."""
     topic = unique()
-    bodies = [b"B" * 2000 + b"%d" % i if i % 10 == 5 else b"%d" % i for i in range(100)]
+    calls = [
+        (
+            bad_call,
+            (
+                topic,
+                [b"ok%d" % i, b"B" * 2000]
+                if bad_call == "multi_publish"
+                else b"B" * 2000 + b"%d" % i,
+            ),
+        )
+        if i % 10 == 5
+        else ("publish", (topic, b"%d" % i))
+        for i in range(100)
+    ]
     bad = {i for i in range(100) if i % 10 == 5}
     with RefusingNSQD() as server:
         async with runtime.producer(
             server.address, coalesce=coalesce, timeout=20, connect_timeout=2
         ) as p:
             await p.publish(topic, b"warm")
-            outcomes = await p.concurrently([("publish", (topic, b)) for b in bodies], timeout=20)
+            outcomes = await p.concurrently(calls, timeout=20)
             stats = p.stats()
-        assert server.resets > 0  # the case under test happened
+            assert server.resets > 0  # the case under test happened
+            # Pipelining again (with coalescing: several PUBs in one MPUB).
+            mark = len(server.commands)
+            after = [("publish", (topic, b"after%d" % i)) for i in range(200)]
+            assert await p.concurrently(after, timeout=20) == [None] * 200
+            if coalesce:
+                assert max(n for _, n in server.commands[mark:]) > 1
     failed = {i for i, error in enumerate(outcomes) if error is not None}
     assert failed == bad, [outcomes[i] for i in sorted(failed - bad)][:3]
     assert all(isinstance(outcomes[i], BadMessage) for i in bad)
     assert (stats.published, stats.failed) == (91, 10)
     counts = Counter(server.stored)
     unconfirmed = set(server.unconfirmed)
-    for i, body in enumerate(bodies):
+    for i, (_, (_, body)) in enumerate(calls):
         if i in bad:
-            assert counts[body] == 0
+            assert not any(counts[b] for b in (body if isinstance(body, list) else [body]))
         elif body in unconfirmed:
             assert counts[body] >= 1
         else:

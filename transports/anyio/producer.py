@@ -267,7 +267,7 @@ class Producer(ProducerConnections):
         self._closed = True
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(timeout if timeout is not None else float("inf")):
-                while any(node.pending for node in self._nodes):
+                while any(node.pending or node.turns for node in self._nodes):
                     await anyio.sleep(0.005)
             for node in self._nodes:
                 self._disconnect(node, ConnectionLost("producer closed"), node.generation)
