@@ -54,7 +54,8 @@ from nsq_sansio.discovery import NSQDFilter
 from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConnectionLogger, ConnectionStats, ConsumerStats, split_options
 from transports._common.arguments import check_seconds
-from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.logs import fields
+from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     EventCallback,
     log_consumer_report,
@@ -163,6 +164,8 @@ class Consumer(ConsumerConnections):
         #: and at exit if never seen.
         self._failure: Exception | None = None
         self._failure_raised = False
+        #: OpenTelemetry's hook (``transports.otel``): None unless instrumented.
+        self._telemetry: DeliveryHook | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -319,7 +322,7 @@ class Consumer(ConsumerConnections):
 
     async def __anext__(self) -> Message:
         inbox = self._inbox
-        if inbox:  # fast path: no await when messages are buffered
+        if inbox and self._telemetry is None:  # fast path: no await when messages are buffered
             delivery = inbox.popleft()
             if delivery.conn_id in self._conns:
                 if inbox and self._waiters:
@@ -330,6 +333,8 @@ class Consumer(ConsumerConnections):
             if self._failure is not None:
                 self._raise_failure()
             raise StopAsyncIteration
+        if self._telemetry is not None:
+            self._telemetry.received(message)
         return message
 
     async def _next_message(self) -> Message | None:
@@ -408,7 +413,14 @@ class Consumer(ConsumerConnections):
                 try:
                     await handler(msg)
                 except Exception:
-                    log_handler_failed(logger, msg.nsqd_address, msg.id)
+                    log_handler_failed(
+                        logger,
+                        msg.nsqd_address,
+                        msg.id,
+                        topic=self.topic,
+                        channel=self.channel,
+                        attempts=msg.attempts,
+                    )
                     if not msg.answered:
                         msg.requeue_nowait()
                 else:
@@ -513,7 +525,7 @@ class Consumer(ConsumerConnections):
     ) -> None:
         with scope, anyio.open_signal_receiver(*map(signal.Signals, signals)) as receiver:
             async for signum in receiver:
-                log_signal_drain(self._logger, signum)
+                log_signal_drain(self._logger, signum, topic=self.topic, channel=self.channel)
                 if self._coord.state is ConsumerState.RUNNING:
                     self._draining = True
                     self._start_drain(timeout)
@@ -585,7 +597,12 @@ class Consumer(ConsumerConnections):
             try:
                 await func(*args)
             except Exception as exc:
-                self._logger.exception("a task of consumer %s/%s crashed", self.topic, self.channel)
+                self._logger.exception(
+                    "a task of consumer %s/%s crashed",
+                    self.topic,
+                    self.channel,
+                    extra=fields(topic=self.topic, channel=self.channel, error=exc),
+                )
                 if self._failure is None:
                     self._failure = exc
                 self._drained.set()
@@ -618,10 +635,16 @@ class Consumer(ConsumerConnections):
             try:
                 self._on_event(event)
             except Exception:
-                self._logger.exception("on_event callback failed for %r", event)
+                self._logger.exception(
+                    "on_event callback failed for %r",
+                    event,
+                    extra=fields(topic=self.topic, channel=self.channel),
+                )
 
     def _log_for(self, address: object) -> ConnectionLogger:
-        return ConnectionLogger(self._logger, str(address))
+        return ConnectionLogger(
+            self._logger, str(address), nsq_topic=self.topic, nsq_channel=self.channel
+        )
 
     async def _pump(self) -> None:
         """Timers, and writes decided by user code (FIN/REQ/TOUCH), batched per iteration."""
@@ -743,7 +766,7 @@ class Consumer(ConsumerConnections):
 
     def _on_fetch_result(self, result: FetchResult) -> None:
         if result.reason is FetchEnd.TOO_MANY_WAITING:
-            log_fetch_refused(self._logger)
+            log_fetch_refused(self._logger, topic=self.topic, channel=self.channel)
         slot = self._fetches.pop(result.request_id, None)
         if slot is None:  # its caller is gone (should not happen: fetch() cancels it)
             self._requeue_all(result.messages)

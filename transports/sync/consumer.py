@@ -44,7 +44,7 @@ from nsq_sansio.discovery import NSQDFilter
 from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConsumerStats, split_options
 from transports._common.arguments import check_seconds
-from transports._common.message import KeepaliveExpired
+from transports._common.message import DeliveryHook, KeepaliveExpired
 from transports._common.reports import EventCallback, log_handler_failed
 
 from ._consumer_io import ConsumerIO
@@ -248,7 +248,16 @@ class Consumer:
         if self._pull:
             raise LocalProtocolError("pull consumers use fetch(); iteration is for push consumers")
         self._ensure_started()
+        telemetry = self._io.telemetry
+        if telemetry is not None:
+            return self._traced_messages(telemetry)
         return self._messages()
+
+    def _traced_messages(self, telemetry: DeliveryHook) -> Iterator[Message]:
+        """:meth:`_messages`, each shown to telemetry (``transports.otel``) first."""
+        for message in self._messages():
+            telemetry.received(message)
+            yield message
 
     def _messages(self) -> Iterator[Message]:
         popleft = self._io.ready.popleft
@@ -334,7 +343,14 @@ class Consumer:
                 try:
                     handler(message)
                 except Exception:
-                    log_handler_failed(logger, message.nsqd_address, message.id)
+                    log_handler_failed(
+                        logger,
+                        message.nsqd_address,
+                        message.id,
+                        topic=self.topic,
+                        channel=self.channel,
+                        attempts=message.attempts,
+                    )
                     if not message.answered:
                         message.requeue()
                 else:
