@@ -85,11 +85,20 @@ def log_consumer_report(
             settings.msg_timeout / 1000,
         )
     elif isinstance(action, GiveUp):
-        ConnectionLogger(logger, str(action.address)).warning(
-            "giving up on message %s after %d attempts; it was FIN'd",
-            action.message.id.decode(errors="replace"),
-            action.message.attempts,
-        )
+        if action.dead_letter_topic is not None:
+            ConnectionLogger(logger, str(action.address)).warning(
+                "giving up on message %s after %d attempts; published to dead-letter topic "
+                "%s, then FIN'd",
+                action.message.id.decode(errors="replace"),
+                action.message.attempts,
+                action.dead_letter_topic,
+            )
+        else:
+            ConnectionLogger(logger, str(action.address)).warning(
+                "giving up on message %s after %d attempts; it was FIN'd",
+                action.message.id.decode(errors="replace"),
+                action.message.attempts,
+            )
     elif isinstance(action, LookupdFailed):
         ConnectionLogger(logger, str(action.lookupd)).warning(
             "lookupd query failed: %s", action.error
