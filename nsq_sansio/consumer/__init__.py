@@ -6,8 +6,8 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
     loop:
         for action in coordinator.take_actions(): # Connect, CloseConnection, StartTLS,
             ...                                   # SendHTTPRequest, CloseHTTPRequest, Deliver,
-                                                  # GiveUp, TakenBack, FetchResult, DrainComplete,
-                                                  # ConsumerFailed
+                                                  # GiveUp, TakenBack, BackoffChanged,
+                                                  # FetchResult, DrainComplete, ConsumerFailed
         for conn_id, data in coordinator.pending_data():
             write(conn_id, data)
         sleep until coordinator.next_deadline() or IO, then feed one of:
@@ -38,8 +38,10 @@ What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
   a delay waits ``default_requeue_delay * attempts`` capped; late FIN/REQ/TOUCH is reported as
   :class:`TakenBack`, never raised. Each :class:`Deliver` has a deadline; TOUCH extends it up to
   the server's ``max_msg_timeout``.
-* Backoff (:mod:`nsq_sansio.backoff`): RDY 0 everywhere, wait, RDY 1 to test, one result per
-  window.
+* Backoff (:mod:`nsq_sansio.backoff`): RDY 0 everywhere, wait, then one message at a time to
+  test (RDY: what the test connection holds, plus one), one result per window; a give-up
+  counts as a success, a message failing again does not raise the level. Every change is
+  reported (:class:`BackoffChanged`).
 * Discovery (:mod:`nsq_sansio.discovery`): lookupd mode connects to new nodes found by a poll
   and reconnects a lost node only when a later poll reports it; direct mode retries with capped,
   jittered exponential backoff.
@@ -72,6 +74,7 @@ lose, reconnect, fail; lookupd glue) < ``drain`` < ``answers`` (FIN/REQ/TOUCH) <
 from ..errors import MessageGone
 from .actions import (
     Action,
+    BackoffChanged,
     CloseConnection,
     CloseHTTPRequest,
     Connect,
@@ -99,6 +102,7 @@ __all__ = [
     "CLOSE_WAIT_GRACE",
     "RDY_SETTLE_MIN",
     "Action",
+    "BackoffChanged",
     "CloseConnection",
     "CloseHTTPRequest",
     "Connect",

@@ -4,9 +4,9 @@ Connections (:class:`Connect`, :class:`StartTLS`, :class:`CloseConnection`), loo
 (:class:`SendHTTPRequest`, :class:`CloseHTTPRequest`), messages for the user (:class:`Deliver`,
 the handle they answer with, and :class:`FetchResult` in pull mode), and reports
 (:class:`GiveUp`, :class:`TakenBack`, :class:`ConnectionUp`, :class:`Disconnected`,
-:class:`LookupdFailed`, :class:`NodeRefused`, :class:`DrainComplete`,
-:class:`ConsumerFailed`). :data:`Action` is their union. This module decides nothing; it only
-defines the vocabulary.
+:class:`LookupdFailed`, :class:`NodeRefused`, :class:`BackoffChanged`,
+:class:`DrainComplete`, :class:`ConsumerFailed`). :data:`Action` is their union. This module
+decides nothing; it only defines the vocabulary.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..backoff import BackoffPhase
 from ..discovery import LookupdAddress, NSQDAddress
 from ..errors import LookupdError, NSQError
 from ..events import Message, ServerSettings
 
 __all__ = [
     "Action",
+    "BackoffChanged",
     "CloseConnection",
     "CloseHTTPRequest",
     "Connect",
@@ -211,6 +213,20 @@ class NodeRefused:
 
 
 @dataclass(frozen=True, slots=True)
+class BackoffChanged:
+    """The consumer's backoff moved: a window opened (``WAITING``, ``window`` seconds long),
+    a window ended (``TESTING``: one message at a time is let in), a success while testing
+    lowered the level (still ``TESTING``), or backoff is over (``NORMAL``). ``failures`` are
+    those counted since the consumer last ran normally. Informational (logs, metrics): the
+    coordinator already changed RDY."""
+
+    phase: BackoffPhase
+    level: int
+    window: float
+    failures: int
+
+
+@dataclass(frozen=True, slots=True)
 class DrainComplete:
     """Drain finished: every connection is closed and nothing is left in flight."""
 
@@ -262,6 +278,7 @@ Action = (
     | Disconnected
     | LookupdFailed
     | NodeRefused
+    | BackoffChanged
     | FetchResult
     | DrainComplete
     | ConsumerFailed

@@ -340,13 +340,16 @@ class Answers(Drain):
         if not link.proto.is_in_flight(message_id):  # already answered in the same read
             self._report_gone(delivery, "REQ")
             return False
-        failed = backoff and self._config.backoff_active
-        outcome = Outcome.FAILURE if failed else Outcome.NEUTRAL
+        if not (backoff and self._config.backoff_active):
+            outcome = Outcome.NEUTRAL
+        elif delivery.attempts > 1:  # failed before: does not raise the level (see backoff)
+            outcome = Outcome.REPEATED_FAILURE
+        else:
+            outcome = Outcome.FAILURE
         if self._state is ConsumerState.RUNNING and self._backoff.record(outcome, now):
             # Backoff starts (or a test ends): RDY 0 goes on the wire before the REQ, else
             # nsqd could hand the message straight back, in flight for the whole window.
-            self._recalm()
-            self._rebalance(now)
+            self._backoff_moved(now)
             self._emit_rdy(link)
             link.proto.requeue(message_id, delay)
             self.requeued += 1
@@ -412,8 +415,7 @@ class Answers(Drain):
             self._answered_while_settling(link, delivery, now)
         if self._state is ConsumerState.RUNNING:
             if not recorded and self._backoff.record(outcome, now):
-                self._recalm()
-                self._rebalance(now)
+                self._backoff_moved(now)
             elif self._pull and link.alloc > 0:
                 count = self._live_in_flight(link, now) + link.alloc
                 self._send_rdy(link, min(count, self._budget_left(link)), now)

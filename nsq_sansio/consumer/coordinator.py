@@ -135,9 +135,8 @@ class ConsumerCoordinator(DeadLetters):
             return
         if self._state is not ConsumerState.RUNNING:
             return
-        if self._backoff.handle_timer(now):
-            self._recalm()
-            self._rebalance(now)
+        if self._backoff.handle_timer(now, self.in_flight_count()):
+            self._backoff_moved(now)
         if self._settling:
             self._settle_due(now)
         if self._next_redistribute is not None and now >= self._next_redistribute:
@@ -187,9 +186,8 @@ class ConsumerCoordinator(DeadLetters):
             proto.finish(message_id)
             self.given_up += 1
             self._actions.append(GiveUp(link.conn_id, link.address, delivery.message))
-            if self._backoff.record(Outcome.NEUTRAL, now):
-                self._recalm()
-                self._rebalance(now)
+            if self._backoff.record(Outcome.SUCCESS, now):  # a give-up FINs: a success
+                self._backoff_moved(now)
             return
         link.tracked[message_id] = delivery
         if self._pull:

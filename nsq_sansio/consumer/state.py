@@ -98,6 +98,8 @@ class CoordinatorState:
             self._config.max_backoff_duration,
             enabled=self._config.backoff_enabled,
         )
+        #: What BackoffChanged last reported: (phase, windows opened, level).
+        self._backoff_reported = (BackoffPhase.NORMAL, 0, 0)
         self._links: dict[int, Link] = {}
         self._by_address: dict[NSQDAddress, Link] = {}
         self._next_conn_id = 1
@@ -196,6 +198,17 @@ class CoordinatorState:
     @property
     def backoff_level(self) -> int:
         return self._backoff.level
+
+    @property
+    def backoff_allowance(self) -> int:
+        """While backoff tests: the most messages the consumer may hold (what it held when
+        the test began, one more, two more per success since); else 0."""
+        return self._backoff.allowance
+
+    @property
+    def backoff_windows(self) -> int:
+        """Backoff windows opened since the consumer started (a counter)."""
+        return self._backoff.windows
 
     def connection_ids(self) -> list[int]:
         return list(self._links)

@@ -17,7 +17,7 @@ import logging
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import anyio
@@ -30,7 +30,7 @@ import transports.anyio
 import transports.sync
 import transports.trio
 from nsq_sansio.errors import ConfigError, InvalidName, LocalProtocolError
-from transports._common import CONNECTION_STATES
+from transports._common import CONNECTION_STATES, ConsumerStats
 from transports.embedded import EmbeddedNSQD
 
 # --- what may differ, and why ------------------------------------------------------------------
@@ -600,6 +600,29 @@ async def test_a_late_answer_is_taken_back_and_logged_the_same(
     ), subscribed[0].getMessage()
 
 
+def test_consumer_stats_have_these_fields() -> None:
+    """What every runtime's ``stats()`` says (one class for all of them): a field added or
+    renamed changes dashboards and the metrics exporter, so it is written down here."""
+    assert [f.name for f in fields(ConsumerStats)] == [
+        "topic",
+        "channel",
+        "received",
+        "finished",
+        "requeued",
+        "given_up",
+        "taken_back",
+        "in_flight",
+        "rdy",
+        "max_in_flight",
+        "backoff_level",
+        "backoff_phase",
+        "backoff_windows",
+        "reconnects",
+        "connection_errors",
+        "connections",
+    ]
+
+
 @pytest.mark.anyio
 async def test_stats_speak_one_vocabulary(runtime: Runtime, nsqd: EmbeddedNSQD) -> None:
     topic = unique()
@@ -614,6 +637,7 @@ async def test_stats_speak_one_vocabulary(runtime: Runtime, nsqd: EmbeddedNSQD) 
         consumer_stats = c.stats()
     assert {conn.state for conn in consumer_stats.connections} == {"subscribed"}
     assert consumer_stats.connected == 1 and consumer_stats.backoff_phase == "normal"
+    assert consumer_stats.backoff_level == 0 and consumer_stats.backoff_windows == 0
     by_address = {conn.address: conn for conn in producer_stats.connections}
     assert by_address[nsqd.tcp_address].state == "ready"
     assert by_address[nsqd.tcp_address].connected

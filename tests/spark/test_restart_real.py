@@ -92,7 +92,7 @@ time.sleep(600)
     )
     reader.prepareForTriggerAvailableNow()
     offset, read = first["offset"], []
-    with caplog.at_level(logging.WARNING, logger="transports.spark.reader"):
+    with caplog.at_level(logging.WARNING, logger="nsq_sansio.spark.reader"):
         try:
             while True:
                 end = reader.latestOffset(offset, ReadAllAvailable())

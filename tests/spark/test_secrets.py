@@ -96,7 +96,7 @@ def test_plans_progress_and_logs_hide_secrets(
         reader = NSQStreamReader(options)
         try:
             reader.latestOffset({"batch": 0}, ReadAllAvailable())
-            logging.getLogger("transports.spark.reader").debug("reader %r", reader)
+            logging.getLogger("nsq_sansio.spark.reader").debug("reader %r", reader)
         finally:
             reader.stop()
     # a write that fails: its error

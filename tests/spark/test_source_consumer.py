@@ -227,7 +227,7 @@ def test_a_batch_nsqd_took_back_before_its_commit_is_reported_or_fails(
                 with pytest.raises(NSQDataLossError, match="20 of 20 messages"):
                     reader.latestOffset(end, ReadAllAvailable())
                 return
-            with caplog.at_level("WARNING", logger="transports.spark.reader"):
+            with caplog.at_level("WARNING", logger="nsq_sansio.spark.reader"):
                 again = reader.latestOffset(end, ReadAllAvailable())
             assert "20 of 20 messages of committed batches" in caplog.text
             assert again["count"] == 20  # delivered again: read twice

@@ -12,6 +12,9 @@
 * :mod:`.publishing`: the bounded set of checked topic names.
 * :mod:`.failures`: why a connection or a publish failed, in one wording for every runtime.
 * :mod:`.reports`: what the clients log, one level and text per event for every runtime.
+* :mod:`.logs`: :func:`~.logs.fields`, the ``nsq_*`` extra fields every log record carries.
+* :mod:`.handlers`: what a ``run()`` handler's return value means (FIN, REQ, or a TypeError
+  logged), one rule for every runtime.
 * :mod:`.message`: what a delivered message is (``MessageBase``), :class:`KeepaliveExpired`.
 * :mod:`.arguments`: the checks of a user's arguments.
 

@@ -2,8 +2,9 @@
 every runtime (anyio, trio, blocking), only the logger's name says which runtime logged it.
 
 Every line about one connection goes through :class:`~.connection_log.ConnectionLogger`
-(``[host:port]`` first, ``record.nsq_address`` set). The consumers log the coordinator's
-reports with :func:`log_consumer_report`; the producers call the ``log_*`` helpers below.
+(``[host:port]`` first, ``record.nsq_address`` set), and every record carries its facts as
+``nsq_*`` extra fields (:func:`.logs.fields`). The consumers log the coordinator's reports with
+:func:`log_consumer_report`; the producers call the ``log_*`` helpers below.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import logging
 import signal
 from collections.abc import Callable
 
+from nsq_sansio.backoff import BackoffPhase
 from nsq_sansio.consumer import (
+    BackoffChanged,
     ConnectionUp,
     ConsumerFailed,
     Disconnected,
@@ -26,6 +29,7 @@ from nsq_sansio.errors import IncompatibleNSQD
 
 from .connection_log import ConnectionLogger
 from .failures import without_address
+from .logs import fields, message_id_text
 from .message import KeepaliveExpired
 
 __all__ = [
@@ -34,6 +38,7 @@ __all__ = [
     "log_consumer_report",
     "log_fetch_refused",
     "log_handler_failed",
+    "log_handler_result_invalid",
     "log_keepalive_expired",
     "log_producer_disconnect",
     "log_publish_refused",
@@ -41,8 +46,9 @@ __all__ = [
 ]
 
 #: ``on_event`` receives a consumer's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-#: LookupdFailed, NodeRefused, ConsumerFailed) and KeepaliveExpired, synchronously: on the
-#: event loop, or, blocking, on the IO thread. It must return quickly and never block.
+#: BackoffChanged, LookupdFailed, NodeRefused, ConsumerFailed) and KeepaliveExpired,
+#: synchronously: on the event loop, or, blocking, on the IO thread. It must return quickly
+#: and never block.
 EventCallback = Callable[[object], None]
 
 
@@ -50,29 +56,46 @@ def log_consumer_report(
     logger: logging.Logger, action: object, *, topic: str, channel: str, now: float
 ) -> None:
     """Log one of the coordinator's reports (ConnectionUp, Disconnected, GiveUp, TakenBack,
-    LookupdFailed, NodeRefused, ConsumerFailed); anything else is not logged."""
-    if isinstance(action, TakenBack):
+    BackoffChanged, LookupdFailed, NodeRefused, ConsumerFailed); anything else is not logged."""
+    if isinstance(action, BackoffChanged):
+        log_backoff(logger, action, topic=topic, channel=channel)
+    elif isinstance(action, TakenBack):
+        message_id = message_id_text(action.message_id) if action.message_id else "?"
         ConnectionLogger(logger, str(action.address)).warning(
             "%s for message %s came too late: %s",
             action.command,
-            (action.message_id or b"?").decode(errors="replace"),
+            message_id,
             action.error,
+            extra=fields(
+                topic=topic,
+                channel=channel,
+                message_id=action.message_id,
+                command=action.command,
+                error=action.error,
+            ),
         )
     elif isinstance(action, Disconnected):
         log = ConnectionLogger(logger, str(action.address))
         if action.error is None:
-            log.info("connection closed")
+            log.info(
+                "connection closed", extra=fields(topic=topic, channel=channel, state="closed")
+            )
             return
-        retry = (
-            f"; reconnecting in {max(action.reconnect_at - now, 0.0):.1f}s"
-            if action.reconnect_at is not None
-            else ""
-        )
+        delay = max(action.reconnect_at - now, 0.0) if action.reconnect_at is not None else None
+        retry = f"; reconnecting in {delay:.1f}s" if delay is not None else ""
         log.warning(
             "connection lost: %s (%d messages unanswered%s)",
             action.error,
             len(action.unanswered),
             retry,
+            extra=fields(
+                topic=topic,
+                channel=channel,
+                error=action.error,
+                count=len(action.unanswered),
+                state="disconnected" if delay is None else "reconnecting",
+                delay=delay,
+            ),
         )
     elif isinstance(action, ConnectionUp):
         settings = action.settings
@@ -83,74 +106,174 @@ def log_consumer_report(
             settings.version or "?",
             settings.max_rdy_count,
             settings.msg_timeout / 1000,
+            extra=fields(topic=topic, channel=channel, state="subscribed"),
         )
     elif isinstance(action, GiveUp):
+        message = action.message
+        given_up_fields = fields(
+            topic=topic, channel=channel, message_id=message.id, attempts=message.attempts
+        )
         if action.dead_letter_topic is not None:
             ConnectionLogger(logger, str(action.address)).warning(
                 "giving up on message %s after %d attempts; published to dead-letter topic "
                 "%s, then FIN'd",
-                action.message.id.decode(errors="replace"),
-                action.message.attempts,
+                message_id_text(message.id),
+                message.attempts,
                 action.dead_letter_topic,
+                extra=given_up_fields,
             )
         else:
             ConnectionLogger(logger, str(action.address)).warning(
                 "giving up on message %s after %d attempts; it was FIN'd",
-                action.message.id.decode(errors="replace"),
-                action.message.attempts,
+                message_id_text(message.id),
+                message.attempts,
+                extra=given_up_fields,
             )
     elif isinstance(action, LookupdFailed):
-        ConnectionLogger(logger, str(action.lookupd)).warning(
-            "lookupd query failed: %s", action.error
+        ConnectionLogger(logger, str(action.lookupd), field="nsq_lookupd").warning(
+            "lookupd query failed: %s",
+            action.error,
+            extra=fields(topic=topic, channel=channel, error=action.error),
         )
     elif isinstance(action, NodeRefused):
-        ConnectionLogger(logger, str(action.lookupd)).warning(
+        ConnectionLogger(logger, str(action.lookupd), field="nsq_lookupd").warning(
             "lookupd listed nsqd %s; nsqd_filter refused it: not connecting (said once)",
             action.address,
+            extra=fields(topic=topic, channel=channel, address=action.address),
         )
     elif isinstance(action, ConsumerFailed):
-        logger.error("consumer %s/%s failed, not retrying: %s", topic, channel, action.error)
+        logger.error(
+            "consumer %s/%s failed, not retrying: %s",
+            topic,
+            channel,
+            action.error,
+            extra=fields(topic=topic, channel=channel, error=action.error, state="failed"),
+        )
 
 
-def log_keepalive_expired(logger: logging.Logger, event: KeepaliveExpired, now: float) -> None:
+def log_backoff(
+    logger: logging.Logger, change: BackoffChanged, *, topic: str, channel: str
+) -> None:
+    """Backoff moved (once per change, at INFO): a window opened, a test, the end of it."""
+    if change.phase is BackoffPhase.WAITING:
+        logger.info(
+            "backing off %.1f s after %d failure%s (level %d)",
+            change.window,
+            change.failures,
+            "" if change.failures == 1 else "s",
+            change.level,
+            extra=fields(topic=topic, channel=channel, delay=change.window, count=change.failures),
+        )
+    elif change.phase is BackoffPhase.TESTING:
+        logger.info(
+            "testing after backoff (level %d)",
+            change.level,
+            extra=fields(topic=topic, channel=channel),
+        )
+    else:
+        logger.info("resuming after backoff", extra=fields(topic=topic, channel=channel))
+
+
+def log_keepalive_expired(
+    logger: logging.Logger,
+    event: KeepaliveExpired,
+    now: float,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+) -> None:
     """``keepalive()`` cannot extend a message any further (nsqd's max_msg_timeout)."""
+    delay = max(event.deadline - now, 0.0)
     ConnectionLogger(logger, str(event.address)).warning(
         "keepalive: message %s reaches nsqd's max_msg_timeout in %.1fs; nsqd will take it back "
         "and deliver it again unless it is answered (TOUCH cannot extend it further)",
-        event.message_id.decode(errors="replace"),
-        max(event.deadline - now, 0.0),
+        message_id_text(event.message_id),
+        delay,
+        extra=fields(topic=topic, channel=channel, message_id=event.message_id, delay=delay),
     )
 
 
 def log_handler_failed(
-    logger: logging.Logger, address: NSQDAddress | str, message_id: bytes
+    logger: logging.Logger,
+    address: NSQDAddress | str,
+    message_id: bytes,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+    attempts: int | None = None,
 ) -> None:
     """``run()``'s handler raised (call from the ``except`` block: the traceback is logged)."""
     ConnectionLogger(logger, str(address)).exception(
-        "handler failed for message %s; requeueing it", message_id.decode(errors="replace")
+        "handler failed for message %s; requeueing it",
+        message_id_text(message_id),
+        extra=fields(topic=topic, channel=channel, message_id=message_id, attempts=attempts),
     )
 
 
-def log_fetch_refused(logger: logging.Logger) -> None:
-    logger.warning("fetch refused: max_waiting_fetches requests already wait")
+def log_handler_result_invalid(
+    logger: logging.Logger,
+    address: NSQDAddress | str,
+    message_id: bytes,
+    error: TypeError,
+    *,
+    topic: str | None = None,
+    channel: str | None = None,
+    attempts: int | None = None,
+) -> None:
+    """``run()``'s handler returned something other than None, True or False (``error`` says
+    which handler and what it returned; logged with it, as a raised exception would be)."""
+    ConnectionLogger(logger, str(address)).error(
+        "handler failed for message %s; requeueing it",
+        message_id_text(message_id),
+        exc_info=(TypeError, error, None),
+        extra=fields(
+            topic=topic, channel=channel, message_id=message_id, attempts=attempts, error=error
+        ),
+    )
 
 
-def log_signal_drain(logger: logging.Logger, signum: int) -> None:
+def log_fetch_refused(
+    logger: logging.Logger, *, topic: str | None = None, channel: str | None = None
+) -> None:
+    logger.warning(
+        "fetch refused: max_waiting_fetches requests already wait",
+        extra=fields(topic=topic, channel=channel),
+    )
+
+
+def log_signal_drain(
+    logger: logging.Logger, signum: int, *, topic: str | None = None, channel: str | None = None
+) -> None:
     try:
-        name: object = signal.Signals(signum).name
+        name = signal.Signals(signum).name
     except ValueError:
-        name = signum
-    logger.warning("signal %s received: draining the consumer", name)
+        name = str(signum)
+    logger.warning(
+        "signal %s received: draining the consumer",
+        name,
+        extra=fields(topic=topic, channel=channel, signal=name, state="draining"),
+    )
 
 
 def log_publish_refused(log: ConnectionLogger, kind: str, topic: str, error: BaseException) -> None:
     """nsqd refused one publish (its error goes to that publish's caller)."""
-    log.warning("%s to %r refused: %s", kind, topic, error)
+    log.warning(
+        "%s to %r refused: %s",
+        kind,
+        topic,
+        error,
+        extra=fields(topic=topic, command=kind, error=error),
+    )
 
 
 def log_coalesced_refused(log: ConnectionLogger, topic: str, error: BaseException) -> None:
     """nsqd refused an MPUB that concurrent PUBs were coalesced into (once per MPUB)."""
-    log.warning("coalesced MPUB to %r refused (%s): each PUB goes again alone", topic, error)
+    log.warning(
+        "coalesced MPUB to %r refused (%s): each PUB goes again alone",
+        topic,
+        error,
+        extra=fields(topic=topic, command="MPUB", error=error),
+    )
 
 
 def log_producer_disconnect(
@@ -159,8 +282,13 @@ def log_producer_disconnect(
     """A producer's connection attempt failed, or its connection was lost."""
     text = without_address(log.address, error)  # the line starts with the address already
     if isinstance(error, IncompatibleNSQD):
-        log.error("%s", text)
+        log.error("nsqd cannot serve this producer: %s", text, extra=fields(error=text))
     elif was_ready:
-        log.warning("connection lost: %s (%d unanswered publishes go again)", text, unanswered)
+        log.warning(
+            "connection lost: %s (%d unanswered publishes go again)",
+            text,
+            unanswered,
+            extra=fields(error=text, count=unanswered, state="reconnecting"),
+        )
     else:
-        log.warning("cannot connect: %s", text)
+        log.warning("cannot connect: %s", text, extra=fields(error=text, state="reconnecting"))

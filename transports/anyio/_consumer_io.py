@@ -24,6 +24,7 @@ from nsq_sansio.consumer import Connect, ConsumerCoordinator, Deliver, SendHTTPR
 from nsq_sansio.discovery import LookupdAddress, NSQDAddress
 from nsq_sansio.errors import ConnectionLost, NSQError
 from transports._common import READ_SIZE, ConnectionLogger, TransportOptions
+from transports._common.logs import fields
 
 from ._net import SOCKET_ERRORS, connect, start_tls
 
@@ -114,7 +115,7 @@ class ConsumerConnections:
                     return
                 conn.stream = stream
                 coord.connection_made(conn.conn_id, monotonic())
-                conn.log.debug("connected")
+                conn.log.debug("connected", extra=fields(state="connected", conn_id=conn.conn_id))
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._writer, conn, tg.cancel_scope)
                     self._dispatch()
@@ -122,7 +123,10 @@ class ConsumerConnections:
                         await self._reader(conn)
                     except Exception as exc:  # socket errors; anything else is logged too
                         if not isinstance(exc, _SOCKET_ERRORS):
-                            conn.log.exception("unexpected error; closing the connection")
+                            conn.log.exception(
+                                "unexpected error; closing the connection",
+                                extra=fields(conn_id=conn.conn_id, error=exc),
+                            )
                         if conn.conn_id in self._conns and not conn.closing:
                             coord.connection_failed(conn.conn_id, exc, monotonic())
                             self._dispatch()
@@ -223,7 +227,10 @@ class ConsumerConnections:
                     return
         except Exception as exc:
             if not isinstance(exc, _SOCKET_ERRORS):
-                conn.log.exception("unexpected error while writing; closing the connection")
+                conn.log.exception(
+                    "unexpected error while writing; closing the connection",
+                    extra=fields(conn_id=conn.conn_id, error=exc),
+                )
             if conn.conn_id in self._conns and not conn.closing:
                 coord.connection_failed(conn.conn_id, exc, monotonic())
                 self._dispatch()

@@ -20,6 +20,7 @@ import anyio
 from nsq_sansio.consumer import ConsumerCoordinator, Deliver
 from nsq_sansio.errors import LocalProtocolError
 from transports._common.dead_letter import DeadLetters, DeadLetterSettings, producer_options
+from transports._common.logs import fields, message_id_text
 from transports._common.options import TransportOptions
 
 from .producer import Producer
@@ -100,9 +101,17 @@ class DeadLetterPublisher:
         except Exception as exc:
             self._logger.warning(
                 "dead-letter publish of message %s to %s failed, requeued: %r",
-                delivery.id.decode("ascii", "replace"),
+                message_id_text(delivery.id),
                 topic,
                 exc,
+                extra=fields(
+                    topic=self.logic.topic,
+                    channel=self.logic.channel,
+                    address=delivery.address,
+                    message_id=delivery.id,
+                    attempts=delivery.attempts,
+                    error=exc,
+                ),
             )
             self._coord.dead_letter_failed(delivery, monotonic())
         else:

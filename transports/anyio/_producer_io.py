@@ -37,6 +37,7 @@ from nsq_sansio.events import (
 )
 from transports._common import READ_SIZE, ConnectionLogger, TransportOptions, format_address
 from transports._common.failures import at_address, describe, handshake_timed_out
+from transports._common.logs import fields
 from transports._common.reports import (
     log_coalesced_refused,
     log_producer_disconnect,
@@ -230,7 +231,7 @@ class ProducerConnections:
                 node.ready = True
                 node.connects += 1
                 if node.connects > 1:
-                    node.log.info("reconnected")
+                    node.log.info("reconnected", extra=fields(state="ready"))
                 node.last_error = None
                 node.down_until = 0.0
                 if node.connecting is not None:

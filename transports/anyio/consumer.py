@@ -56,7 +56,9 @@ from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConnectionLogger, ConnectionStats, ConsumerStats, split_options
 from transports._common.arguments import check_seconds
 from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
-from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.handlers import handler_finishes
+from transports._common.logs import fields
+from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     EventCallback,
     log_consumer_report,
@@ -186,6 +188,8 @@ class Consumer(ConsumerConnections):
         #: and at exit if never seen.
         self._failure: Exception | None = None
         self._failure_raised = False
+        #: OpenTelemetry's hook (``transports.otel``): None unless instrumented.
+        self._telemetry: DeliveryHook | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -342,7 +346,7 @@ class Consumer(ConsumerConnections):
 
     async def __anext__(self) -> Message:
         inbox = self._inbox
-        if inbox:  # fast path: no await when messages are buffered
+        if inbox and self._telemetry is None:  # fast path: no await when messages are buffered
             delivery = inbox.popleft()
             if delivery.conn_id in self._conns:
                 if inbox and self._waiters:
@@ -353,6 +357,8 @@ class Consumer(ConsumerConnections):
             if self._failure is not None:
                 self._raise_failure()
             raise StopAsyncIteration
+        if self._telemetry is not None:
+            self._telemetry.received(message)
         return message
 
     async def _next_message(self) -> Message | None:
@@ -396,9 +402,10 @@ class Consumer(ConsumerConnections):
         concurrency: int | None = None,
     ) -> None:
         """Call ``handler(msg)`` for every message with up to ``concurrency`` running at once
-        (default: ``max_in_flight``, at most 256) until the consumer is drained or closed. A
-        handler that returns FINs the message (unless it answered itself); one that raises
-        REQs it (with backoff)."""
+        (default: ``max_in_flight``, at most 256) until the consumer is drained or closed.
+        Unless the handler answered the message itself: returning None or True FINs it,
+        returning False or raising REQs it (with backoff); any other value is logged as a
+        TypeError and REQs it."""
         if self._pull:
             raise LocalProtocolError("run() is for push consumers; this one has pull=True")
         if concurrency is None:
@@ -429,16 +436,35 @@ class Consumer(ConsumerConnections):
                 if msg is None:
                     return
                 try:
-                    await handler(msg)
+                    result = await handler(msg)
                 except Exception as exc:
-                    log_handler_failed(logger, msg.nsqd_address, msg.id)
+                    log_handler_failed(
+                        logger,
+                        msg.nsqd_address,
+                        msg.id,
+                        topic=self.topic,
+                        channel=self.channel,
+                        attempts=msg.attempts,
+                    )
                     if self._dead_letters is not None:
                         self._dead_letters.logic.note_error(msg._delivery.id, exc)
                     if not msg.answered:
                         msg.requeue_nowait()
                 else:
                     if not msg.answered:
-                        msg.finish_nowait()
+                        if result is None or handler_finishes(
+                            result,
+                            handler,
+                            logger,
+                            msg.nsqd_address,
+                            msg.id,
+                            topic=self.topic,
+                            channel=self.channel,
+                            attempts=msg.attempts,
+                        ):
+                            msg.finish_nowait()
+                        else:
+                            msg.requeue_nowait()
 
         try:
             async with anyio.create_task_group() as tg:
@@ -538,7 +564,7 @@ class Consumer(ConsumerConnections):
     ) -> None:
         with scope, anyio.open_signal_receiver(*map(signal.Signals, signals)) as receiver:
             async for signum in receiver:
-                log_signal_drain(self._logger, signum)
+                log_signal_drain(self._logger, signum, topic=self.topic, channel=self.channel)
                 if self._coord.state is ConsumerState.RUNNING:
                     self._draining = True
                     self._start_drain(timeout)
@@ -586,6 +612,7 @@ class Consumer(ConsumerConnections):
             max_in_flight=coord.max_in_flight,
             backoff_level=coord.backoff_level,
             backoff_phase=coord.backoff_phase.value,
+            backoff_windows=coord.backoff_windows,
             reconnects=self._reconnects,
             connection_errors=self._connection_errors,
             connections=tuple(connections),
@@ -610,7 +637,12 @@ class Consumer(ConsumerConnections):
             try:
                 await func(*args)
             except Exception as exc:
-                self._logger.exception("a task of consumer %s/%s crashed", self.topic, self.channel)
+                self._logger.exception(
+                    "a task of consumer %s/%s crashed",
+                    self.topic,
+                    self.channel,
+                    extra=fields(topic=self.topic, channel=self.channel, error=exc),
+                )
                 if self._failure is None:
                     self._failure = exc
                 self._drained.set()
@@ -643,10 +675,16 @@ class Consumer(ConsumerConnections):
             try:
                 self._on_event(event)
             except Exception:
-                self._logger.exception("on_event callback failed for %r", event)
+                self._logger.exception(
+                    "on_event callback failed for %r",
+                    event,
+                    extra=fields(topic=self.topic, channel=self.channel),
+                )
 
     def _log_for(self, address: object) -> ConnectionLogger:
-        return ConnectionLogger(self._logger, str(address))
+        return ConnectionLogger(
+            self._logger, str(address), nsq_topic=self.topic, nsq_channel=self.channel
+        )
 
     async def _pump(self) -> None:
         """Timers, and writes decided by user code (FIN/REQ/TOUCH), batched per iteration."""
@@ -771,7 +809,7 @@ class Consumer(ConsumerConnections):
 
     def _on_fetch_result(self, result: FetchResult) -> None:
         if result.reason is FetchEnd.TOO_MANY_WAITING:
-            log_fetch_refused(self._logger)
+            log_fetch_refused(self._logger, topic=self.topic, channel=self.channel)
         slot = self._fetches.pop(result.request_id, None)
         if slot is None:  # its caller is gone (should not happen: fetch() cancels it)
             self._requeue_all(result.messages)

@@ -42,6 +42,7 @@ from transports._common.http_publish import (
     lost_after_sending,
     not_reached_in_time,
 )
+from transports._common.logs import fields
 from transports._common.publishing import check_batch, check_deferred, check_publish
 
 from ._net import SOCKET_ERRORS, connect, start_tls
@@ -164,7 +165,8 @@ class HTTPProducer:
                     stream = await self._open(url)
                 except _Unreachable as exc:
                     attempt.errors.append(exc.error)
-                    log.warning("cannot connect: %s", without_address(url.address, exc.error))
+                    text = without_address(url.address, exc.error)
+                    log.warning("cannot connect: %s", text, extra=fields(error=text))
                     continue
                 client = HTTPPublishClient(url.host_header, url.path)
             request = build(client)

@@ -20,7 +20,7 @@ import anyio
 
 from nsq_sansio.consumer import ConsumerCoordinator, Deliver
 from transports._common.arguments import check_seconds
-from transports._common.message import KeepaliveExpired, MessageBase
+from transports._common.message import DeliveryHook, KeepaliveExpired, MessageBase
 from transports._common.reports import log_keepalive_expired
 
 __all__ = ["Message", "MessageOwner"]
@@ -31,6 +31,7 @@ class MessageOwner(Protocol):
 
     topic: str
     channel: str
+    _telemetry: DeliveryHook | None
 
     @property
     def _coord(self) -> ConsumerCoordinator: ...
@@ -75,6 +76,8 @@ class Message(MessageBase):
         if not consumer._coord.finish(self._delivery, monotonic()):
             self._late = True
         consumer._kick()
+        if consumer._telemetry is not None:
+            consumer._telemetry.settled(self, "finish")
         return True
 
     async def finish(self) -> bool:
@@ -92,6 +95,8 @@ class Message(MessageBase):
         if not consumer._coord.requeue(self._delivery, monotonic(), delay, backoff=backoff):
             self._late = True
         consumer._kick()
+        if consumer._telemetry is not None:
+            consumer._telemetry.settled(self, "requeue")
         return True
 
     async def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
@@ -156,7 +161,13 @@ class Message(MessageBase):
                     if not getattr(self, "_expiring", False):
                         self._expiring = True
                         event = KeepaliveExpired(delivery.id, delivery.address, limit)
-                        log_keepalive_expired(consumer._logger, event, monotonic())
+                        log_keepalive_expired(
+                            consumer._logger,
+                            event,
+                            monotonic(),
+                            topic=consumer.topic,
+                            channel=consumer.channel,
+                        )
                         consumer._emit(event)
                     return
                 await anyio.sleep(max(touch_at - monotonic(), 0))

@@ -58,6 +58,7 @@ from transports._common import (
 )
 from transports._common.arguments import check_seconds
 from transports._common.failures import at_address, no_answer, no_slot, seconds
+from transports._common.logs import fields
 from transports._common.publishing import (
     PublishObserver,
     check_batch,
@@ -465,7 +466,7 @@ class Producer(ProducerConnections):
         try:
             observer(topic, count, monotonic() - start, error)
         except Exception:
-            self._logger.exception("publish_observer failed")
+            self._logger.exception("publish_observer failed", extra=fields(topic=topic))
 
     def _resolve(self, call: Call, error: BaseException | None) -> None:
         """Hand ``call`` its outcome (None: nsqd said OK) and wake its caller."""

@@ -39,12 +39,13 @@ from nsq_sansio.server.options import (
     AuthState,
     grant_pattern,
 )
+from transports._common.logs import fields
 
 from ._net import format_address, parse_address
 
 __all__ = ["AuthServerError", "AuthURL", "parse_auth_address", "parse_auth_state", "query_auth"]
 
-_log = logging.getLogger("nsq_sansio.embedded")
+_log = logging.getLogger("nsq_sansio.embedded.nsqd")
 
 #: An auth server's answer is small; a bigger one is refused.
 MAX_ANSWER = 1 << 20
@@ -171,7 +172,8 @@ async def query_auth(
         try:
             return await _query_one(url, request, timeout, connect_timeout)
         except Exception as exc:  # any failure of the exchange: E_AUTH_FAILED, never a crash
-            _log.warning("nsqd: auth server %s: %s", url.netloc, _describe(exc, request.secret))
+            text = _describe(exc, request.secret)
+            _log.warning("nsqd: auth server %s: %s", url.netloc, text, extra=fields(error=text))
     return None
 
 

@@ -27,6 +27,7 @@ from nsq_sansio.server.lookupd import (
     LookupdAPIError,
     LookupdOptions,
 )
+from transports._common.logs import fields
 
 from ._clock import LoopClock
 from ._net import (
@@ -48,6 +49,8 @@ from .http import (
     plain_text_response,
     serve_http_connection,
 )
+
+_log = logging.getLogger("nsq_sansio.embedded.lookupd")
 
 __all__ = ["EmbeddedLookupd"]
 
@@ -190,9 +193,7 @@ class EmbeddedLookupd(ListenerAddresses):
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         except Exception:  # a bug must cost one connection, never the server
-            logging.getLogger("nsq_sansio.embedded").exception(
-                "nsqlookupd: connection %d failed", handle
-            )
+            _log.exception("nsqlookupd: connection %d failed", handle, extra=fields(conn_id=handle))
         finally:
             core.release(handle)
             with anyio.CancelScope(shield=True):

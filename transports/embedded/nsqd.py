@@ -55,6 +55,7 @@ from nsq_sansio.server.lookupd_client import (
 from nsq_sansio.server.nsqd import NSQD, ClientState
 from nsq_sansio.server.options import AuthState, NSQDOptions
 from nsq_sansio.server.quantile import go_number
+from transports._common.logs import fields
 
 from ._clock import LoopClock
 from ._net import (
@@ -96,7 +97,7 @@ from .registration import query_lookupd_channels, serve_lookupd_peer
 # NSQD_ROUTES, route_nsqd and memory_stats live in .nsqd_http and .memory (re-exported here).
 __all__ = ["NSQD_ROUTES", "EmbeddedNSQD", "memory_stats", "route_nsqd"]
 
-_log = logging.getLogger("nsq_sansio.embedded")
+_log = logging.getLogger("nsq_sansio.embedded.nsqd")
 
 _OPTION_NAMES = {f.name for f in dataclasses.fields(NSQDOptions)}
 # The timer task runs the core's bounded steps (a backlog moving, a client's input) for at most
@@ -593,7 +594,11 @@ class EmbeddedNSQD(ListenerAddresses):
         try:
             state = await query_auth(self._auth_urls, event.request, timeout=self._auth_timeout)
         except Exception as exc:  # (its text might hold the secret: the type only)
-            _log.error("nsqd: asking the auth server failed: %s", type(exc).__name__)
+            _log.error(
+                "nsqd: asking the auth server failed: %s",
+                type(exc).__name__,
+                extra=fields(conn_id=event.conn_id, error=type(exc).__name__),
+            )
             state = None
         core = self._core
         if core is None or self._closed:
@@ -603,7 +608,11 @@ class EmbeddedNSQD(ListenerAddresses):
         except LocalProtocolError:  # the connection moved on (closed) while we asked
             return
         except Exception as exc:
-            _log.error("nsqd: applying the auth server's answer failed: %s", type(exc).__name__)
+            _log.error(
+                "nsqd: applying the auth server's answer failed: %s",
+                type(exc).__name__,
+                extra=fields(conn_id=event.conn_id, error=type(exc).__name__),
+            )
             with contextlib.suppress(Exception):
                 self._after(core.auth_result(event.conn_id, None, anyio.current_time()))
             return
@@ -636,13 +645,17 @@ class EmbeddedNSQD(ListenerAddresses):
                 address,
                 event.topic,
                 str(exc) or type(exc).__name__,
+                extra=fields(lookupd=address, topic=event.topic, error=exc),
             )
         if self._core is None or self._closed:
             return
         try:
             self._after(core.lookupd_channels(event.lookup_id, address, channels, self.now()))
         except Exception:
-            _log.exception("nsqd: applying nsqlookupd's channels failed")
+            _log.exception(
+                "nsqd: applying nsqlookupd's channels failed",
+                extra=fields(lookupd=address, topic=event.topic),
+            )
 
     async def _timer_loop(self) -> None:
         core = self.core
@@ -700,7 +713,7 @@ class EmbeddedNSQD(ListenerAddresses):
                 tg.cancel_scope.cancel()
         except Exception:
             # a bug must cost one connection, never the broker
-            _log.exception("nsqd: connection %d failed", conn_id)
+            _log.exception("nsqd: connection %d failed", conn_id, extra=fields(conn_id=conn_id))
         finally:
             self._clients.pop(conn_id, None)
             self._input_waiters.pop(conn_id, None)
@@ -708,7 +721,11 @@ class EmbeddedNSQD(ListenerAddresses):
                 try:
                     self._after(core.connection_lost(conn_id, anyio.current_time()))
                 except Exception:
-                    _log.exception("nsqd: cleaning up connection %d failed", conn_id)
+                    _log.exception(
+                        "nsqd: cleaning up connection %d failed",
+                        conn_id,
+                        extra=fields(conn_id=conn_id),
+                    )
             await aclose_quietly(client.stream)
 
     async def _reader(self, client: _Client) -> None:

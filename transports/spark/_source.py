@@ -33,6 +33,7 @@ from operator import attrgetter
 
 from nsq_sansio.consumer import ConnectionUp, Disconnected, LookupdFailed
 from nsq_sansio.errors import NSQError
+from transports._common.logs import fields
 from transports.sync import Consumer, Message
 
 from . import _collector
@@ -40,7 +41,7 @@ from ._options import ReadOptions
 
 __all__ = ["MAX_CONSUMERS", "SourceConsumer", "consumers_needed"]
 
-_log = logging.getLogger("transports.spark.source")
+_log = logging.getLogger("nsq_sansio.spark.source")
 
 #: Most consumers (so connections per nsqd) one source runs; with nsqd's default
 #: ``--max-rdy-count`` of 2500 that bounds a micro-batch at 160,000 messages per nsqd.
@@ -129,6 +130,7 @@ class SourceConsumer:
                 options.topic,
                 options.channel,
                 f" ({details})" if details else "",
+                extra=fields(topic=self.options.topic, channel=self.options.channel),
             )
         self._scale()
         self._toucher = threading.Thread(target=self._touch_loop, name="nsq-spark-touch")
@@ -324,6 +326,7 @@ class SourceConsumer:
             self.options.channel,
             self.capacity,
             self._max_rdy,
+            extra=fields(topic=self.options.topic, channel=self.options.channel),
         )
 
     def _fetch_all(self, count: int, wait: float) -> list[Message]:

@@ -57,6 +57,7 @@ from pyspark.sql.types import (
 
 from nsq_sansio.errors import NSQError
 from nsq_sansio.frames import MESSAGE_ID_SIZE
+from transports._common.logs import fields
 from transports.sync import Message
 
 from ._nsqd_http import ChannelCounts, NSQDView
@@ -66,7 +67,7 @@ from ._source import SourceConsumer
 
 __all__ = ["SOURCE_SCHEMA", "NSQDataLossError", "NSQStreamReader"]
 
-_log = logging.getLogger("transports.spark.reader")
+_log = logging.getLogger("nsq_sansio.spark.reader")
 
 #: After a restart, when an nsqd's /stats cannot be read: how long the redeliveries of the
 #: last committed batch may trickle in (since the last one, and beyond msg_timeout after the
@@ -378,10 +379,15 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "option nsqd_http): availableNow ends at the first trigger that finds "
                     "nothing, possibly before the channel is empty",
                     address,
+                    extra=fields(topic=self.options.topic, channel=self.options.channel),
                 )
                 return None
             # neither subscribed nor answering: nothing can come from it
-        _log.info("nsq source: availableNow reads %s", targets)
+        _log.info(
+            "nsq source: availableNow reads %s",
+            targets,
+            extra=fields(topic=self.options.topic, channel=self.options.channel),
+        )
         return targets
 
     # --- driver: triggers -------------------------------------------------------------------
@@ -399,7 +405,11 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             max_rows = max(1, min(max_rows, limit.max_rows))
         elif not isinstance(limit, ReadAllAvailable):
-            _log.warning("nsq source ignores read limit %r", limit)
+            _log.warning(
+                "nsq source ignores read limit %r",
+                limit,
+                extra=fields(topic=self.options.topic, channel=self.options.channel),
+            )
         remaining: int | None = None
         if self._target is not None:
             remaining = self._remaining()
@@ -512,6 +522,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "nsq source: %d messages of a batch committed before the restart came again; "
                 "FIN'd and dropped",
                 len(committed),
+                extra=fields(topic=self.options.topic, channel=self.options.channel),
             )
         self._log_released(released)
         if self._filter.active:
@@ -559,6 +570,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "again",
             flt.matched,
             flt.released,
+            extra=fields(topic=self.options.topic, channel=self.options.channel),
         )
         self._filter = None
 
@@ -570,6 +582,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "duplicates so far)",
                 len(released),
                 self._filter.released if self._filter is not None else len(released),
+                extra=fields(topic=self.options.topic, channel=self.options.channel),
             )
 
     # --- driver: partitions, commit, progress ---------------------------------------------------
@@ -586,6 +599,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "nsq source: batch %d was not committed before the restart; its messages "
                     "are redelivered by nsqd in later batches",
                     seq,
+                    extra=fields(topic=self.options.topic, channel=self.options.channel),
                 )
                 continue
             if batch.messages:
@@ -628,6 +642,7 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "travels in a task of its own",
                     sizes[i],
                     cap,
+                    extra=fields(topic=self.options.topic, channel=self.options.channel),
                 )
                 return
 
@@ -656,14 +671,23 @@ class NSQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             lost = len(messages) - sent
             self.taken_back += lost
             text = (
-                f"nsq source: {lost} of {len(messages)} messages of committed batches "
-                f"(through {seq}) had been taken back by nsqd before Spark committed them "
-                "(their timeout passed, or their connection closed): nsqd delivers them "
-                "again, so they are read twice"
+                "nsq source: %d of %d messages of committed batches (through %d) had been "
+                "taken back by nsqd before Spark committed them (their timeout passed, or "
+                "their connection closed): nsqd delivers them again, so they are read twice"
             )
             if self.options.fail_on_data_loss:
-                raise NSQDataLossError(text + " (fail_on_data_loss=true)")
-            _log.warning("%s", text)
+                raise NSQDataLossError(
+                    text % (lost, len(messages), seq) + " (fail_on_data_loss=true)"
+                )
+            _log.warning(
+                "nsq source: %d of %d messages of committed batches (through %d) had been "
+                "taken back by nsqd before Spark committed them (their timeout passed, or "
+                "their connection closed): nsqd delivers them again, so they are read twice",
+                lost,
+                len(messages),
+                seq,
+                extra=fields(topic=self.options.topic, channel=self.options.channel, count=lost),
+            )
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """The lag, for the query's progress (``sources[].latestOffset``): what the channel

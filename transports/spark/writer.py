@@ -35,6 +35,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from nsq_sansio.discovery import LookupdAddress, parse_lookup_response
 from nsq_sansio.errors import NSQError
+from transports._common.logs import fields
 
 from ._nsqd_http import read_capped
 from ._options import NSQOptionError, WriteOptions
@@ -49,7 +50,7 @@ __all__ = [
     "check_write_schema",
 ]
 
-_log = logging.getLogger("transports.spark.writer")
+_log = logging.getLogger("nsq_sansio.spark.writer")
 
 #: Bytes MPUB adds per message (its 4-byte size), used for the batch_bytes bound.
 _PER_MESSAGE_OVERHEAD = 4
@@ -299,6 +300,7 @@ def _report(topic: str, messages: Sequence[WriterCommitMessage | None], what: st
         f"; {failed} partitions failed (what they published before failing stays published)"
         if failed
         else "",
+        extra=fields(topic=topic, count=total),
     )
     return total
 

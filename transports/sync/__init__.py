@@ -10,7 +10,7 @@ Consume (push mode)::
             handle(msg.body)
             msg.finish()                    # msg.requeue(delay=..., backoff=...), msg.touch()
 
-    c.run(handler, concurrency=8)           # handler returns -> FIN, raises -> REQ (+ backoff)
+    c.run(handler, concurrency=8)           # None/True -> FIN; False, raises -> REQ (+ backoff)
     c.drain(timeout=30)                     # graceful stop, see below
 
 Consume (pull mode, JetStream-style; what the Spark source builds on)::

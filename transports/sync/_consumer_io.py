@@ -46,7 +46,8 @@ from nsq_sansio.consumer import (
 from nsq_sansio.discovery import LookupdAddress
 from nsq_sansio.errors import NSQError
 from transports._common import ConnectionStats, ConsumerStats, TransportOptions
-from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.logs import fields
+from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     log_consumer_report,
     log_fetch_refused,
@@ -128,6 +129,8 @@ class ConsumerIO:
         #: Answers from user code, taken by the IO thread: a Message is its FIN, anything
         #: else an (op, message, argument) tuple.
         self.posted: deque[Message | tuple[int, Message, Any]] = deque()
+        #: OpenTelemetry's hook (``transports.otel``): None unless the consumer is instrumented.
+        self.telemetry: DeliveryHook | None = None
         #: Messages handed to user code and not answered yet (IO thread only).
         self.unanswered: set[Message] = set()
         self.keepalives: list[tuple[float, int, Keepalive]] = []
@@ -160,7 +163,11 @@ class ConsumerIO:
             try:
                 result = fn()
             except Exception as exc:
-                self.logger.exception("consumer action %r failed on the IO thread", fn)
+                self.logger.exception(
+                    "consumer action %r failed on the IO thread",
+                    fn,
+                    extra=fields(topic=self.topic, channel=self.channel, error=exc),
+                )
                 future.set_exception(exc)
             else:
                 future.set_result(result)
@@ -332,7 +339,11 @@ class ConsumerIO:
         try:
             self.coordinator.finish_many(list(map(_delivery_of, messages)), now, refused=refused)
         except Exception:  # a bug: never fatal to the IO thread (see answer_failed)
-            self.logger.exception("FIN of %d messages failed on the IO thread", len(messages))
+            self.logger.exception(
+                "FIN of %d messages failed on the IO thread",
+                len(messages),
+                extra=fields(topic=self.topic, channel=self.channel, count=len(messages)),
+            )
             deadline = self.coordinator.deadline
             for message in messages:
                 if deadline(message._delivery) is not None:  # still ours: may be answered again
@@ -374,7 +385,16 @@ class ConsumerIO:
     def answer_failed(self, op: int, message: Message | None) -> None:
         """An answer from user code raised on the IO thread (arguments are checked in the
         caller, so this is a bug): log it; a message still ours can be answered again."""
-        self.logger.exception("answer %d for %r failed on the IO thread", op, message)
+        self.logger.exception(
+            "answer %d for %r failed on the IO thread",
+            op,
+            message,
+            extra=fields(
+                topic=self.topic,
+                channel=self.channel,
+                message_id=None if message is None else message.id,
+            ),
+        )
         if message is None or op not in (OP_FIN, OP_REQ):
             return
         if self.coordinator.deadline(message._delivery) is not None:
@@ -411,7 +431,7 @@ class ConsumerIO:
         if not message._expiring:
             message._expiring = True
             event = KeepaliveExpired(delivery.id, delivery.address, limit)
-            log_keepalive_expired(self.logger, event, now)
+            log_keepalive_expired(self.logger, event, now, topic=self.topic, channel=self.channel)
             self.emit(event)
         self.stop_keepalive(message)
 
@@ -483,6 +503,7 @@ class ConsumerIO:
             max_in_flight=coordinator.max_in_flight,
             backoff_level=coordinator.backoff_level,
             backoff_phase=coordinator.backoff_phase.value,
+            backoff_windows=coordinator.backoff_windows,
             reconnects=self.reconnects,
             connection_errors=self.connection_errors,
             connections=tuple(connections),
@@ -519,7 +540,11 @@ class ConsumerIO:
             try:
                 self.on_event(event)
             except Exception:
-                self.logger.exception("on_event callback failed for %r", event)
+                self.logger.exception(
+                    "on_event callback failed for %r",
+                    event,
+                    extra=fields(topic=self.topic, channel=self.channel),
+                )
 
     def act(self, action: object) -> None:
         loop = self.loop
@@ -644,7 +669,7 @@ class ConsumerIO:
                 self.unanswered.discard(message)
                 self.coordinator.requeue(message._delivery, time.monotonic(), 0.0, backoff=False)
         if action.reason is FetchEnd.TOO_MANY_WAITING:
-            log_fetch_refused(self.logger)
+            log_fetch_refused(self.logger, topic=self.topic, channel=self.channel)
 
     def finish_waits(self) -> None:
         """The consumer is done (drained or failed): wake every waiting user call."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from nsq_sansio.consumer import ConsumerCoordinator, Deliver
 from transports._common.dead_letter import DeadLetters, DeadLetterSettings, producer_options
+from transports._common.logs import fields, message_id_text
 from transports._common.options import TransportOptions
 
 from .producer import Producer
@@ -103,7 +104,10 @@ class DeadLetterPublisher:
             try:
                 producer.close()
             except Exception:
-                self._logger.exception("closing the dead-letter producer failed")
+                self._logger.exception(
+                    "closing the dead-letter producer failed",
+                    extra=fields(topic=self.logic.topic, channel=self.logic.channel),
+                )
 
     def _publish(self, delivery: Deliver, addresses: list[str]) -> None:
         topic: str | None = None
@@ -118,9 +122,17 @@ class DeadLetterPublisher:
         except Exception as exc:
             self._logger.warning(
                 "dead-letter publish of message %s to %s failed, requeued: %r",
-                delivery.id.decode("ascii", "replace"),
+                message_id_text(delivery.id),
                 topic,
                 exc,
+                extra=fields(
+                    topic=self.logic.topic,
+                    channel=self.logic.channel,
+                    address=delivery.address,
+                    message_id=delivery.id,
+                    attempts=delivery.attempts,
+                    error=exc,
+                ),
             )
             self._call_soon(lambda: _report(coord, delivery, None, failed=True))
         else:

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 __all__ = ["IOLoop", "Link", "LoopCallbacks", "LoopOwner"]
 
-_log = logging.getLogger("nsq_sansio.sync")
+_log = logging.getLogger("nsq_sansio.sync.loop")
 
 #: Bytes asked of the kernel per recv(); large reads batch many messages per wake-up.
 _RECV_SIZE = 256 * 1024

@@ -37,6 +37,7 @@ from nsq_sansio.events import (
 )
 from transports._common import READ_SIZE, TransportOptions
 from transports._common.failures import at_address, handshake_timed_out, no_answer, seconds
+from transports._common.logs import fields
 from transports._common.reports import (
     log_coalesced_refused,
     log_producer_disconnect,
@@ -150,9 +151,9 @@ class ProducerIOThread:
                 node.last_error = None
                 node.last_exc = None
                 if node.connects > 1:
-                    node.log.info("reconnected")
+                    node.log.info("reconnected", extra=fields(state="ready"))
                 else:
-                    node.log.debug("connected")
+                    node.log.debug("connected", extra=fields(state="ready"))
                 if not link.tls:
                     node.wire = self._make_wire(link)
                 self._drain_waiting()

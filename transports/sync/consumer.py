@@ -7,7 +7,7 @@
             handle(msg.body)
             msg.finish()                   # or msg.requeue(delay=..., backoff=...), msg.touch()
 
-    c.run(handler, concurrency=8)          # handler returns -> FIN, raises -> REQ
+    c.run(handler, concurrency=8)          # returns None/True -> FIN, False or raises -> REQ
     batch = c.fetch(100, timeout=5.0)      # pull mode: Consumer(..., pull=True)
     c.drain(timeout=30)                    # graceful: see drain()
 
@@ -45,7 +45,8 @@ from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConsumerStats, split_options
 from transports._common.arguments import check_seconds
 from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
-from transports._common.message import KeepaliveExpired
+from transports._common.handlers import handler_finishes
+from transports._common.message import DeliveryHook, KeepaliveExpired
 from transports._common.reports import EventCallback, log_handler_failed
 
 from ._consumer_io import ConsumerIO
@@ -271,7 +272,16 @@ class Consumer:
         if self._pull:
             raise LocalProtocolError("pull consumers use fetch(); iteration is for push consumers")
         self._ensure_started()
+        telemetry = self._io.telemetry
+        if telemetry is not None:
+            return self._traced_messages(telemetry)
         return self._messages()
+
+    def _traced_messages(self, telemetry: DeliveryHook) -> Iterator[Message]:
+        """:meth:`_messages`, each shown to telemetry (``transports.otel``) first."""
+        for message in self._messages():
+            telemetry.received(message)
+            yield message
 
     def _messages(self) -> Iterator[Message]:
         popleft = self._io.ready.popleft
@@ -334,10 +344,11 @@ class Consumer:
 
     def run(self, handler: Callable[[Message], object], *, concurrency: int | None = None) -> None:
         """Call ``handler(msg)`` for every message on ``concurrency`` worker threads (default:
-        ``max_in_flight``, at most 32) until the consumer is drained or closed. A handler
-        that returns FINs the message (unless it answered itself); one that raises REQs it
-        (with backoff). Ctrl-C starts a drain. At most ``max_in_flight`` handlers run at once
-        whatever ``concurrency`` is (no more messages exist)."""
+        ``max_in_flight``, at most 32) until the consumer is drained or closed. Unless the
+        handler answered the message itself: returning None or True FINs it, returning False
+        or raising REQs it (with backoff); any other value is logged as a TypeError and REQs
+        it. Ctrl-C starts a drain. At most ``max_in_flight`` handlers run at once whatever
+        ``concurrency`` is (no more messages exist)."""
         if self._pull:
             raise LocalProtocolError("run() is for push consumers; this one has pull=True")
         if concurrency is None:
@@ -355,16 +366,35 @@ class Consumer:
                 if message is None:
                     return
                 try:
-                    handler(message)
+                    result = handler(message)
                 except Exception as exc:
-                    log_handler_failed(logger, message.nsqd_address, message.id)
+                    log_handler_failed(
+                        logger,
+                        message.nsqd_address,
+                        message.id,
+                        topic=self.topic,
+                        channel=self.channel,
+                        attempts=message.attempts,
+                    )
                     if self._io.dead_letters is not None:
                         self._io.dead_letters.logic.note_error(message._delivery.id, exc)
                     if not message.answered:
                         message.requeue()
                 else:
                     if not message.answered:
-                        message.finish()
+                        if result is None or handler_finishes(
+                            result,
+                            handler,
+                            logger,
+                            message.nsqd_address,
+                            message.id,
+                            topic=self.topic,
+                            channel=self.channel,
+                            attempts=message.attempts,
+                        ):
+                            message.finish()
+                        else:
+                            message.requeue()
 
         workers = [
             threading.Thread(target=work, name=f"nsq-sync-worker-{i}", daemon=True)

@@ -62,6 +62,7 @@ from transports._common.http_publish import (
     lost_after_sending,
     not_reached_in_time,
 )
+from transports._common.logs import fields
 from transports._common.publishing import check_batch, check_deferred, check_publish
 
 __all__ = ["HTTPProducer"]
@@ -258,7 +259,8 @@ class HTTPProducer:
                         conn = self._open(url, deadline)
                     except _Unreachable as exc:
                         errors.append(exc.error)
-                        log.warning("cannot connect: %s", without_address(url.address, exc.error))
+                        text = without_address(url.address, exc.error)
+                        log.warning("cannot connect: %s", text, extra=fields(error=text))
                         break
                 try:
                     conn.send(build(conn.client), deadline)
@@ -267,7 +269,8 @@ class HTTPProducer:
                     if conn.reused:
                         continue  # nsqd closed it in the pool: nothing was sent, a fresh one
                     errors.append(at_address(url.address, exc.error))
-                    log.warning("cannot connect: %s", without_address(url.address, exc.error))
+                    text = without_address(url.address, exc.error)
+                    log.warning("cannot connect: %s", text, extra=fields(error=text))
                     break
                 except BaseException as exc:
                     conn.close()

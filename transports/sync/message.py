@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from nsq_sansio.consumer import Deliver
 from transports._common.arguments import check_seconds
-from transports._common.message import MessageBase
+from transports._common.message import DeliveryHook, MessageBase
 
 from ._loop import IOLoop
 
@@ -46,6 +46,7 @@ class MessageOwner(Protocol):
     channel: str
     posted: deque[Message | tuple[int, Message, Any]]
     loop: IOLoop
+    telemetry: DeliveryHook | None
 
     def post(self, op: int, message: Message, arg: Any) -> None: ...
 
@@ -70,6 +71,7 @@ class Message(MessageBase):
     def __init__(self, consumer: MessageOwner, delivery: Deliver) -> None:
         self._consumer = consumer
         self._delivery = delivery
+        self._trace = None
         self.answered = False
         self._expiring = False
         self._taken_back = False
@@ -84,6 +86,8 @@ class Message(MessageBase):
         loop = consumer.loop
         if not loop._wake_pending:
             loop.wake()
+        if consumer.telemetry is not None:
+            consumer.telemetry.settled(self, "finish")
         return True
 
     def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
@@ -96,7 +100,10 @@ class Message(MessageBase):
         if self.answered:
             return False
         self.answered = True
-        self._consumer.post(OP_REQ, self, (delay, backoff))
+        consumer = self._consumer
+        consumer.post(OP_REQ, self, (delay, backoff))
+        if consumer.telemetry is not None:
+            consumer.telemetry.settled(self, "requeue")
         return True
 
     def touch(self) -> bool:

@@ -84,6 +84,7 @@ from transports._common import (
 )
 from transports._common.arguments import check_seconds
 from transports._common.failures import no_slot, seconds
+from transports._common.logs import fields
 from transports._common.publishing import check_batch, check_deferred, check_publish
 
 from ._caller_reads import CallerReads
@@ -417,7 +418,7 @@ class Producer(CallerReads, ProducerIOThread):
                     try:
                         observer(topic, count, time.monotonic() - now, exc)
                     except Exception:
-                        self._logger.exception("publish_observer failed")
+                        self._logger.exception("publish_observer failed", extra=fields(topic=topic))
                 raise
             outcome = self._dispatch_now(request, sync, True)
         if outcome == _VIA_IO_THREAD:
@@ -589,7 +590,7 @@ class Producer(CallerReads, ProducerIOThread):
             try:
                 observer(request.topic, count, time.monotonic() - request.start, error)
             except Exception:
-                self._logger.exception("publish_observer failed")
+                self._logger.exception("publish_observer failed", extra=fields(topic=request.topic))
 
     # --- internals: IO thread -------------------------------------------------------------------
 

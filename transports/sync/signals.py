@@ -66,7 +66,12 @@ def drain_on_signals(
             elif old == signal.SIG_DFL and signum == getattr(signal, "SIGINT", None):
                 raise KeyboardInterrupt
             return
-        log_signal_drain(_log, signum)
+        log_signal_drain(
+            _log,
+            signum,
+            topic=getattr(consumer, "topic", None),
+            channel=getattr(consumer, "channel", None),
+        )
         consumer.start_drain(timeout)
 
     installed: list[int] = []
