@@ -33,6 +33,7 @@ from nsq_sansio.consumer import (
     Connect,
     ConsumerCoordinator,
     ConsumerFailed,
+    DeadLetter,
     Deliver,
     Disconnected,
     DrainComplete,
@@ -53,6 +54,7 @@ from transports._common.reports import (
     log_keepalive_expired,
 )
 
+from ._dead_letter import DeadLetterPublisher
 from ._loop import IOLoop, Link
 from .message import (
     OP_FIN,
@@ -147,6 +149,8 @@ class ConsumerIO:
         #: The error the consumer failed with (ConsumerFailed: nsqd refused the
         #: configuration); raised by iteration, get(), run(), fetch(), and at exit if unseen.
         self.failure: NSQError | None = None
+        #: Publishes DeadLetter actions (None: the consumer has no dead-letter topic).
+        self.dead_letters: DeadLetterPublisher | None = None
 
     # --- any thread ----------------------------------------------------------------------------
 
@@ -618,6 +622,9 @@ class ConsumerIO:
             self.finish_waits()
         elif isinstance(action, DrainComplete):
             self.finish_waits()
+        elif isinstance(action, DeadLetter):
+            if self.dead_letters is not None:
+                self.dead_letters.submit(action.delivery)
         else:  # ConnectionUp, GiveUp, LookupdFailed: logged and reported
             self.report(action)
 
