@@ -15,6 +15,7 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
             receive_data(conn_id, data, now)  (b"" at EOF) / tls_established(conn_id, now)
             http_data(request_id, data, now) (b"" at EOF) / http_response(...) / http_failed(...)
             handle_timer(now)
+        dead letters: dead_letter_published(d, now, topic) / dead_letter_failed(d, now)
         user code: finish(d, now) / requeue(d, now, delay=None, backoff=True) / touch(d, now)
                    set_max_in_flight(n, now) / fetch(...) / drain(now, unseen=queue)
         transport (optional): mark_delivered(d) when a Deliver reaches user code;
@@ -31,7 +32,9 @@ What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
   to a random set and moves away from connections idle for ``low_rdy_idle_timeout``.
   ``set_max_in_flight`` (0 pauses) redistributes at once. :meth:`ConsumerCoordinator.is_starved`
   is the guide's.
-* Messages: attempts over ``max_attempts`` are FIN'd and reported (:class:`GiveUp`); REQ without
+* Messages: attempts over ``max_attempts`` are FIN'd and reported (:class:`GiveUp`), or, with
+  ``dead_letter=True``, handed to the transport to publish first (:class:`DeadLetter`, then
+  ``dead_letter_published`` FINs it or ``dead_letter_failed`` requeues it); REQ without
   a delay waits ``default_requeue_delay * attempts`` capped; late FIN/REQ/TOUCH is reported as
   :class:`TakenBack`, never raised. Each :class:`Deliver` has a deadline; TOUCH extends it up to
   the server's ``max_msg_timeout``.
@@ -65,7 +68,7 @@ behaviour by name and the per-message paths reach shared state without a hop:
 ``state`` (fields, queries) < ``rdy_bound`` (RDY writes, the max_in_flight bound) <
 ``distribution`` (RDY targets, moving RDY) < ``pull`` (fetches) < ``connections`` (connect,
 lose, reconnect, fail; lookupd glue) < ``drain`` < ``answers`` (FIN/REQ/TOUCH) <
-``coordinator`` (messages in, the timer).
+``dead_letters`` (the outcome of a DeadLetter's publish) < ``coordinator`` (messages in, the timer).
 """
 
 from ..errors import MessageGone
@@ -77,6 +80,7 @@ from .actions import (
     Connect,
     ConnectionUp,
     ConsumerFailed,
+    DeadLetter,
     Deliver,
     Disconnected,
     DrainComplete,
@@ -108,6 +112,7 @@ __all__ = [
     "ConsumerCoordinator",
     "ConsumerFailed",
     "ConsumerState",
+    "DeadLetter",
     "Deliver",
     "Disconnected",
     "DrainComplete",

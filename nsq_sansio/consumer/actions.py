@@ -28,6 +28,7 @@ __all__ = [
     "Connect",
     "ConnectionUp",
     "ConsumerFailed",
+    "DeadLetter",
     "Deliver",
     "Disconnected",
     "DrainComplete",
@@ -135,11 +136,26 @@ class Deliver(_DeliverFields):
 
 @dataclass(frozen=True, slots=True)
 class GiveUp:
-    """The message went over ``max_attempts``: it was FIN'd; log it, store it, alert..."""
+    """The message went over ``max_attempts``: it was FIN'd; log it, store it, alert...
+
+    ``dead_letter_topic`` is the topic it was published to first, when the consumer has a
+    dead-letter destination (None: it was not published anywhere)."""
 
     conn_id: int
     address: NSQDAddress
     message: Message
+    dead_letter_topic: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """The message went over ``max_attempts`` and the consumer has a dead-letter destination:
+    publish it there, then report the outcome with ``dead_letter_published(delivery, now,
+    topic)`` (it is FIN'd, and a :class:`GiveUp` says so) or ``dead_letter_failed(delivery,
+    now)`` (it is requeued: never lost). Until then it is held like a message in user code
+    (a drain waits for it; nsqd times it out after ``msg_timeout`` as any other)."""
+
+    delivery: Deliver
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +293,7 @@ Action = (
     | CloseHTTPRequest
     | Deliver
     | GiveUp
+    | DeadLetter
     | TakenBack
     | ConnectionUp
     | Disconnected

@@ -55,6 +55,7 @@ class CoordinatorState:
         lookupd: Iterable[str | LookupdAddress] = (),
         pull: bool = False,
         nsqd_filter: NSQDFilter | None = None,
+        dead_letter: bool = False,
     ) -> None:
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
@@ -134,6 +135,11 @@ class CoordinatorState:
         #: handed to user code, and drain requeues the others at once.
         self._explicit_delivery = False
         self._max_attempts = self._config.max_attempts
+        #: A given-up message is handed to the transport (DeadLetter) instead of FIN'd here.
+        self._dead_letter = bool(dead_letter)
+        #: Deliveries handed over as DeadLetter and not reported on yet, by identity (nsqd
+        #: may send the same id again meanwhile: each handle is reported on once).
+        self._dead_letters: dict[int, Deliver] = {}
         self._failure: NSQError | None = None
         self.received = 0
         self.finished = 0
@@ -143,11 +149,15 @@ class CoordinatorState:
         #: lookupd answers that listed no nsqd for the topic (TopicNotFound says it once).
         self.topic_not_found = 0
         self._topic_reported = False
+        self.dead_lettered = 0
+        self.dead_letter_failures = 0
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: messages received, finished, requeued, given up, taken back, and lookupd
-        answers that listed no nsqd for the topic."""
+        """Counters: messages received, finished, requeued, given up, taken back; given up
+        after a dead-letter publish (``dead_lettered``, also counted in ``given_up``), and
+        dead-letter publishes that failed (each such message was requeued); lookupd answers
+        that listed no nsqd for the topic (``topic_not_found``)."""
         return {
             "received": self.received,
             "finished": self.finished,
@@ -155,6 +165,8 @@ class CoordinatorState:
             "given_up": self.given_up,
             "taken_back": self.taken_back,
             "topic_not_found": self.topic_not_found,
+            "dead_lettered": self.dead_lettered,
+            "dead_letter_failures": self.dead_letter_failures,
         }
 
     # --- introspection -------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from nsq_sansio.consumer import (
     CloseHTTPRequest,
     Connect,
     ConsumerCoordinator,
+    DeadLetter,
     Deliver,
     FetchResult,
     SendHTTPRequest,
@@ -42,6 +43,7 @@ class World:
         lookupd: Iterable[str] = (),
         direct: bool = True,
         node_options: dict[str, object] | None = None,
+        dead_letter: bool = False,
     ) -> None:
         self.now = 0.0
         self.addresses = [NSQDAddress(f"10.0.0.{i + 1}", 4150) for i in range(n_nodes)]
@@ -58,7 +60,10 @@ class World:
             nsqd=[str(a) for a in self.addresses] if direct else (),
             lookupd=lookupd,
             pull=pull,
+            dead_letter=dead_letter,
         )
+        #: DeadLetter actions not reported on yet, in order.
+        self.dead_letters: list[Deliver] = []
         self.wire: dict[int, tuple[NSQDAddress, int]] = {}  # conn_id -> (node, server conn)
         self.actions: list[Action] = []
         self.inbox: list[Deliver] = []
@@ -179,6 +184,8 @@ class World:
             self.inbox.append(action)
         elif isinstance(action, FetchResult):
             self.results.append(action)
+        elif isinstance(action, DeadLetter):
+            self.dead_letters.append(action.delivery)
         elif isinstance(action, SendHTTPRequest):
             self.http[action.request_id] = action
         elif isinstance(action, CloseHTTPRequest):

@@ -146,14 +146,25 @@ def log_consumer_report(
         )
     elif isinstance(action, GiveUp):
         message = action.message
-        ConnectionLogger(logger, str(action.address)).warning(
-            "giving up on message %s after %d attempts; it was FIN'd",
-            message_id_text(message.id),
-            message.attempts,
-            extra=fields(
-                topic=topic, channel=channel, message_id=message.id, attempts=message.attempts
-            ),
+        given_up_fields = fields(
+            topic=topic, channel=channel, message_id=message.id, attempts=message.attempts
         )
+        if action.dead_letter_topic is not None:
+            ConnectionLogger(logger, str(action.address)).warning(
+                "giving up on message %s after %d attempts; published to dead-letter topic "
+                "%s, then FIN'd",
+                message_id_text(message.id),
+                message.attempts,
+                action.dead_letter_topic,
+                extra=given_up_fields,
+            )
+        else:
+            ConnectionLogger(logger, str(action.address)).warning(
+                "giving up on message %s after %d attempts; it was FIN'd",
+                message_id_text(message.id),
+                message.attempts,
+                extra=given_up_fields,
+            )
     elif isinstance(action, LookupdFailed):
         ConnectionLogger(logger, str(action.lookupd), field="nsq_lookupd").warning(
             "lookupd query failed: %s",

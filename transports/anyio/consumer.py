@@ -42,6 +42,7 @@ from nsq_sansio.consumer import (
     ConsumerCoordinator,
     ConsumerFailed,
     ConsumerState,
+    DeadLetter,
     Deliver,
     Disconnected,
     DrainComplete,
@@ -61,6 +62,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
+from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
 from transports._common.handlers import handler_finishes
 from transports._common.logs import fields
 from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
@@ -76,6 +78,7 @@ from transports._common.reports import (
 )
 
 from ._consumer_io import Conn, ConsumerConnections
+from ._dead_letter import DeadLetterPublisher
 from ._groups import sole_error
 from .message import Message
 
@@ -112,7 +115,10 @@ class Consumer(ConsumerConnections):
     ``on_event`` receives every report
     (see :data:`EventCallback`); ``logger`` replaces ``nsq_sansio.anyio.consumer``;
     ``close_timeout`` bounds how long leaving the ``async with`` block waits for the quick
-    drain.
+    drain. ``dead_letter_topic`` (a topic, or ``message -> topic or None``) publishes a
+    message given up after ``max_attempts`` there before it is FIN'd (requeued if that
+    fails), as its body or, with ``dead_letter_format="envelope"``, a JSON envelope;
+    ``dead_letter_nsqd`` says which nsqd (default: the consumer's). See docs/dead-letters.md.
 
     Use it as ``async with``; leaving the block drains quickly (messages not answered are
     requeued), closes every connection and ends every task. An exception raised in the block
@@ -133,9 +139,13 @@ class Consumer(ConsumerConnections):
         rng: random.Random | None = None,
         close_timeout: float = 10.0,
         nsqd_filter: NSQDFilter | None = None,
+        dead_letter_topic: str | DeadLetterRoute | None = None,
+        dead_letter_format: str = "body",
+        dead_letter_nsqd: str | Iterable[str] | None = None,
         **options: Any,
     ) -> None:
         check_seconds("close_timeout", close_timeout, error=ConfigError)
+        dead_letters = dead_letter_settings(dead_letter_topic, dead_letter_format, dead_letter_nsqd)
         self._config, self._options = split_options(config, options)
         nsqd_list = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         lookupd_list = [lookupd] if isinstance(lookupd, str) else list(lookupd)
@@ -148,7 +158,20 @@ class Consumer(ConsumerConnections):
             lookupd=lookupd_list,
             pull=pull,
             nsqd_filter=nsqd_filter,
+            dead_letter=dead_letters is not None,
         )
+        self._dead_letters: DeadLetterPublisher | None = None
+        if dead_letters is not None:
+            self._dead_letters = DeadLetterPublisher(
+                dead_letters,
+                self._coord,
+                nsqd=nsqd_list,
+                options=self._options,
+                logger=logger or _log,
+                spawn=self._spawn,
+                kick=self._kick,
+                connected=lambda: [str(conn.address) for conn in self._conns.values()],
+            )
         self.topic = topic
         self.channel = channel
         self._pull = pull
@@ -534,7 +557,7 @@ class Consumer(ConsumerConnections):
                 slot[0] = msg  # the drain's deadline says whose handler it cancelled
                 try:
                     result = await handler(msg)
-                except Exception:
+                except Exception as exc:
                     log_handler_failed(
                         logger,
                         msg.nsqd_address,
@@ -543,6 +566,8 @@ class Consumer(ConsumerConnections):
                         channel=self.channel,
                         attempts=msg.attempts,
                     )
+                    if self._dead_letters is not None:
+                        self._dead_letters.logic.note_error(msg._delivery.id, exc)
                     if not msg.answered:
                         msg.requeue_nowait()
                 else:
@@ -920,6 +945,9 @@ class Consumer(ConsumerConnections):
             if action.error is not None:
                 self._connection_errors += 1
             self._report(action)
+        elif isinstance(action, DeadLetter):
+            if self._dead_letters is not None:
+                self._dead_letters.submit(action.delivery)
         else:  # ConnectionUp, GiveUp, TakenBack, LookupdFailed: logged and reported
             self._report(action)
 

@@ -35,6 +35,7 @@ from nsq_sansio.consumer import (
     ConsumerCoordinator,
     ConsumerFailed,
     ConsumerState,
+    DeadLetter,
     Deliver,
     Disconnected,
     DrainComplete,
@@ -57,6 +58,7 @@ from transports._common.reports import (
     log_keepalive_expired,
 )
 
+from ._dead_letter import DeadLetterPublisher
 from ._loop import IOLoop, Link
 from .message import (
     OP_FIN,
@@ -162,6 +164,8 @@ class ConsumerIO:
         self.drain_timeout = 0.0
         self.drain_held: list[bytes] = []
         self.reported_running: set[Message] = set()
+        #: Publishes DeadLetter actions (None: the consumer has no dead-letter topic).
+        self.dead_letters: DeadLetterPublisher | None = None
 
     # --- any thread ----------------------------------------------------------------------------
 
@@ -641,6 +645,9 @@ class ConsumerIO:
             self.finish_waits()
         elif isinstance(action, DrainTimedOut):
             self.drain_timed_out(action)
+        elif isinstance(action, DeadLetter):
+            if self.dead_letters is not None:
+                self.dead_letters.submit(action.delivery)
         else:  # ConnectionUp, GiveUp, LookupdFailed: logged and reported
             self.report(action)
 

@@ -290,9 +290,18 @@ class ProducerIOThread:
         orphans = list(node.inflight.values())
         node.inflight.clear()
         node.out_pending.clear()
+        held, node.held = node.held, deque()
+        for request in (*orphans, *held):
+            request.bound = None
+        node.suspects = 0
         not_read = isinstance(error, ServerError)
+        # Lost with others unanswered and no answer saying why (a reset, say, after nsqd
+        # refused one of them: its answers may be gone with it): any of them may be at fault,
+        # so each goes again alone. Lost alone: its own fault, or the node's.
+        suspect = len(orphans) > 1 and not not_read
         for request in orphans:
             request.node = None
+            request.suspect = suspect
             self._retried += 1
             if not_read:
                 # nsqd closed the connection after refusing a publish ahead of this one and
@@ -300,6 +309,8 @@ class ProducerIOThread:
                 request.attempts -= 1
                 if request.tried is not None:
                     request.tried.discard(node.address)
+            self._dispatch(request)
+        for request in held:  # never sent: waiting for their turn on this connection
             self._dispatch(request)
         self._fail_if_unreachable()
 
@@ -420,6 +431,19 @@ class ProducerIOThread:
         per publish."""
         busy = False
         for node in self._nodes:
+            if node.held:
+                for request in [r for r in node.held if now >= r.deadline or r._done]:
+                    node.held.remove(request)
+                    self._fail_request(
+                        request,
+                        no_answer(
+                            request.kind,
+                            request.topic,
+                            node.address,
+                            request.deadline - request.start,
+                        ),
+                    )
+                busy = busy or bool(node.held)
             if not node.inflight:
                 continue
             expired = [rid for rid, r in node.inflight.items() if now >= r.deadline]

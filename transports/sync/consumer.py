@@ -45,6 +45,7 @@ from nsq_sansio.discovery import NSQDFilter
 from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConsumerStats, DrainResult, split_options
 from transports._common.arguments import check_seconds
+from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
 from transports._common.handlers import handler_finishes
 from transports._common.message import DeliveryHook, KeepaliveExpired
 from transports._common.reports import (
@@ -55,6 +56,7 @@ from transports._common.reports import (
 )
 
 from ._consumer_io import ConsumerIO
+from ._dead_letter import DeadLetterPublisher
 from .message import Message
 
 __all__ = ["Consumer", "DrainResult", "EventCallback", "KeepaliveExpired", "Message"]
@@ -80,6 +82,10 @@ class Consumer:
     ``on_event`` receives every report (see
     :data:`EventCallback`); ``logger`` replaces ``nsq_sansio.sync.consumer``;
     ``close_timeout`` bounds how long leaving the ``with`` block waits for the quick drain.
+    ``dead_letter_topic`` (a topic, or ``message -> topic or None``) publishes a message
+    given up after ``max_attempts`` there before it is FIN'd (requeued if that fails), as its
+    body or, with ``dead_letter_format="envelope"``, a JSON envelope; ``dead_letter_nsqd``
+    says which nsqd (default: the consumer's). See docs/dead-letters.md.
     """
 
     def __init__(
@@ -96,9 +102,13 @@ class Consumer:
         rng: random.Random | None = None,
         close_timeout: float = 10.0,
         nsqd_filter: NSQDFilter | None = None,
+        dead_letter_topic: str | DeadLetterRoute | None = None,
+        dead_letter_format: str = "body",
+        dead_letter_nsqd: str | Iterable[str] | None = None,
         **options: Any,
     ) -> None:
         check_seconds("close_timeout", close_timeout, error=ConfigError)
+        dead_letters = dead_letter_settings(dead_letter_topic, dead_letter_format, dead_letter_nsqd)
         config, transport_options = split_options(config, options)
         nsqd_list = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         lookupd_list = [lookupd] if isinstance(lookupd, str) else list(lookupd)
@@ -111,12 +121,23 @@ class Consumer:
             lookupd=lookupd_list,
             pull=pull,
             nsqd_filter=nsqd_filter,
+            dead_letter=dead_letters is not None,
         )
         self.topic = coordinator.topic
         self.channel = coordinator.channel
-        self._io = ConsumerIO(
+        self._io = io = ConsumerIO(
             coordinator, config, transport_options, logger=logger or _log, on_event=on_event
         )
+        if dead_letters is not None:
+            io.dead_letters = DeadLetterPublisher(
+                dead_letters,
+                coordinator,
+                nsqd=nsqd_list,
+                options=transport_options,
+                logger=io.logger,
+                call_soon=io.loop.call_soon,
+                connected=lambda: [link.address for link in io.links.values()],
+            )
         self._pull = pull
         self._close_timeout = close_timeout
         self._started = False
@@ -255,6 +276,8 @@ class Consumer:
         io.drained.set()
         io.wake_users()
         io.loop.stop()
+        if io.dead_letters is not None:
+            io.dead_letters.close()
         current = threading.current_thread()
         busy = set(io.handlers.values())  # a thread cannot be cancelled: not waited for
         for worker in self._workers:
@@ -370,7 +393,7 @@ class Consumer:
                     return
                 try:
                     result = handler(message)
-                except Exception:
+                except Exception as exc:
                     log_handler_failed(
                         logger,
                         message.nsqd_address,
@@ -379,6 +402,8 @@ class Consumer:
                         channel=self.channel,
                         attempts=message.attempts,
                     )
+                    if self._io.dead_letters is not None:
+                        self._io.dead_letters.logic.note_error(message._delivery.id, exc)
                     if not message.answered:
                         message.requeue()
                 else:
