@@ -84,6 +84,7 @@ from .actions import (
     Deliver,
     Disconnected,
     DrainComplete,
+    DrainTimedOut,
     FetchEnd,
     FetchResult,
     GiveUp,
@@ -92,6 +93,7 @@ from .actions import (
     SendHTTPRequest,
     StartTLS,
     TakenBack,
+    TopicNotFound,
 )
 from .coordinator import ConsumerCoordinator
 from .drain import CLOSE_WAIT_GRACE
@@ -114,6 +116,7 @@ __all__ = [
     "Deliver",
     "Disconnected",
     "DrainComplete",
+    "DrainTimedOut",
     "FetchEnd",
     "FetchResult",
     "GiveUp",
@@ -124,4 +127,5 @@ __all__ = [
     "SendHTTPRequest",
     "StartTLS",
     "TakenBack",
+    "TopicNotFound",
 ]

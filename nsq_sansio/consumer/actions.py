@@ -4,9 +4,9 @@ Connections (:class:`Connect`, :class:`StartTLS`, :class:`CloseConnection`), loo
 (:class:`SendHTTPRequest`, :class:`CloseHTTPRequest`), messages for the user (:class:`Deliver`,
 the handle they answer with, and :class:`FetchResult` in pull mode), and reports
 (:class:`GiveUp`, :class:`TakenBack`, :class:`ConnectionUp`, :class:`Disconnected`,
-:class:`LookupdFailed`, :class:`NodeRefused`, :class:`BackoffChanged`,
-:class:`DrainComplete`, :class:`ConsumerFailed`). :data:`Action` is their union. This module
-decides nothing; it only defines the vocabulary.
+:class:`LookupdFailed`, :class:`NodeRefused`, :class:`TopicNotFound`, :class:`BackoffChanged`,
+:class:`DrainTimedOut`, :class:`DrainComplete`, :class:`ConsumerFailed`). :data:`Action` is
+their union. This module decides nothing; it only defines the vocabulary.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ __all__ = [
     "Deliver",
     "Disconnected",
     "DrainComplete",
+    "DrainTimedOut",
     "FetchEnd",
     "FetchResult",
     "GiveUp",
@@ -40,6 +41,7 @@ __all__ = [
     "SendHTTPRequest",
     "StartTLS",
     "TakenBack",
+    "TopicNotFound",
 ]
 
 _new_tuple = tuple.__new__
@@ -227,6 +229,25 @@ class BackoffChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicNotFound:
+    """``lookupd`` lists no nsqd for the consumer's ``topic`` (it does not know the topic, or
+    no nsqd has it now), and no other lookupd lists one: nothing to consume until an nsqd has
+    the topic. Reported once, and again only after some lookupd listed a producer."""
+
+    lookupd: LookupdAddress
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainTimedOut:
+    """The drain's deadline passed while the user still held ``messages`` (handlers still
+    running, messages not answered): each was requeued (``REQ 0``) just now, so nsqd delivers
+    it again; answering one of them now gives a :class:`TakenBack`."""
+
+    messages: tuple[Deliver, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DrainComplete:
     """Drain finished: every connection is closed and nothing is left in flight."""
 
@@ -234,10 +255,10 @@ class DrainComplete:
 @dataclass(frozen=True, slots=True)
 class ConsumerFailed:
     """The consumer stopped for good (state ``FAILED``): ``error`` cannot be cured by
-    reconnecting. Today that is :class:`~nsq_sansio.errors.IdentifyRejected`: nsqd refused the
-    configuration (a value outside its limits). Every connection was closed (what was in
-    flight requeued), lookupd polling stopped, waiting fetches answered ``FAILED``; nothing
-    will follow. The transport raises ``error`` to the user."""
+    reconnecting: an :class:`~nsq_sansio.errors.IncompatibleNSQD` (nsqd refused IDENTIFY, the
+    address is nsqd's HTTP port, a TLS/compression/AUTH requirement not met). Every connection
+    was closed (what was in flight requeued), lookupd polling stopped, waiting fetches answered
+    ``FAILED``; nothing will follow. The transport raises ``error`` to the user."""
 
     error: NSQError
 
@@ -277,9 +298,11 @@ Action = (
     | ConnectionUp
     | Disconnected
     | LookupdFailed
+    | TopicNotFound
     | NodeRefused
     | BackoffChanged
     | FetchResult
+    | DrainTimedOut
     | DrainComplete
     | ConsumerFailed
 )

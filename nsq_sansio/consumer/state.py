@@ -146,6 +146,9 @@ class CoordinatorState:
         self.requeued = 0
         self.given_up = 0
         self.taken_back = 0
+        #: lookupd answers that listed no nsqd for the topic (TopicNotFound says it once).
+        self.topic_not_found = 0
+        self._topic_reported = False
         self.dead_lettered = 0
         self.dead_letter_failures = 0
 
@@ -153,13 +156,15 @@ class CoordinatorState:
     def stats(self) -> dict[str, int]:
         """Counters: messages received, finished, requeued, given up, taken back; given up
         after a dead-letter publish (``dead_lettered``, also counted in ``given_up``), and
-        dead-letter publishes that failed (each such message was requeued)."""
+        dead-letter publishes that failed (each such message was requeued); lookupd answers
+        that listed no nsqd for the topic (``topic_not_found``)."""
         return {
             "received": self.received,
             "finished": self.finished,
             "requeued": self.requeued,
             "given_up": self.given_up,
             "taken_back": self.taken_back,
+            "topic_not_found": self.topic_not_found,
             "dead_lettered": self.dead_lettered,
             "dead_letter_failures": self.dead_letter_failures,
         }
@@ -331,7 +336,8 @@ class CoordinatorState:
                 delivery.id,
                 command,
                 MessageGone(
-                    f"{command} for message {delivery.id!r} from {delivery.address}: "
+                    f"{command} for message {delivery.id.decode('ascii', 'replace')} from "
+                    f"{delivery.address}: "
                     "it is no longer in flight on this consumer (connection closed, requeued "
                     "by drain, or delivered again after timing out)"
                 ),

@@ -16,6 +16,7 @@
 * :mod:`.handlers`: what a ``run()`` handler's return value means (FIN, REQ, or a TypeError
   logged), one rule for every runtime.
 * :mod:`.message`: what a delivered message is (``MessageBase``), :class:`KeepaliveExpired`.
+* :mod:`.drain`: :class:`DrainResult`, what ``drain()`` returns.
 * :mod:`.arguments`: the checks of a user's arguments.
 
 This package re-exports their names, so ``from transports._common import TLSOptions`` keeps
@@ -35,6 +36,7 @@ from .addresses import (
     parse_http_url,
 )
 from .connection_log import ConnectionLogger
+from .drain import DrainResult
 from .http_publish import HTTPPublishClient, HTTPPublishError, PubResponse
 from .options import (
     MAX_CONNECTIONS_PER_NSQD,
@@ -61,6 +63,7 @@ __all__ = [
     "ConnectionLogger",
     "ConnectionStats",
     "ConsumerStats",
+    "DrainResult",
     "HTTPPublishClient",
     "HTTPPublishError",
     "ProducerStats",

@@ -42,7 +42,12 @@ class ConnectionStats:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
-    """A consumer at the moment of the snapshot: totals plus one entry per connection."""
+    """A consumer at the moment of the snapshot: totals plus one entry per connection.
+
+    ``paused`` is True while ``max_in_flight`` is 0 (nothing is asked of nsqd until
+    ``set_max_in_flight()`` raises it); ``topic_not_found`` counts lookupd answers that listed
+    no nsqd for the topic; ``reconnects`` counts connections made again to an address that
+    was connected before."""
 
     topic: str
     channel: str
@@ -61,6 +66,8 @@ class ConsumerStats:
     reconnects: int = 0
     connection_errors: int = 0
     connections: tuple[ConnectionStats, ...] = ()
+    paused: bool = False
+    topic_not_found: int = 0
 
     @property
     def connected(self) -> int:

@@ -183,7 +183,6 @@ class ProducerConnections:
     # What they use of the producer (set by Producer.__init__ and __aenter__):
     _config: Config
     _options: TransportOptions
-    _identify: Any
     _closed: bool
     _tg: anyio.abc.TaskGroup | None
     _loop: Any
@@ -297,11 +296,7 @@ class ProducerConnections:
         self, node: Node, stream: anyio.abc.ByteStream, deadline: float
     ) -> tuple[anyio.abc.ByteStream, ClientConnection]:
         options = self._options
-        proto = ClientConnection(
-            self._identify,
-            auth_secret=self._config.auth_secret,
-            auth_requires_tls=self._config.auth_requires_tls,
-        )
+        proto = ClientConnection.from_config(self._config, peer=node.address)
         try:
             await stream.send(proto.data_to_send())
             while True:

@@ -46,6 +46,7 @@ from nsq_sansio.consumer import (
     Deliver,
     Disconnected,
     DrainComplete,
+    DrainTimedOut,
     FetchEnd,
     FetchResult,
     SendHTTPRequest,
@@ -53,7 +54,13 @@ from nsq_sansio.consumer import (
 )
 from nsq_sansio.discovery import NSQDFilter
 from nsq_sansio.errors import ConfigError, LocalProtocolError
-from transports._common import ConnectionLogger, ConnectionStats, ConsumerStats, split_options
+from transports._common import (
+    ConnectionLogger,
+    ConnectionStats,
+    ConsumerStats,
+    DrainResult,
+    split_options,
+)
 from transports._common.arguments import check_seconds
 from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
 from transports._common.handlers import handler_finishes
@@ -62,9 +69,12 @@ from transports._common.message import DeliveryHook, KeepaliveExpired, unanswere
 from transports._common.reports import (
     EventCallback,
     log_consumer_report,
+    log_drain_timed_out,
     log_fetch_refused,
     log_handler_failed,
+    log_paused,
     log_signal_drain,
+    log_signal_stop,
 )
 
 from ._consumer_io import Conn, ConsumerConnections
@@ -72,7 +82,14 @@ from ._dead_letter import DeadLetterPublisher
 from ._groups import sole_error
 from .message import Message
 
-__all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message", "drain_on_signals"]
+__all__ = [
+    "Consumer",
+    "DrainResult",
+    "EventCallback",
+    "KeepaliveExpired",
+    "Message",
+    "drain_on_signals",
+]
 
 _log = logging.getLogger("nsq_sansio.anyio.consumer")
 
@@ -188,6 +205,16 @@ class Consumer(ConsumerConnections):
         #: and at exit if never seen.
         self._failure: Exception | None = None
         self._failure_raised = False
+        #: run()'s workers: each one's cancel scope (the drain's deadline cancels them) and the
+        #: one-item list holding the message it last handed to its handler (one not answered
+        #: is in its handler still: a worker answers as soon as its handler returns or raises).
+        self._workers: dict[anyio.CancelScope, list[Message | None]] = {}
+        #: The drain: when its deadline passes, its timeout, and what it reports.
+        self._drain_ends = math.inf
+        self._drain_timeout = 0.0
+        self._drain_held: list[bytes] = []
+        self._drain_cancelled: list[bytes] = []
+        self._handlers_cut = False
         #: OpenTelemetry's hook (``transports.otel``): None unless instrumented.
         self._telemetry: DeliveryHook | None = None
 
@@ -205,6 +232,8 @@ class Consumer(ConsumerConnections):
         self._coord.start(monotonic())
         self._spawn(self._pump)
         self._dispatch()
+        if self._coord.max_in_flight == 0:
+            log_paused(self._logger, self.topic, self.channel, 0)
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -249,6 +278,7 @@ class Consumer(ConsumerConnections):
 
     def _stop_tasks(self) -> None:
         self._closed = True
+        self._cancel_handlers()
         for scope in list(self._task_scopes):
             scope.cancel()
         self._wake_readers()
@@ -268,11 +298,9 @@ class Consumer(ConsumerConnections):
 
     async def _shutdown(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_timeout):
-            if self._coord.state is ConsumerState.RUNNING:
+            if self._coord.state in (ConsumerState.RUNNING, ConsumerState.DRAINING):
+                # Answer what is left at once (a drain under way ends now, not at its deadline).
                 self._start_drain(0.0)
-            elif self._coord.state is ConsumerState.DRAINING:
-                # Answer what is left at once rather than waiting for a long drain timeout.
-                self._coord.drain(monotonic(), 0.0)
             self._kick()
             if self._coord.state is not ConsumerState.CREATED:
                 await self._drained.wait()
@@ -282,35 +310,123 @@ class Consumer(ConsumerConnections):
                     await anyio.sleep(0.002)
 
     def _start_drain(self, timeout: float | None) -> None:
+        """Start the drain, or, while draining, move its deadline sooner (0: now)."""
+        now = monotonic()
         # Messages in the inbox were never handed to user code: the coordinator requeues them
         # at once (it cannot tell them from those the user holds unless told).
-        self._coord.drain(monotonic(), timeout, unseen=self._inbox)
+        self._coord.drain(now, timeout, unseen=self._inbox)
         self._inbox.clear()
+        limit = self._coord.config.drain_timeout if timeout is None else timeout
+        if now + limit < self._drain_ends:
+            self._drain_ends = now + limit
+            self._drain_timeout = limit
+            if limit > 0 and not self._closed:
+                self._spawn(self._drain_deadline, self._drain_ends)
         self._wake_readers()
-        self._dispatch()
+        self._dispatch()  # a deadline now: the coordinator reported what it took back
+        if now >= self._drain_ends:
+            self._cut_handlers()
         self._kick()
+
+    async def _drain_deadline(self, deadline: float) -> None:
+        """At the drain's deadline: what user code holds is requeued now and run()'s handlers
+        still running are cancelled (the core's own timer may have done the first part)."""
+        await anyio.sleep(max(deadline - monotonic(), 0.0))
+        if self._coord.state is ConsumerState.DRAINING:
+            self._coord.drain(monotonic(), 0.0)
+            self._dispatch()
+        self._cut_handlers()
+        self._kick()
+
+    def _cut_handlers(self) -> None:
+        """The drain's deadline passed: cancel run()'s handlers still running (their messages
+        were requeued), and say what the deadline took back, once."""
+        if self._handlers_cut:
+            return
+        self._handlers_cut = True
+        cancelled = self._cancel_handlers()
+        self._drain_cancelled.extend(cancelled)
+        log_drain_timed_out(
+            self._logger,
+            timeout=self._drain_timeout,
+            held=self._drain_held,
+            cancelled=cancelled,
+            topic=self.topic,
+            channel=self.channel,
+        )
+
+    def _cancel_handlers(self) -> list[bytes]:
+        """Cancel run()'s workers (their handlers, at the next ``await``: run() returns); the
+        ids of the messages their handlers had not answered, now marked answered (the drain or
+        the failure requeued them; nothing is sent for them afterwards: no late FIN)."""
+        ids = []
+        for scope, slot in list(self._workers.items()):
+            scope.cancel()
+            message = slot[0]
+            if message is not None and not message.answered:
+                ids.append(message.id)
+                self._handler_cut(message)
+        return ids
+
+    def _handled(self) -> list[Message]:
+        """The messages run()'s handlers hold now (handed to them, not answered yet)."""
+        held = [slot[0] for slot in list(self._workers.values())]
+        return [m for m in held if m is not None and not m.answered]
+
+    async def _cancellable(self, worker: Callable[[list[Message | None]], Awaitable[None]]) -> None:
+        """One of run()'s workers, in a cancel scope the drain's deadline (or the consumer's
+        end) cancels, with the slot it notes its message in: nothing per message but a store."""
+        slot: list[Message | None] = [None]
+        with anyio.CancelScope() as scope:
+            self._workers[scope] = slot
+            try:
+                await worker(slot)
+            finally:
+                del self._workers[scope]
+
+    def _handler_cut(self, message: Message) -> None:
+        """A handler was cancelled by the drain's deadline or the consumer's end."""
+        if message.answered:
+            return
+        message.answered = True
+        if self._coord.deadline(message._delivery) is None:
+            message._late = True  # requeued by the drain (or nsqd took it back)
+        else:  # still ours: give it back now rather than at nsqd's timeout
+            self._coord.requeue(message._delivery, monotonic(), 0.0, backoff=False)
+            self._kick()
+
+    def _drain_result(self) -> DrainResult:
+        running = tuple(m.id for m in self._handled())
+        return DrainResult(tuple(self._drain_held), tuple(self._drain_cancelled), running)
 
     def start_drain(self, timeout: float | None = None) -> None:
         """Begin a graceful drain and return at once (safe in a handler: see :meth:`drain`).
 
         RDY 0 everywhere, messages not yet handed to user code are requeued, messages in user
-        code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then CLS.
-        A bad ``timeout`` raises LocalProtocolError here and changes nothing.
+        code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then they
+        are requeued, run()'s handlers still running are cancelled, and CLS. While draining, a
+        ``timeout`` that ends sooner moves the deadline (``0``: stop now). A bad ``timeout``
+        raises LocalProtocolError here and changes nothing.
         """
         if timeout is not None:
             check_seconds("drain timeout", timeout)
         if self._tg is None:
             raise LocalProtocolError("drain before the consumer was started")
         self._draining = True
-        if self._coord.state is ConsumerState.RUNNING:
+        if self._coord.state is ConsumerState.RUNNING or (
+            self._coord.state is ConsumerState.DRAINING and timeout is not None
+        ):
             self._start_drain(timeout)
 
-    async def drain(self, timeout: float | None = None) -> None:
+    async def drain(self, timeout: float | None = None) -> DrainResult:
         """Graceful shutdown (see :meth:`start_drain`); returns once it is over and every
-        connection is closed. Not from a handler of this consumer (the drain waits for that
-        handler's message): call :meth:`start_drain` there."""
+        connection is closed, with what the deadline cut short (:class:`DrainResult`: the
+        messages it requeued, the run() handlers it cancelled). Called again while draining,
+        a sooner deadline wins (``0``: now). Not from a handler of this consumer (the drain
+        waits for that handler's message): call :meth:`start_drain` there."""
         self.start_drain(timeout)
         await self._drained.wait()
+        return self._drain_result()
 
     @property
     def draining(self) -> bool:
@@ -329,7 +445,10 @@ class Consumer(ConsumerConnections):
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change max_in_flight at run time (0 pauses); RDY is redistributed at once.
         A bad value raises (ConfigError) here and changes nothing."""
+        before = self._coord.max_in_flight
         self._coord.set_max_in_flight(max_in_flight, monotonic())
+        if (before == 0) != (max_in_flight == 0):
+            log_paused(self._logger, self.topic, self.channel, max_in_flight)
         self._kick()
 
     def is_starved(self) -> bool:
@@ -422,7 +541,7 @@ class Consumer(ConsumerConnections):
         conns = self._conns
         waiters = self._waiters
 
-        async def worker() -> None:
+        async def worker(slot: list[Message | None]) -> None:
             while True:
                 if inbox:  # fast path, as in __anext__
                     delivery = inbox.popleft()
@@ -435,6 +554,7 @@ class Consumer(ConsumerConnections):
                     msg = await self._next_message()
                 if msg is None:
                     return
+                slot[0] = msg  # the drain's deadline says whose handler it cancelled
                 try:
                     result = await handler(msg)
                 except Exception as exc:
@@ -469,7 +589,7 @@ class Consumer(ConsumerConnections):
         try:
             async with anyio.create_task_group() as tg:
                 for _ in range(concurrency):
-                    tg.start_soon(worker)
+                    tg.start_soon(self._cancellable, worker)  # cancelled at the drain's deadline
         except BaseException as raised:  # a handler raised a BaseException (KeyboardInterrupt)
             error = sole_error(raised)
             if error is None or error is raised:
@@ -560,15 +680,37 @@ class Consumer(ConsumerConnections):
     # --- signals -------------------------------------------------------------------------------
 
     async def _signal_loop(
-        self, scope: anyio.CancelScope, signals: Sequence[int], timeout: float | None
+        self,
+        scope: anyio.CancelScope,
+        signals: Sequence[int],
+        timeout: float | None,
+        block: anyio.CancelScope,
     ) -> None:
+        """The first signal drains; one more during the drain stops at once and cancels the
+        ``drain_on_signals`` block; then the receiver closes, so a third signal gets the
+        runtime's own handling (trio's KeyboardInterrupt for Ctrl-C...)."""
         with scope, anyio.open_signal_receiver(*map(signal.Signals, signals)) as receiver:
             async for signum in receiver:
-                log_signal_drain(self._logger, signum, topic=self.topic, channel=self.channel)
-                if self._coord.state is ConsumerState.RUNNING:
+                if not self.draining:
+                    limit = self._coord.config.drain_timeout if timeout is None else timeout
+                    log_signal_drain(
+                        self._logger, signum, limit, topic=self.topic, channel=self.channel
+                    )
                     self._draining = True
                     self._start_drain(timeout)
+                    continue
+                log_signal_stop(self._logger, signum, topic=self.topic, channel=self.channel)
+                self._stop_now()
+                block.cancel()
                 return
+
+    def _stop_now(self) -> None:
+        """Stop at once: what user code holds is requeued, run()'s handlers are cancelled."""
+        self._draining = True
+        if self._coord.state in (ConsumerState.RUNNING, ConsumerState.DRAINING):
+            self._start_drain(0.0)
+        else:
+            self._cut_handlers()
 
     # --- stats ---------------------------------------------------------------------------------
 
@@ -616,6 +758,8 @@ class Consumer(ConsumerConnections):
             reconnects=self._reconnects,
             connection_errors=self._connection_errors,
             connections=tuple(connections),
+            paused=coord.max_in_flight == 0,
+            topic_not_found=counters["topic_not_found"],
         )
 
     # --- internals: plumbing -------------------------------------------------------------------
@@ -785,10 +929,16 @@ class Consumer(ConsumerConnections):
         elif isinstance(action, DrainComplete):
             self._drained.set()
             self._wake_readers()
+        elif isinstance(action, DrainTimedOut):
+            self._drain_held.extend(delivery.id for delivery in action.messages)
+            self._emit(action)
+            self._cut_handlers()
         elif isinstance(action, ConsumerFailed):
-            # Terminal: every connection is closed; whoever waits for messages raises it.
+            # Terminal: every connection is closed (what was in flight requeued); whoever
+            # waits for messages raises it; run()'s handlers are cancelled.
             self._failure = action.error
             self._report(action)
+            self._cancel_handlers()
             self._drained.set()
             self._wake_readers()
         elif isinstance(action, Disconnected):
@@ -834,17 +984,22 @@ async def drain_on_signals(
     consumer: Consumer, *signals: int, timeout: float | None = None
 ) -> AsyncIterator[None]:
     """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start ``consumer``'s drain
-    (with ``timeout``). A bad ``timeout`` raises LocalProtocolError here, not later in the
-    signal task::
+    (with ``timeout``). One more signal during the drain stops at once: what user code holds
+    is requeued, run()'s handlers are cancelled, and the block is cancelled (the code after it
+    runs, as after ``move_on_after``); a third gets the runtime's own handling. A bad
+    ``timeout`` raises LocalProtocolError here, not later in the signal task::
 
         async with Consumer(...) as c, drain_on_signals(c):
             await c.run(handler)        # returns once the drain finished
     """
     if timeout is not None:
         check_seconds("drain timeout", timeout)
-    scope = anyio.CancelScope()
-    consumer._spawn(consumer._signal_loop, scope, signals or _default_signals(), timeout)
-    try:
-        yield
-    finally:
-        scope.cancel()
+    receiver = anyio.CancelScope()
+    with anyio.CancelScope() as block:
+        consumer._spawn(
+            consumer._signal_loop, receiver, signals or _default_signals(), timeout, block
+        )
+        try:
+            yield
+        finally:
+            receiver.cancel()

@@ -90,8 +90,10 @@ class Message(MessageBase):
             check_seconds("requeue delay", delay)
         if self.answered:
             return False
-        self.answered = True
         consumer = self._consumer
+        if delay is not None:  # above nsqd's max_req_timeout: raised before anything changes
+            consumer._coord.check_requeue_delay(self._delivery, delay)
+        self.answered = True
         if not consumer._coord.requeue(self._delivery, monotonic(), delay, backoff=backoff):
             self._late = True
         consumer._kick()
@@ -103,7 +105,8 @@ class Message(MessageBase):
         """``REQ``: deliver it again after ``delay`` seconds (default: the config's delay
         times the attempts, capped). ``backoff=False`` keeps this failure from slowing the
         consumer down. A bad ``delay`` (negative, inf, nan, not a number) raises
-        LocalProtocolError and leaves the message unanswered."""
+        LocalProtocolError, one above nsqd's ``max_req_timeout`` when it is known
+        (``Config.max_req_timeout``) DelayOutOfRange; either leaves the message unanswered."""
         return self.requeue_nowait(delay, backoff=backoff)
 
     async def touch(self) -> bool:

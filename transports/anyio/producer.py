@@ -122,7 +122,6 @@ class Producer(ProducerConnections):
         #: PUBs that concurrent callers queue in one loop pass go out as one MPUB.
         self._coalesce = coalesce
         self._config, self._options = split_options(config, options)
-        self._identify = self._config.identify_body()
         self._logger = logger or _log
         #: One node per connection: ``connections_per_nsqd`` for each nsqd address.
         self._nodes = []

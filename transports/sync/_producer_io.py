@@ -254,6 +254,7 @@ class ProducerIOThread:
             # The configuration's fault: reconnecting cannot help, so nothing retries it.
             # Publishes waiting for a connection fail with it; a later publish tries again.
             node.config_error = error
+            node.refused_at = now
             node.last_error = str(error)
             node.last_exc = error
             node.retry_at = float("inf")
@@ -321,7 +322,9 @@ class ProducerIOThread:
             return
         if any(node.ready or node.link is not None for node in self._nodes):
             return
-        error = self._unreachable()
+        refused = [node.config_error for node in self._nodes if node.config_error is not None]
+        # Every nsqd refused the configuration: that error, as a single nsqd raises it.
+        error = refused[0] if len(refused) == len(self._nodes) else self._unreachable()
         waiting, self._waiting = self._waiting, deque()
         for request in waiting:
             self._fail_request(request, error)

@@ -205,6 +205,8 @@ class Node:
     last_exc: BaseException | None = None
     #: nsqd refused IDENTIFY on the last attempt: no reconnect until a publish asks for one.
     config_error: IncompatibleNSQD | None = None
+    #: When that attempt failed (a publish within reconnect_delay of it fails with it at once).
+    refused_at: float = float("-inf")
     published: int = 0
     failed: int = 0
     connects: int = 0

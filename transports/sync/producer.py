@@ -603,19 +603,17 @@ class Producer(CallerReads, ProducerIOThread):
     # --- internals: IO thread -------------------------------------------------------------------
 
     def _connect_all(self) -> None:
+        """The first attempts (a publish may have made one already: it is not made again)."""
         for node in self._nodes:
-            self._connect(node)
+            if node.connects == 0:
+                self._connect(node)
 
     def _connect(self, node: Node) -> None:
         if self._closing or node.link is not None:
             return
         node.config_error = None
         node.connects += 1
-        node.conn = ClientConnection(
-            self._config.identify_body(),
-            auth_secret=self._config.auth_secret,
-            auth_requires_tls=self._config.auth_requires_tls,
-        )
+        node.conn = ClientConnection.from_config(self._config, peer=node.address)
         node.ready_by = time.monotonic() + self._config.connect_timeout
         node.connecting = True
         link = self._loop.connect(node, node.host, node.port, self._config.connect_timeout)
@@ -645,8 +643,14 @@ class Producer(CallerReads, ProducerIOThread):
             # Nothing is up: try every nsqd not being connected now (whatever its reconnect
             # delay: a publish waits), and fail at once if none of them can be.
             self._waiting.append(request)
+            now = time.monotonic()
             for node in self._nodes:
-                if node.link is None:
+                # One that refused the configuration just now (the attempt of connect() or
+                # of the block's start) is not asked again at once: the publish fails with it.
+                if node.link is None and not (
+                    node.config_error is not None
+                    and now - node.refused_at < self._config.reconnect_delay
+                ):
                     self._connect(node)
             self._fail_if_unreachable()
             return
