@@ -437,22 +437,24 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_DRAIN_PULL,),
     ),
     Mutant(
-        "drain-deadline-handler-answers-late",
+        "drain-deadline-blocking-handler-fins-late",
         "drain",
-        "at the drain deadline a run() handler's message is requeued and marked answered: the "
-        "handler's own FIN, when it returns, is not sent (asyncio/trio cancel it; a blocking "
-        "thread runs on)",
+        "at the drain deadline a blocking run() handler's message is requeued and marked "
+        "answered: the handler's thread runs on, and what it answers when it returns is not sent",
         "transports/sync/_consumer_io.py",
         "            if thread is not None:\n                message.answered = True\n",
         "            if thread is not None:\n                pass\n",
-        (T_SHUTDOWN_DEADLINE, "tests/sync/test_signals.py"),
-        also=(
-            (
-                "transports/anyio/consumer.py",
-                "        if message.answered:\n            return\n        message.answered = True\n",
-                "        if message.answered:\n            return\n",
-            ),
-        ),
+        ("tests/sync/test_signals.py",),
+    ),
+    Mutant(
+        "drain-deadline-anyio-handler-unanswered",
+        "drain",
+        "at the drain deadline an asyncio/trio run() handler is cancelled and its message, "
+        "requeued by the drain, is marked answered (nothing is sent for it afterwards)",
+        "transports/anyio/consumer.py",
+        "        if message.answered:\n            return\n        message.answered = True\n",
+        "        if message.answered:\n            return\n",
+        (T_SHUTDOWN_DEADLINE,),
     ),
     Mutant(
         "drain-cls-while-held",
