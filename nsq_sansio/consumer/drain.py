@@ -1,4 +1,4 @@
-"""Graceful shutdown of the consumer coordinator (:class:`Drain`, seeds/003).
+"""Graceful shutdown of the consumer coordinator (:class:`Drain`).
 
 The sixth layer of :class:`~nsq_sansio.consumer.ConsumerCoordinator`. :meth:`~Drain.drain`
 stops the flow (RDY 0 everywhere, lookupd polling and reconnects stopped, waiting fetches
@@ -34,7 +34,7 @@ class Drain(Connections):
     def drain(
         self, now: float, timeout: float | None = None, *, unseen: Iterable[Deliver] = ()
     ) -> None:
-        """Graceful shutdown (seeds/003): stop the flow, give back what the user has not seen,
+        """Graceful shutdown: stop the flow, give back what the user has not seen,
         wait for what the user holds (until ``timeout``, default ``config.drain_timeout``),
         then CLS every connection, wait for CLOSE_WAIT and close. Ends with DrainComplete.
 

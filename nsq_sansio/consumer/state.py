@@ -258,7 +258,7 @@ class CoordinatorState:
         return delivery.received_at + link.max_msg_timeout
 
     def next_touch(self, delivery: Deliver) -> float | None:
-        """For long jobs (seeds/002): when to TOUCH next to keep the message, half-way to its
+        """For long jobs: when to TOUCH next to keep the message, half-way to its
         deadline; None when it is no longer ours or TOUCH cannot extend it any more (the
         server's max_msg_timeout is reached: finish before :meth:`max_deadline`). The
         coordinator never touches by itself."""
