@@ -213,6 +213,14 @@ class ClientCollector(Collector):
             "taken_back": counter(
                 "messages_taken_back", "Answers that came too late (nsqd had timed them out)"
             ),
+            "dead_lettered": counter(
+                "messages_dead_lettered",
+                "Messages given up after their dead-letter publish was stored (in given_up too)",
+            ),
+            "dead_letter_failures": counter(
+                "dead_letter_failures",
+                "Dead-letter publishes that failed (the message was requeued, to try again)",
+            ),
             "reconnects": counter("reconnects", "Connections re-established after a loss"),
             "connection_errors": counter("connection_errors", "Connection attempts that failed"),
             "in_flight": gauge("in_flight", "Messages delivered and not answered yet", tcn),
@@ -228,13 +236,28 @@ class ClientCollector(Collector):
                 "backoff_windows", "Backoff windows opened (RDY 0 for a while after failures)"
             ),
             "connections": gauge("connections", "Subscribed nsqd connections"),
+            "paused": gauge(
+                "paused", "Consumers paused (max_in_flight 0: nothing is asked of nsqd)"
+            ),
+            "topic_not_found": counter(
+                "topic_not_found", "nsqlookupd answers that listed no nsqd for the topic"
+            ),
         }
 
     def _collect_consumers(self, snapshots: list[ConsumerStats]) -> Iterator[Metric]:
         families = self._consumer_families()
         per_channel: dict[tuple[str, str], dict[str, float]] = {}
         per_link: dict[tuple[str, str, str], dict[str, float]] = {}
-        summed = ("received", "finished", "requeued", "given_up", "taken_back")
+        summed = (
+            "received",
+            "finished",
+            "requeued",
+            "given_up",
+            "taken_back",
+            "dead_lettered",
+            "dead_letter_failures",
+            "topic_not_found",
+        )
         for s in snapshots:
             key = (s.topic, s.channel)
             row = per_channel.setdefault(key, dict.fromkeys(families, 0.0))
@@ -247,6 +270,7 @@ class ClientCollector(Collector):
             row["backing_off"] += s.backoff_phase != "normal"
             row["backoff_windows"] += s.backoff_windows
             row["connections"] += s.connected
+            row["paused"] += s.paused
             for conn in s.connections:
                 link = per_link.setdefault(
                     (s.topic, s.channel, conn.address), dict.fromkeys(families, 0.0)

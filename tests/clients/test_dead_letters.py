@@ -222,7 +222,7 @@ async def test_nothing_lost_when_the_dead_letter_nsqd_dies_mid_way(
                     await wait_until(lambda: len(given_up()) >= 10)
                     await anyio.to_thread.run_sync(late.close)  # the dead-letter nsqd dies
                     await p.multi_publish(topic, bodies[10:])
-                    await wait_until(lambda: failures_of(c) >= 3)
+                    await wait_until(lambda: c.stats().dead_letter_failures >= 3)
                     before_restart = len(given_up())
                     await anyio.to_thread.run_sync(late.start)  # back, empty, same port
                     everything = set(bodies)
@@ -234,28 +234,119 @@ async def test_nothing_lost_when_the_dead_letter_nsqd_dies_mid_way(
                     await publish_kill_restart()
                 finally:  # run() returns (even when the test fails)
                     c.client.start_drain()
-            stats = core_stats(c)
+            stats = c.stats()
         stored_after_restart = topic_count(late.http_url, dead)
     finally:
         late.close()
     assert before_restart == 10  # no publish was reported stored while it was down
     ids_given_up = [e.message.id for e in given_up()]
     assert len(set(ids_given_up)) == total
-    assert stats["dead_letter_failures"] >= 3
+    assert stats.dead_letter_failures >= 3
+    assert stats.dead_lettered == len(given_up())  # every give-up here was a stored publish
     assert source_empty(nsqd, topic)
     # Every give-up after the restart was stored on the new nsqd (at least once).
     assert stored_after_restart >= len(given_up()) - before_restart >= total - 10
 
 
-def core_stats(c: Any) -> dict[str, int]:
-    """The consumer's core counters (dead_lettered, dead_letter_failures...)."""
-    client = c.client
-    coordinator = client._io.coordinator if hasattr(client, "_io") else client._coord
-    return dict(coordinator.stats)
+def scraped(registry: Any, name: str, topic: str) -> float | None:
+    """One consumer series of a Prometheus scrape of ``registry`` (channel ``c``)."""
+    value: float | None = registry.get_sample_value(name, {"topic": topic, "channel": "c"})
+    return value
 
 
-def failures_of(c: Any) -> int:
-    return core_stats(c)["dead_letter_failures"]
+@pytest.mark.anyio
+async def test_a_stored_dead_letter_is_counted_in_stats_and_scraped(
+    runtime: Runtime, nsqd: EmbeddedNSQD
+) -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry
+
+    from transports import metrics
+
+    topic, dead = unique(), unique("dead")
+    events: list[object] = []
+    async with runtime.producer(nsqd.tcp_address) as p:
+        await p.multi_publish(topic, [b"poison", b"fine"])
+    registry = CollectorRegistry()
+    async with runtime.consumer(
+        topic,
+        "c",
+        nsqd=[nsqd.tcp_address],
+        max_attempts=1,
+        dead_letter_topic=dead,
+        on_event=events.append,
+        **FAST_RETRIES,
+    ) as c:
+        metrics.instrument(c.client, registry=registry)
+        finished = 0
+        while finished < 1:
+            msg = await c.get(5)
+            assert msg is not None
+            if msg.body == b"poison":
+                assert await answer(msg.requeue, 0.0, backoff=False)
+            else:
+                assert await c.finish(msg)
+                finished += 1
+        await wait_until(lambda: any(isinstance(e, GiveUp) for e in events))
+        stats = c.stats()
+        assert (stats.dead_lettered, stats.dead_letter_failures) == (1, 0)
+        assert (stats.given_up, stats.finished, stats.requeued) == (1, 1, 1)
+        lettered = scraped(registry, "nsq_consumer_messages_dead_lettered_total", topic)
+        failures = scraped(registry, "nsq_consumer_dead_letter_failures_total", topic)
+        given_up = scraped(registry, "nsq_consumer_messages_given_up_total", topic)
+        assert (lettered, failures, given_up) == (1, 0, 1)
+    assert topic_count(nsqd.http_url, dead) == 1
+
+
+@pytest.mark.anyio
+async def test_a_failed_dead_letter_publish_is_counted_and_the_message_requeued(
+    runtime: Runtime, nsqd: EmbeddedNSQD
+) -> None:
+    """The dead-letter nsqd is a closed port: each publish fails, its message is requeued
+    (REQ: nsqd still holds it, nothing is given up or lost), and stats() and a scrape
+    count the failures."""
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry
+
+    from transports import metrics
+
+    topic, dead = unique(), unique("dead")
+    nowhere = LateBroker("embedded")  # never started: its port refuses connections
+    events: list[object] = []
+    async with runtime.producer(nsqd.tcp_address) as p:
+        await p.publish(topic, b"poison")
+    registry = CollectorRegistry()
+    async with runtime.consumer(
+        topic,
+        "c",
+        nsqd=[nsqd.tcp_address],
+        max_attempts=1,
+        dead_letter_topic=dead,
+        dead_letter_nsqd=nowhere.tcp_address,
+        on_event=events.append,
+        connect_timeout=0.5,
+        **FAST_RETRIES,
+    ) as c:
+        metrics.instrument(c.client, registry=registry)
+        msg = await c.get(5)
+        assert msg is not None
+        assert await answer(msg.requeue, 0.0, backoff=False)
+        await wait_until(lambda: c.stats().dead_letter_failures >= 2)
+        failures_scraped = scraped(registry, "nsq_consumer_dead_letter_failures_total", topic)
+        lettered_scraped = scraped(registry, "nsq_consumer_messages_dead_lettered_total", topic)
+        stats = c.stats()
+        # each failure requeued the message: it came back and was tried again
+        channel = http_channel_stats(nsqd.http_url, topic, "c") or {}
+        assert int(channel["requeue_count"]) >= 1 + 2
+    assert failures_scraped is not None and failures_scraped >= 2
+    assert lettered_scraped == 0
+    assert stats.dead_lettered == 0 and stats.given_up == 0 and stats.finished == 0
+    assert stats.requeued == 1 + stats.dead_letter_failures  # the user's REQ, then each failure's
+    # every delivery but the first was a dead letter; the last may still be publishing
+    assert stats.received - 1 - stats.dead_letter_failures in (0, 1)
+    assert not [e for e in events if isinstance(e, GiveUp)]
+    assert not source_empty(nsqd, topic)  # still there: nothing lost
+    assert topic_count(nsqd.http_url, dead) == 0
 
 
 @pytest.mark.anyio

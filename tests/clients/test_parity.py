@@ -641,6 +641,8 @@ def test_consumer_stats_have_these_fields() -> None:
         "connections",
         "paused",
         "topic_not_found",
+        "dead_lettered",
+        "dead_letter_failures",
     ]
 
 

@@ -235,6 +235,36 @@ def test_two_consumers_of_one_channel_are_summed(
         assert value(samples, "nsq_consumer_messages_finished_total", **labels) == finished_by_a
 
 
+def test_paused_and_topic_not_found_are_scraped(
+    nsqlookupd: EmbeddedLookupd, served: tuple[CollectorRegistry, str]
+) -> None:
+    """A consumer started with max_in_flight 0 is paused until set_max_in_flight() raises it;
+    each lookupd answer that lists no nsqd for its topic is counted."""
+    from transports.sync import Consumer
+
+    registry, url = served
+    labels = {"topic": "nowhere", "channel": "c"}
+    with Consumer(
+        "nowhere",
+        "c",
+        lookupd=[nsqlookupd.http_url],
+        lookupd_poll_interval=0.05,
+        max_in_flight=0,
+    ) as consumer:
+        metrics.instrument(consumer, registry=registry)
+        deadline = time.monotonic() + 10
+        while consumer.stats().topic_not_found < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        samples = scrape(url)
+        assert value(samples, "nsq_consumer_paused", **labels) == 1
+        assert value(samples, "nsq_consumer_topic_not_found_total", **labels) >= 3
+        consumer.set_max_in_flight(5)
+        samples = scrape(url)
+        assert value(samples, "nsq_consumer_paused", **labels) == 0
+        assert value(samples, "nsq_consumer_connections", **labels) == 0
+
+
 def test_publish_observer_histogram_and_errors(served: tuple[CollectorRegistry, str]) -> None:
     """The producers' publish_observer signature: (topic, messages, seconds, error)."""
     registry, url = served

@@ -15,7 +15,7 @@ from support.brokers import unique
 from support.runtimes import Runtime
 
 from transports import otel
-from transports.embedded import EmbeddedNSQD, ServerThread
+from transports.embedded import EmbeddedLookupd, EmbeddedNSQD, ServerThread
 from transports.sync.admin import NSQDAdmin
 
 from .conftest import Telemetry, point
@@ -88,6 +88,51 @@ async def test_client_metrics_are_what_was_published_and_answered(
     assert point(found["nsq.consumer.connection_errors"], **channel) == 0
     assert point(found["nsq.consumer.io"], **link, **{"network.io.direction": "receive"}) > 0
     assert point(found["nsq.consumer.io"], **link, **{"network.io.direction": "transmit"}) > 0
+
+
+@pytest.mark.anyio
+async def test_dead_letters_pauses_and_unknown_topics_are_observed(
+    runtime: Runtime, nsqd: EmbeddedNSQD, nsqlookupd: EmbeddedLookupd, telemetry: Telemetry
+) -> None:
+    """A poison message stored on the dead-letter topic; a consumer paused (max_in_flight 0)
+    whose topic lookupd does not know."""
+    topic, dead, unknown = unique(), unique("dead"), unique("unknown")
+    async with runtime.producer(nsqd.tcp_address) as p:
+        await p.publish(topic, b"poison")
+    async with (
+        runtime.consumer(
+            topic,
+            "c",
+            nsqd=nsqd.tcp_address,
+            max_attempts=1,
+            dead_letter_topic=dead,
+            default_requeue_delay=0.0,
+        ) as c,
+        runtime.consumer(
+            unknown, "c", lookupd=[nsqlookupd.http_url], lookupd_poll_interval=0.05, max_in_flight=0
+        ) as idle,
+    ):
+        otel.instrument(c.client, **telemetry.providers)
+        otel.instrument(idle.client, **telemetry.providers)
+        msg = await c.get(10.0)
+        assert msg is not None
+        if runtime.blocking:
+            msg.requeue(0, backoff=False)  # never blocks
+        else:
+            await msg.requeue(0, backoff=False)
+        with anyio.fail_after(10):
+            while c.stats().dead_lettered < 1 or idle.stats().topic_not_found < 2:
+                await anyio.sleep(0.02)
+        found = telemetry.metrics()
+    channel = {"messaging.destination.name": topic, "messaging.consumer.group.name": "c"}
+    other = {"messaging.destination.name": unknown, "messaging.consumer.group.name": "c"}
+    assert point(found["nsq.consumer.messages.dead_lettered"], **channel) == 1
+    assert point(found["nsq.consumer.messages.given_up"], **channel) == 1
+    assert point(found["nsq.consumer.dead_letter_failures"], **channel) == 0
+    assert point(found["nsq.consumer.paused"], **channel) == 0
+    assert point(found["nsq.consumer.paused"], **other) == 1
+    assert point(found["nsq.consumer.topic_not_found"], **other) >= 2
+    assert point(found["nsq.consumer.topic_not_found"], **channel) == 0
 
 
 def test_one_collection_reads_each_client_once(nsqd: EmbeddedNSQD, telemetry: Telemetry) -> None:

@@ -47,7 +47,10 @@ class ConsumerStats:
     ``paused`` is True while ``max_in_flight`` is 0 (nothing is asked of nsqd until
     ``set_max_in_flight()`` raises it); ``topic_not_found`` counts lookupd answers that listed
     no nsqd for the topic; ``reconnects`` counts connections made again to an address that
-    was connected before."""
+    was connected before. With a ``dead_letter_topic``, ``dead_lettered`` counts messages
+    given up after their dead-letter publish was stored (each also counted in ``given_up``)
+    and ``dead_letter_failures`` dead-letter publishes that failed (each message was requeued,
+    to be given up again on its next delivery)."""
 
     topic: str
     channel: str
@@ -68,6 +71,8 @@ class ConsumerStats:
     connections: tuple[ConnectionStats, ...] = ()
     paused: bool = False
     topic_not_found: int = 0
+    dead_lettered: int = 0
+    dead_letter_failures: int = 0
 
     @property
     def connected(self) -> int:

@@ -760,6 +760,8 @@ class Consumer(ConsumerConnections):
             connections=tuple(connections),
             paused=coord.max_in_flight == 0,
             topic_not_found=counters["topic_not_found"],
+            dead_lettered=counters["dead_lettered"],
+            dead_letter_failures=counters["dead_letter_failures"],
         )
 
     # --- internals: plumbing -------------------------------------------------------------------

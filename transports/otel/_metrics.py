@@ -300,7 +300,18 @@ _CLIENT_INSTRUMENTS = [
             ("requeued", "Messages REQ'd (delivered again later)"),
             ("given_up", "Messages given up after max_attempts (FIN'd and reported)"),
             ("taken_back", "Answers that came too late (nsqd had timed the message out)"),
+            (
+                "dead_lettered",
+                "Messages given up after their dead-letter publish was stored (in given_up too)",
+            ),
         )
+    ),
+    (
+        "counter",
+        "nsq.consumer.dead_letter_failures",
+        "{message}",
+        "Dead-letter publishes that failed (the message was requeued, to try again)",
+        _per_channel(_field("dead_letter_failures")),
     ),
     (
         "updown",
@@ -371,6 +382,20 @@ _CLIENT_INSTRUMENTS = [
         "{error}",
         "Connection attempts that failed",
         _per_channel(_field("connection_errors")),
+    ),
+    (
+        "updown",
+        "nsq.consumer.paused",
+        "{consumer}",
+        "Consumers paused (max_in_flight 0: nothing is asked of nsqd)",
+        _per_channel(lambda s: int(s.paused)),
+    ),
+    (
+        "counter",
+        "nsq.consumer.topic_not_found",
+        "{answer}",
+        "nsqlookupd answers that listed no nsqd for the topic",
+        _per_channel(_field("topic_not_found")),
     ),
     (
         "counter",

@@ -528,6 +528,8 @@ class ConsumerIO:
             connections=tuple(connections),
             paused=coordinator.max_in_flight == 0,
             topic_not_found=stats["topic_not_found"],
+            dead_lettered=stats["dead_lettered"],
+            dead_letter_failures=stats["dead_letter_failures"],
         )
 
     # --- the coordinator's actions ------------------------------------------------------------
