@@ -51,11 +51,14 @@ STATE = "nsq_sansio/consumer/state.py"
 PULL = "nsq_sansio/consumer/pull.py"
 FETCHES = "nsq_sansio/consumer/fetches.py"
 RDY = "nsq_sansio/rdy.py"
+DEAD_LETTERS = "nsq_sansio/consumer/dead_letters.py"
 
 T_CONN = "tests/core/test_connection.py"
 T_RDY_BOUND = "tests/core/test_rdy_bound.py"
 T_COALESCE = "tests/core/test_coalesce.py"
 T_BACKOFF = "tests/consumer/test_backoff_rdy.py"
+T_POLICY = "tests/consumer/test_backoff_policy.py"
+T_DEAD = "tests/consumer/test_dead_letters.py"
 T_FLOW = "tests/consumer/test_coordinator_flow.py"
 T_RDY = "tests/consumer/test_coordinator_rdy.py"
 T_HELD = "tests/consumer/test_held_bound.py"
@@ -69,6 +72,9 @@ T_SIM_PROPS = "tests/sim/test_properties.py"
 T_KEEPALIVE = "tests/clients/test_keepalive_limit.py"
 T_ATTEMPTS = "tests/clients/test_attempts_limit.py"
 T_CAUGHT = "tests/mutants/test_caught_decisions.py"
+T_SHUTDOWN_DEADLINE = (
+    "tests/clients/test_shutdown.py::test_the_drain_deadline_ends_run_and_requeues_at_once"
+)
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- RDY bound -------------------------------------------------------------------------
@@ -196,18 +202,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff",
         "the level stops rising at max_level",
         BACKOFF,
-        "            if self._level < self._max_level:\n                self._level += 1\n",
-        "            self._level += 1\n",
+        "                self._level = min(self._level + 1, self._max_level)\n",
+        "                self._level += 1\n",
         (T_BACKOFF,),
     ),
     Mutant(
         "backoff-results-counted-while-waiting",
         "backoff",
-        "only one result counts per window (results during a window are ignored)",
+        "results during a window never raise the level (they came from messages already in "
+        "flight when it opened)",
         BACKOFF,
-        "        if not self._enabled or self._phase is BackoffPhase.WAITING:\n            return False\n",  # noqa: E501
-        "        if not self._enabled:\n            return False\n",
+        "        if self._phase is BackoffPhase.WAITING:\n"
+        "            return self._in_window(outcome, failed)\n",
+        "",
         (T_BACKOFF,),
+    ),
+    Mutant(
+        "backoff-window-success-ignores-its-failures",
+        "backoff",
+        "a success during a window lowers the level only once the window's successes "
+        "outnumber its failures",
+        BACKOFF,
+        "        if self._balance <= 0:\n            return False\n",
+        "",
+        (T_BACKOFF, T_POLICY),
     ),
     Mutant(
         "backoff-success-resets-level",
@@ -221,21 +239,50 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "backoff-testing-full-rdy",
         "backoff",
-        "after a window, one connection tests with RDY 1",
+        "after a window, the test lets in one message more than the consumer holds, not "
+        "max_in_flight",
         BACKOFF,
-        "        return min(1, max_in_flight)\n",
+        "        return min(self._allowance, max_in_flight)\n",
         "        return max_in_flight\n",
         (T_BACKOFF, T_FLOW),
+    ),
+    Mutant(
+        "backoff-test-ignores-held",
+        "backoff",
+        "the test's allowance counts the messages handlers still hold (RDY 1 beside running "
+        "handlers lets no test message in)",
+        BACKOFF,
+        "            self._allowance = held + 1\n",
+        "            self._allowance = 1\n",
+        (T_BACKOFF, T_POLICY),
+    ),
+    Mutant(
+        "backoff-success-while-testing-opens-window",
+        "backoff",
+        "a success while testing above level 0 widens the test (two more in), no new window",
+        BACKOFF,
+        "            else:  # testing: the freed slot, and one more\n"
+        "                self._allowance += 1\n",
+        "            else:  # testing: the freed slot, and one more\n"
+        "                self._open_window(now, balance=0)\n",
+        (T_BACKOFF, T_POLICY),
+    ),
+    Mutant(
+        "backoff-repeated-failure-raises-level",
+        "backoff",
+        "a repeated failure (attempts > 1) opens a window without raising the level",
+        BACKOFF,
+        "            if outcome is Outcome.FAILURE or self._level == 0:\n",
+        "            if True:\n",
+        (T_BACKOFF, T_POLICY),
     ),
     Mutant(
         "backoff-neutral-while-testing-ignored",
         "backoff",
         "a neutral result while testing opens another window at the same level",
         BACKOFF,
-        "                self._deadline = None\n                return True\n        self._open_window(now)\n",  # noqa: E501
-        "                self._deadline = None\n                return True\n"
-        "        if outcome is Outcome.NEUTRAL:\n            return False\n"
-        "        self._open_window(now)\n",
+        "        self._open_window(now, balance=0)  # neutral while testing: nothing learned, wait again\n",  # noqa: E501
+        "",
         (T_BACKOFF,),
     ),
     Mutant(
@@ -243,8 +290,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff",
         "requeue(backoff=False) does not slow the consumer down",
         ANSWERS,
-        "        failed = backoff and self._config.backoff_active\n",
-        "        failed = self._config.backoff_active\n",
+        "        if not (backoff and self._config.backoff_active):\n",
+        "        if not self._config.backoff_active:\n",
         (T_FLOW,),
     ),
     Mutant(
@@ -252,9 +299,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff",
         "a REQ that starts backoff goes out after RDY 0 (else nsqd hands it straight back)",
         ANSWERS,
-        "            self._rebalance(now)\n            self._emit_rdy(link)\n"
+        "            self._backoff_moved(now)\n            self._emit_rdy(link)\n"
         "            link.proto.requeue(message_id, delay)\n",
-        "            self._rebalance(now)\n            link.proto.requeue(message_id, delay)\n",
+        "            self._backoff_moved(now)\n            link.proto.requeue(message_id, delay)\n",
         (T_FLOW,),
     ),
     Mutant(
@@ -317,11 +364,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts",
         "a message over max_attempts is FIN'd (and reported), never requeued again",
         COORDINATOR,
-        "        if over_attempts(delivery.attempts, self._max_attempts):\n"
-        "            proto.finish(message_id)\n",
-        "        if over_attempts(delivery.attempts, self._max_attempts):\n"
-        "            proto.requeue(message_id, 0.0)\n",
+        "            proto.finish(message_id)\n            self.given_up += 1\n",
+        "            proto.requeue(message_id, 0.0)\n            self.given_up += 1\n",
         (T_MESSAGES,),
+    ),
+    Mutant(
+        "attempts-give-up-neutral-for-backoff",
+        "attempts",
+        "a give-up (FIN'd) counts as a success for backoff, as in go-nsq and pynsq",
+        COORDINATOR,
+        "            if self._backoff.record(Outcome.SUCCESS, now):  # a give-up FINs: a success\n",
+        "            if self._backoff.record(Outcome.NEUTRAL, now):  # a give-up FINs: a success\n",
+        (T_POLICY,),
+    ),
+    Mutant(
+        "dead-letter-fin-before-publish",
+        "attempts",
+        "a dead-lettered message is held until the publish is reported, FIN'd only after it",
+        COORDINATOR,
+        "                link.tracked[message_id] = delivery\n"
+        "                if self._explicit_delivery:  # a drain must wait for it, not requeue it\n",
+        "                proto.finish(message_id)\n"
+        "                if self._explicit_delivery:  # a drain must wait for it, not requeue it\n",
+        (T_DEAD,),
+    ),
+    Mutant(
+        "dead-letter-failure-fins",
+        "attempts",
+        "a dead letter whose publish failed is requeued (delivered and dead-lettered again), "
+        "not FIN'd",
+        DEAD_LETTERS,
+        "        return self.requeue(delivery, now, backoff=False)\n",
+        "        return self.finish(delivery, now)\n",
+        (T_DEAD,),
     ),
     Mutant(
         "requeue-delay-flat",
@@ -355,13 +430,31 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "drain-deadline-keeps-held",
         "drain",
-        "at the drain deadline what the user still holds is requeued",
+        "at the drain deadline what the user still holds is requeued (and reported)",
         DRAIN,
-        "                for delivery in list(link.tracked.values()):\n"
-        "                    self._requeue_now(link, delivery)\n"
-        "                self._maybe_close_drained(link, now)\n",
-        "                self._maybe_close_drained(link, now)\n",
+        "                    held.append(delivery)\n                    self._requeue_now(link, delivery)\n",  # noqa: E501
+        "                    held.append(delivery)\n",
         (T_DRAIN_PULL,),
+    ),
+    Mutant(
+        "drain-deadline-blocking-handler-fins-late",
+        "drain",
+        "at the drain deadline a blocking run() handler's message is requeued and marked "
+        "answered: the handler's thread runs on, and what it answers when it returns is not sent",
+        "transports/sync/_consumer_io.py",
+        "            if thread is not None:\n                message.answered = True\n",
+        "            if thread is not None:\n                pass\n",
+        ("tests/sync/test_signals.py",),
+    ),
+    Mutant(
+        "drain-deadline-anyio-handler-unanswered",
+        "drain",
+        "at the drain deadline an asyncio/trio run() handler is cancelled and its message, "
+        "requeued by the drain, is marked answered (nothing is sent for it afterwards)",
+        "transports/anyio/consumer.py",
+        "        if message.answered:\n            return\n        message.answered = True\n",
+        "        if message.answered:\n            return\n",
+        (T_SHUTDOWN_DEADLINE,),
     ),
     Mutant(
         "drain-cls-while-held",
