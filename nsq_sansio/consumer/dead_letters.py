@@ -24,7 +24,6 @@ from ..backoff import Outcome
 from ..errors import LocalProtocolError
 from .actions import Deliver, GiveUp
 from .answers import Answers
-from .state import ConsumerState
 
 __all__ = ["DeadLetters"]
 
@@ -65,10 +64,8 @@ class DeadLetters(Answers):
         if topic is not None:
             self.dead_lettered += 1
         self._actions.append(GiveUp(link.conn_id, link.address, delivery.message, topic))
-        if self._state is ConsumerState.RUNNING and self._backoff.record(Outcome.NEUTRAL, now):
-            self._recalm()
-            self._rebalance(now)
-        self._after_answer(link, Outcome.NEUTRAL, now, delivery, recorded=True)
+        # FIN'd after a give-up: a success for backoff, as a give-up without dead letters is
+        self._after_answer(link, Outcome.SUCCESS, now, delivery)
         return True
 
     def dead_letter_failed(self, delivery: Deliver, now: float) -> bool:

@@ -199,3 +199,30 @@ def test_a_late_report_on_a_copy_nsqd_sent_again_is_a_taken_back_not_an_error() 
     w.pump()
     assert w.lines(b"FIN ") == [b"FIN " + new.id]
     assert w.coordinator.dead_letters_pending == 0
+
+
+def test_a_dead_lettered_give_up_is_a_success_for_backoff_as_a_plain_one() -> None:
+    """Stored on the dead-letter topic and FIN'd, a given-up message ends backoff exactly as
+    a give-up without dead letters does: a poison message does not open another window."""
+    from nsq_sansio.backoff import BackoffPhase
+
+    w = World(1, Config(max_attempts=2, default_requeue_delay=0.0), dead_letter=True)
+    w.start()
+    w.publish(0, 1, b"poison")
+    c = w.coordinator
+    (first,) = w.inbox
+    w.inbox.clear()
+    c.requeue(first, w.now)  # attempt 1 fails: level 1, a 2 s window
+    w.pump()
+    w.advance(2.0)
+    (second,) = w.inbox
+    w.inbox.clear()
+    c.requeue(second, w.now)  # fails again: another window at level 1
+    w.pump()
+    w.advance(2.0)  # the third delivery is over max_attempts: handed over as a dead letter
+    (dead,) = w.dead_letters
+    assert c.backoff_phase is BackoffPhase.TESTING
+    assert c.dead_letter_published(dead, w.now, "poison.dead")
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.NORMAL and c.backoff_level == 0
+    assert c.total_rdy == 1

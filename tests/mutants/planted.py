@@ -399,6 +399,15 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_DEAD,),
     ),
     Mutant(
+        "dead-letter-give-up-neutral-for-backoff",
+        "backoff",
+        "a dead-lettered give-up is a success for backoff, as a plain give-up is",
+        DEAD_LETTERS,
+        "        self._after_answer(link, Outcome.SUCCESS, now, delivery)\n",
+        "        self._after_answer(link, Outcome.NEUTRAL, now, delivery)\n",
+        (T_DEAD,),
+    ),
+    Mutant(
         "requeue-delay-flat",
         "attempts",
         "the automatic REQ delay grows with the attempts",
