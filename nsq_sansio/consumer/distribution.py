@@ -162,9 +162,11 @@ class RdyDistribution(RdyBound):
         for link in links:
             if not link.warm and now - link.rdy_at >= self._config.rdy_redistribute_interval:
                 link.warm = True
+            # Only a holder: a connection given a share that waits for budget (another one's
+            # lowered RDY settling) has had no RDY to receive with, so it is not idle.
             if (
                 scarce
-                and link.target > 0
+                and link.rdy > 0
                 and (
                     now - max(link.last_message_at, link.rdy_at) >= idle_after
                     or now - link.rdy_at >= held_too_long
