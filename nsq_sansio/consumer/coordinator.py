@@ -63,29 +63,30 @@ class ConsumerCoordinator(Answers):
             return
         if now + link.msg_timeout < link.live_floor:  # what this read brings expires then
             link.live_floor = now + link.msg_timeout
-        if not (link.accepting and self._calm):
+        after = proto.in_flight_count
+        calm = self._calm  # for this read: taking late messages in below does not change it
+        if after > link.claim and link.accepting and not self._take_late(link, len(events), now):
+            # More than this connection may hold: nsqd sent under an RDY it had not read as
+            # lowered yet. One by one: what still fits is delivered, the rest handed back.
+            self._one_by_one(link, events, now)
+            return
+        if not (link.accepting and calm):
             if (
                 self._pull
                 and link.accepting
-                and proto.in_flight_count - held == len(events)
+                and after - held == len(events)
                 and (not self._max_attempts or max(map(_attempts, events)) <= self._max_attempts)
             ):
                 # Pull mode's hot path: a read of messages only, each new to this connection
                 # and under max_attempts (as push mode's below), handed on as one batch.
                 self._pull_receive(link, cast("list[Deliver]", events), now)
                 return
-            for event in events:
-                if type(event) is Deliver:
-                    self._on_message(link, event, now)
-                else:
-                    self._on_event(link, event, now)
-                    if link.conn_id not in self._links:
-                        return
+            self._one_by_one(link, events, now)
             return
         count = len(events)
         max_attempts = self._max_attempts
         deliveries = cast("list[Deliver]", events)  # if the test below passes
-        if proto.in_flight_count - held == count and (
+        if after - held == count and (
             not max_attempts or max(map(_attempts, deliveries)) <= max_attempts
         ):
             # The hot path: a subscribed push connection outside backoff and drain, and a read
@@ -147,6 +148,38 @@ class ConsumerCoordinator(Answers):
 
     # --- internals: messages and connection events ---------------------------------------------
 
+    def _one_by_one(self, link: Link, events: list[object], now: float) -> None:
+        """A read's events, each on its own (every case the fast paths leave)."""
+        for event in events:
+            if type(event) is Deliver:
+                self._on_message(link, event, now)
+            else:
+                self._on_event(link, event, now)
+                if link.conn_id not in self._links:
+                    return
+
+    def _take_late(self, link: Link, arriving: int, now: float) -> bool:
+        """``arriving`` more messages on ``link`` than its claim covers: nsqd sent them under
+        an RDY it had not read as lowered when the settle time released that capacity (a
+        partition held the bytes longer). True when they fit anyway (the ceiling grows into
+        budget nobody claims); False: what does not fit must be handed back."""
+        live = link.live_count(now)[0] + arriving
+        excess = live - link.claim
+        if excess <= 0:
+            return True
+        if (
+            self._state is not ConsumerState.RUNNING
+            or self._claimed + excess > self._config.max_in_flight
+        ):
+            return False
+        link.ceiling = live
+        self._reclaim(link)
+        if link.ceiling > link.wire_rdy and link.conn_id not in self._settling:
+            self._settling.add(link.conn_id)
+            self._calm = False
+            link.settle_at = now + link.settle_delay
+        return True
+
     def _on_message(self, link: Link, delivery: Deliver, now: float) -> None:
         """One message arrived on ``link`` (every case; the common one is inlined in
         :meth:`receive_data`)."""
@@ -178,6 +211,12 @@ class ConsumerCoordinator(Answers):
             if self._backoff.record(Outcome.NEUTRAL, now):
                 self._recalm()
                 self._rebalance(now)
+            return
+        if link.held_count() >= link.claim and not self._take_late(link, 1, now):
+            # Beyond max_in_flight (see _take_late): handed back, the user never sees it.
+            self._emit_rdy(link)
+            proto.requeue(message_id, 0.0)
+            self.requeued += 1
             return
         link.tracked[message_id] = delivery
         if self._pull:

@@ -11,8 +11,11 @@ Per step (from the wire, independently of the state machines' own bookkeeping):
   ``max_in_flight`` (checked whenever nsqd sends it one: counted from nsqd's send until the
   consumer's FIN/REQ, so messages still on the wire count; messages nsqd already timed out do
   not). A lowered RDY does not take back what is already in flight, so this bounds what RDY
-  is given, not only its sum. Read with the current ``max_in_flight``: lowering it at run time
-  is not modelled.
+  is given, not only its sum. A message a partition held, or one nsqd sent only because a
+  partition held back a lower RDY the client wrote, counts from its arrival instead (no client
+  can know of it before), checked once the consumer has reacted to it: it must hand back what
+  does not fit. Read with the current ``max_in_flight``: lowering it at run time is not
+  modelled.
 * ``BACKOFF_RDY``: while a consumer backs off (waiting or testing) it never sends RDY > 1.
 * ``ATTEMPTS``: every delivery of a message on a channel carries a higher attempts count than
   the one before (what ``max_attempts`` relies on).
@@ -34,6 +37,7 @@ returns False and reports ``TakenBack``, as the coordinator promises.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -59,6 +63,7 @@ class _Pipe:
     """What one client<->nsqd connection carried, as parsed from the wire."""
 
     __slots__ = (
+        "blind",
         "client",
         "client_rdy",
         "conn",
@@ -72,6 +77,10 @@ class _Pipe:
         "opaque",
         "outstanding",
         "parser",
+        "partitioned",
+        "rdy_unread",
+        "received",
+        "sent_bytes",
         "server_rdy",
         "step_rdy",
         "step_time",
@@ -97,19 +106,39 @@ class _Pipe:
         self.outstanding: dict[bytes, tuple[float, float]] = {}
         #: ids the client received and has not answered (FIN/REQ) yet
         self.held: set[bytes] = set()
+        #: The bytes being written now wait in the network (a partition holds them).
+        self.partitioned = False
+        #: RDY the client wrote and nsqd has not read yet: (count, held by a partition).
+        self.rdy_unread: deque[tuple[int, bool]] = deque()
+        #: Messages the network held that way: (end offset in nsqd's stream, id). They count
+        #: as held once they arrive (``received`` bytes reach the offset), not from the send.
+        self.blind: list[tuple[int, bytes]] = []
+        self.sent_bytes = 0
+        self.received = 0
         self.topic_channel: tuple[str, str] | None = None
 
     def sent(self, direction: int, data: bytes, now: float) -> None:
         if self.opaque:
             return
+        conn = self.conn
+        server = conn.server
+        self.partitioned = bool(conn.held) or (
+            server is not None and not self.monitor.sim.net.reachable(self.client, server.name)
+        )
         if direction == CLIENT_TO_SERVER:
             for command in self.parser.feed(data):
                 self._client_command(command, now)
         else:
+            self.sent_bytes += len(data)
             self.frames.feed(data, lambda frame: self._server_frame(frame, now))
 
     def delivered(self, direction: int, data: bytes, now: float) -> None:
-        if self.opaque or direction != CLIENT_TO_SERVER:
+        if self.opaque:
+            return
+        if direction != CLIENT_TO_SERVER:
+            self.received += len(data)
+            if self.blind:
+                self._blind_arrived(now)
             return
         # nsqd runs a chunk's commands one by one and may push messages between them (a REQ
         # frees a slot before a later RDY 0 is read): during this step the highest RDY counts.
@@ -119,6 +148,8 @@ class _Pipe:
         for command in self.delivered_commands.feed(data):
             verb = command.verb
             if verb == b"RDY":
+                if self.rdy_unread:
+                    self.rdy_unread.popleft()
                 self.server_rdy = int(command.args[0])
                 if self.server_rdy > self.step_rdy:
                     self.step_rdy = self.server_rdy
@@ -136,12 +167,33 @@ class _Pipe:
     def closed(self, now: float) -> None:
         self.monitor.pipe_closed(self, now)
 
+    def _under_stale_rdy(self, now: float) -> bool:
+        """nsqd has not read an RDY a partition held back, and the messages in flight here
+        already fill it."""
+        if not any(held for _, held in self.rdy_unread):
+            return False
+        live = sum(1 for deadline, _ in self.outstanding.values() if deadline > now)
+        return any(held and live >= count for count, held in self.rdy_unread)
+
+    def _blind_arrived(self, now: float) -> None:
+        arrived = [entry for entry in self.blind if entry[0] <= self.received]
+        if not arrived:
+            return
+        del self.blind[: len(arrived)]
+        for _, message_id in arrived:
+            entry = self.outstanding.get(message_id)
+            if entry is not None and entry[0] > now:
+                self.held.add(message_id)
+        # checked once the consumer has seen them (it may hand them back at once)
+        self.monitor.check_after_step.add(self.client)
+
     def _client_command(self, command: ClientCommand, now: float) -> None:
         verb = command.verb
         monitor = self.monitor
         if verb == b"RDY":
             count = int(command.args[0])
             self.client_rdy = count
+            self.rdy_unread.append((count, self.partitioned))
             monitor.rdy_sent(self, count, now)
         elif verb == b"FIN":
             self.held.discard(command.args[0])
@@ -169,6 +221,14 @@ class _Pipe:
                     f"{self.nsqd} pushed a message to {self.client} (conn {self.conn.id}) holding "
                     f"{live} un-expired messages with RDY {allowed}",
                 )
+            if self.partitioned or self._under_stale_rdy(now):
+                # A partition holds it, or it goes out only because a partition held back
+                # the lower RDY the client wrote: no client can know of it (nor know what
+                # nsqd read) until it arrives, so it counts from then.
+                self.blind.append((self.sent_bytes, message_id))
+                self.outstanding[message_id] = (now + self.msg_timeout, now)
+                self.monitor.message_sent(self, message_id, attempts, body, now, check=False)
+                return
             self.outstanding[message_id] = (now + self.msg_timeout, now)
             self.held.add(message_id)
             self.monitor.message_sent(self, message_id, attempts, body, now)
@@ -214,6 +274,9 @@ class Monitor:
         self.drained: dict[str, float] = {}
         self.drain_leftovers: dict[str, int] = {}
         self.messages_sent = 0
+        #: Consumers to check (``HELD``) at the end of their current step: messages nsqd sent
+        #: blind (see ``_Pipe.blind``) arrived, and they may hand them back at once.
+        self.check_after_step: set[str] = set()
         #: (body, consumer, start, planned end) of every job user code ran
         self.jobs: list[tuple[bytes, str, float, float]] = []
 
@@ -265,10 +328,18 @@ class Monitor:
         """A SUB went out on ``pipe``."""
 
     def message_sent(
-        self, pipe: _Pipe, message_id: bytes, attempts: int, body: bytes, now: float
+        self,
+        pipe: _Pipe,
+        message_id: bytes,
+        attempts: int,
+        body: bytes,
+        now: float,
+        *,
+        check: bool = True,
     ) -> None:
         self.messages_sent += 1
-        self._check_held(pipe.client, now)
+        if check:
+            self._check_held(pipe.client, now)
         self._id_body[(pipe.nsqd, message_id)] = body
         if pipe.topic_channel is not None:
             key = (pipe.topic_channel[0], pipe.topic_channel[1], body)
@@ -401,7 +472,11 @@ class Monitor:
         self.lookup_requests.append((now, lookupd, client))
 
     def on_consumer_step(self, consumer: str, max_in_flight: int, now: float) -> None:
-        """After each consumer step: the RDY it has sent, summed over its live connections."""
+        """After each consumer step: the RDY it has sent, summed over its live connections
+        (and what it holds, when messages nsqd sent blind arrived in this step)."""
+        if consumer in self.check_after_step:
+            self.check_after_step.discard(consumer)
+            self._check_held(consumer, now)
         pipes = self._consumer_pipes.get(consumer)
         if not pipes:
             return

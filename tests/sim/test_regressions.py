@@ -11,6 +11,8 @@ from nsq_sansio.config import Config
 from nsq_sansio.testing import (
     ClusterSpec,
     ConsumerSpec,
+    Fault,
+    FaultKind,
     Handler,
     LinkSpec,
     Scenario,
@@ -29,6 +31,7 @@ def quick(**changes: object) -> Config:
         "max_backoff_duration": 1.0,
         "lookupd_poll_interval": 1.0,
         "lookupd_poll_jitter": 0.0,
+        "lookupd_poll_timeout": 5.0,
         "reconnect_delay": 0.1,
         "max_reconnect_delay": 5.0,
         "low_rdy_idle_timeout": 3.0,
@@ -94,3 +97,112 @@ def test_one_pull_consumer_over_two_nsqd_reaches_both(seed: int) -> None:
     one = dataclasses.replace(PULL_SHARE_BOUNCES.cluster.consumers[0], count=1)
     cluster = dataclasses.replace(PULL_SHARE_BOUNCES.cluster, consumers=(one,))
     accounted(dataclasses.replace(PULL_SHARE_BOUNCES, cluster=cluster, seed=seed))
+
+
+# --- the max_in_flight bound across a partition ------------------------------------------------
+
+#: max_in_flight 1 over two direct nsqd; nsqd0 is cut off from 1 s to 4 s. The consumer moves
+#: the RDY from the idle nsqd0 to nsqd1 at 1.5 s (RDY 0, which the partition holds) and gives it
+#: to nsqd1 once that RDY "settled"; nsqd0 never read the RDY 0 and sends m0 under RDY 1 at 2 s
+#: into the partition, while nsqd1 sends m1: 2 messages on the wire for max_in_flight 1. m0
+#: arrives at 4 s. The bound counts it from then (no client can know of it earlier), so the
+#: consumer must not hold it beside m1 then: with a handler still busy with m1 it is handed
+#: back (REQ 0), with a quick one it fits.
+PARTITIONED_HOLDER = Scenario(
+    cluster=ClusterSpec(
+        nsqd=2,
+        durable=False,
+        consumers=(
+            ConsumerSpec(
+                config=quick(
+                    default_requeue_delay=0.0,
+                    backoff_enabled=False,
+                    low_rdy_idle_timeout=1.0,
+                ),
+                handler=Handler(duration=0.0, backoff=False),
+                use_lookupd=False,
+                fetch_batch=1,
+            ),
+        ),
+        link=LinkSpec(latency=0.0001, jitter=0.0, connect_timeout=0.5),
+    ),
+    workload=Workload(messages=2, rate=10.0, start=2.0, via_tcp=False),
+    faults=(Fault(1.0, FaultKind.PARTITION, "nsqd0", 3.0),),
+)
+
+
+@pytest.mark.parametrize("job", [0.0, 2.5, 5.0])
+def test_a_message_a_partition_held_is_handed_back_if_it_does_not_fit(job: float) -> None:
+    accounted(PARTITIONED_HOLDER.with_handler(Handler(duration=job, backoff=False)))
+
+
+#: The same with the consumer cut off: 4 nsqd, max_in_flight 3, c0.0 partitioned at 0.5 s for
+#: 3 s. nsqd0-2 each sent a message into the partition; the consumer, seeing none, moved nsqd1's
+#: RDY to nsqd3 (which read it at the heal and sent a fourth): when everything arrives, one of
+#: the four must go back.
+PARTITIONED_CONSUMER = Scenario(
+    cluster=ClusterSpec(
+        nsqd=4,
+        lookupd=2,
+        durable=False,
+        consumers=(
+            ConsumerSpec(
+                count=2,
+                channel="audit",
+                config=quick(
+                    max_in_flight=3,
+                    max_attempts=3,
+                    default_requeue_delay=2.0,
+                    backoff_enabled=False,
+                    backoff_multiplier=0.5,
+                    max_backoff_duration=4.0,
+                    lookupd_poll_jitter=0.3,
+                    low_rdy_idle_timeout=1.0,
+                    rdy_redistribute_interval=2.0,
+                ),
+                handler=Handler(duration=0.01),
+            ),
+        ),
+        link=LinkSpec(jitter=0.0, bandwidth=1e6),
+    ),
+    workload=Workload(messages=43, rate=10.0, start=0.5),
+    faults=(Fault(0.5, FaultKind.PARTITION, "c0.0", 3.0),),
+    seed=1,
+)
+
+#: Pull consumers (max_in_flight 1, three direct nsqd), c0.2 cut off for 3 s: when the
+#: partition heals, nsqd0 reads the RDY 1 and RDY 0 the consumer wrote meanwhile one after the
+#: other and sends a message in between, under an RDY the consumer had taken back.
+PARTITIONED_PULL_CONSUMER = Scenario(
+    cluster=ClusterSpec(
+        nsqd=3,
+        consumers=(
+            ConsumerSpec(
+                count=3,
+                config=quick(
+                    max_attempts=3,
+                    default_requeue_delay=0.0,
+                    low_rdy_idle_timeout=1.0,
+                    rdy_redistribute_interval=2.0,
+                ),
+                handler=Handler(duration=0.01),
+                use_lookupd=False,
+                pull=True,
+            ),
+        ),
+        link=LinkSpec(bandwidth=1e6, segment=64),
+    ),
+    workload=Workload(messages=29, rate=1000.0, batch=20, start=2.0, via_tcp=False),
+    faults=(
+        Fault(3.138, FaultKind.CRASH, "lookupd0", 3.0),
+        Fault(7.931, FaultKind.PARTITION, "c0.2", 3.0),
+    ),
+    seed=5306,
+)
+
+
+@pytest.mark.parametrize("scenario", [PARTITIONED_CONSUMER, PARTITIONED_PULL_CONSUMER])
+def test_messages_a_partition_held_never_take_a_consumer_over_max_in_flight(
+    scenario: Scenario,
+) -> None:
+    accounted(scenario)
