@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nsq_sansio.backoff import BackoffPhase
 from nsq_sansio.config import Config
 from nsq_sansio.consumer import GiveUp, MessageGone, TakenBack
 from nsq_sansio.errors import LocalProtocolError, ServerError
@@ -27,6 +28,43 @@ def test_message_over_max_attempts_is_finished_and_given_up() -> None:
     assert w.lines(b"FIN ") == [b"FIN " + give_up.message.id]
     assert w.server_in_flight() == 0 and w.server_depth() == 0
     assert w.coordinator.stats["given_up"] == 1
+
+
+@pytest.mark.parametrize("pull", [False, True], ids=["push", "pull"])
+def test_a_failing_message_gets_exactly_max_attempts_deliveries_with_backoff_on(
+    pull: bool,
+) -> None:
+    # The default path when a handler fails: REQ with backoff, so every later read comes in
+    # while the consumer backs off, where each delivery is checked one by one (the give-up
+    # rule, not the hot path's inlined test; pull mode has its own fast path). max_attempts
+    # 3: the user sees attempts 1, 2 and 3, and the 4th is given up without reaching the user.
+    config = Config(max_attempts=3, backoff_multiplier=0.1, default_requeue_delay=0.0)
+    assert config.backoff_active
+    w = World(1, config, pull=pull)
+    w.start()
+    w.publish(0)
+    seen = []
+    for _ in range(20):
+        if pull:
+            w.coordinator.fetch(1, w.now, expires=1.0)
+            w.pump()
+            w.advance(0.01)
+            w.inbox.extend(d for result in w.results for d in result.messages)
+            w.results.clear()
+        if w.inbox:
+            (d,) = w.inbox
+            w.inbox.clear()
+            seen.append(d.attempts)
+            assert w.coordinator.requeue(d, w.now)  # backoff=True: a failure
+            w.pump()
+            assert w.coordinator.backoff_phase is not BackoffPhase.NORMAL
+        if w.of_type(GiveUp):
+            break
+        w.advance(0.5)  # through the backoff window and its test
+    assert seen == [1, 2, 3]
+    (give_up,) = w.of_type(GiveUp)
+    assert isinstance(give_up, GiveUp) and give_up.message.attempts == 4
+    assert w.server_in_flight() == 0 and w.server_depth() == 0
 
 
 def test_zero_max_attempts_means_unlimited() -> None:
