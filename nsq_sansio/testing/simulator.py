@@ -25,7 +25,7 @@ from .handler import Handler
 from .invariants import InvariantViolation, Monitor
 from .network import Endpoint, LinkSpec, Network
 from .nodes import ConsumerNode, LookupdNode, NsqdNode, ProducerNode, SimNode
-from .specs import ClusterSpec, ConsumerSpec, Fault, FaultKind, Scenario, Workload
+from .specs import FLAP_CYCLES, ClusterSpec, ConsumerSpec, Fault, FaultKind, Scenario, Workload
 
 __all__ = [
     "ClusterSpec",
@@ -85,6 +85,8 @@ class Simulator:
         self.producers: list[ProducerNode] = []
         self._generation: dict[str, int] = {}
         self._hooks: list[Callable[[Simulator], None]] = []
+        #: Set by heal_all(): no fault starts after it.
+        self.faults_over = False
         self._build()
 
     @property
@@ -257,9 +259,12 @@ class Simulator:
                 if conn.client is node or conn.server is node:
                     self.net.drop(conn)
         elif kind is FaultKind.PARTITION:
-            others = [name for name in self.nodes if name != node.name]
-            cut = self.net.partition([[node.name], others])
-            self.scheduler.call_at(now + fault.duration, self._heal, cut)
+            self._cut_off(node.name, fault.duration)
+        elif kind is FaultKind.FLAP:
+            for cycle in range(FLAP_CYCLES):
+                self.scheduler.call_at(
+                    now + 2 * cycle * fault.duration, self._flap, (node.name, fault.duration)
+                )
         elif kind is FaultKind.CRASH or kind is FaultKind.STOP:
             if isinstance(node, NsqdNode):
                 node.crash(now, clean=kind is FaultKind.STOP)
@@ -285,6 +290,16 @@ class Simulator:
                 start_at=now + fault.duration,
             )
 
+    def _cut_off(self, name: str, duration: float) -> None:
+        """Partition node ``name`` from every other node (these at the time) for ``duration``."""
+        others = [other for other in self.nodes if other != name]
+        cut = self.net.partition([[name], others])
+        self.scheduler.call_at(self.now + duration, self._heal, cut)
+
+    def _flap(self, item: tuple[str, float]) -> None:
+        if not self.faults_over:  # a flap still going when everything heals stops there
+            self._cut_off(*item)
+
     def _heal(self, cut: int) -> None:
         self.net.heal(cut)
 
@@ -294,7 +309,9 @@ class Simulator:
         self.after(node)
 
     def heal_all(self) -> None:
-        """End partitions and restart every crashed broker (the settle phase begins)."""
+        """End partitions and restart every crashed broker (the settle phase begins: faults
+        still under way, such as a flapping link's next cut, stop)."""
+        self.faults_over = True
         self.net.heal()
         for node in self.nodes.values():
             if not node.alive and isinstance(node, (NsqdNode, LookupdNode)):

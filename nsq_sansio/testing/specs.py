@@ -16,7 +16,15 @@ from ..server.options import NSQDOptions
 from .handler import Handler
 from .network import LinkSpec
 
-__all__ = ["ClusterSpec", "ConsumerSpec", "Fault", "FaultKind", "Scenario", "Workload"]
+__all__ = [
+    "FLAP_CYCLES",
+    "ClusterSpec",
+    "ConsumerSpec",
+    "Fault",
+    "FaultKind",
+    "Scenario",
+    "Workload",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +119,12 @@ class FaultKind(enum.Enum):
     STOP = "stop"  # clean shutdown of an nsqd (everything to disk), restart after ``duration``
     KILL_CONSUMER = "kill_consumer"  # a consumer dies; a new one replaces it after ``duration``
     DRAIN_CONSUMER = "drain_consumer"  # a consumer drains; a new one replaces it after ``duration``
+    #: cut a node off for ``duration``, reconnect it for ``duration``, FLAP_CYCLES times over
+    FLAP = "flap"
+
+
+#: How many times a :attr:`FaultKind.FLAP` cuts its node off.
+FLAP_CYCLES = 3
 
 
 @dataclass(frozen=True, slots=True)
