@@ -80,7 +80,6 @@ class _Pipe:
         "partitioned",
         "rdy_unread",
         "received",
-        "sent_bytes",
         "server_rdy",
         "step_rdy",
         "step_time",
@@ -113,7 +112,6 @@ class _Pipe:
         #: Messages the network held that way: (end offset in nsqd's stream, id). They count
         #: as held once they arrive (``received`` bytes reach the offset), not from the send.
         self.blind: list[tuple[int, bytes]] = []
-        self.sent_bytes = 0
         self.received = 0
         self.topic_channel: tuple[str, str] | None = None
 
@@ -129,7 +127,6 @@ class _Pipe:
             for command in self.parser.feed(data):
                 self._client_command(command, now)
         else:
-            self.sent_bytes += len(data)
             self.frames.feed(data, lambda frame: self._server_frame(frame, now))
 
     def delivered(self, direction: int, data: bytes, now: float) -> None:
@@ -167,6 +164,11 @@ class _Pipe:
     def closed(self, now: float) -> None:
         self.monitor.pipe_closed(self, now)
 
+    def _answered(self, message_id: bytes) -> None:
+        self.held.discard(message_id)
+        if self.blind:  # answered as soon as its frame was read, before the rest arrived
+            self.blind = [entry for entry in self.blind if entry[1] != message_id]
+
     def _under_stale_rdy(self, now: float) -> bool:
         """nsqd has not read an RDY a partition held back, and the messages in flight here
         already fill it."""
@@ -196,10 +198,10 @@ class _Pipe:
             self.rdy_unread.append((count, self.partitioned))
             monitor.rdy_sent(self, count, now)
         elif verb == b"FIN":
-            self.held.discard(command.args[0])
+            self._answered(command.args[0])
             monitor.fin_sent(self, command.args[0], now)
         elif verb == b"REQ":
-            self.held.discard(command.args[0])
+            self._answered(command.args[0])
         elif verb == b"SUB":
             self.topic_channel = (command.args[0].decode(), command.args[1].decode())
             monitor.subscribed(self)
@@ -225,7 +227,7 @@ class _Pipe:
                 # A partition holds it, or it goes out only because a partition held back
                 # the lower RDY the client wrote: no client can know of it (nor know what
                 # nsqd read) until it arrives, so it counts from then.
-                self.blind.append((self.sent_bytes, message_id))
+                self.blind.append((self.frames.consumed, message_id))
                 self.outstanding[message_id] = (now + self.msg_timeout, now)
                 self.monitor.message_sent(self, message_id, attempts, body, now, check=False)
                 return

@@ -206,3 +206,47 @@ def test_messages_a_partition_held_never_take_a_consumer_over_max_in_flight(
     scenario: Scenario,
 ) -> None:
     accounted(scenario)
+
+
+#: A pull consumer's nsqd0 is cut off (10.8 s to 13.8 s) while it holds RDY 2; at the heal nsqd0
+#: reads the RDY 2, 1 and 0 written meanwhile and sends two messages in between, in one write
+#: that arrives in 5-byte pieces. The consumer hands each back as soon as its frame is read;
+#: HELD used to count both again once the whole write had arrived (4 > 3).
+HANDED_BACK_BEFORE_THE_WRITE_ENDS = Scenario(
+    cluster=ClusterSpec(
+        nsqd=2,
+        durable=False,
+        consumers=(
+            ConsumerSpec(
+                config=quick(
+                    max_in_flight=3,
+                    max_attempts=3,
+                    default_requeue_delay=2.0,
+                    backoff_enabled=False,
+                    max_backoff_duration=4.0,
+                    lookupd_poll_jitter=0.3,
+                    reconnect_delay=1.0,
+                    low_rdy_idle_timeout=1.0,
+                    rdy_redistribute_interval=2.0,
+                    drain_timeout=10.0,
+                ),
+                handler=Handler(duration=0.01),
+                use_lookupd=False,
+                pull=True,
+            ),
+        ),
+        link=LinkSpec(latency=0.005, jitter=0.0, connect_timeout=0.5, segment=5),
+    ),
+    workload=Workload(messages=55, batch=5, start=0.5, via_tcp=False),
+    faults=(
+        Fault(1.118, FaultKind.PARTITION, "nsqd1", 0.8),
+        Fault(1.418, FaultKind.DRAIN_CONSUMER, "c0.0", 5.0),
+        Fault(3.043, FaultKind.PARTITION, "c0.0", 0.2),
+        Fault(10.823, FaultKind.PARTITION, "nsqd0", 3.0),
+    ),
+    seed=3808,
+)
+
+
+def test_a_message_handed_back_as_its_frame_arrives_is_not_counted_as_held() -> None:
+    accounted(HANDED_BACK_BEFORE_THE_WRITE_ENDS)
