@@ -65,7 +65,11 @@ class ConsumerCoordinator(Answers):
             link.live_floor = now + link.msg_timeout
         after = proto.in_flight_count
         calm = self._calm  # for this read: taking late messages in below does not change it
-        if after > link.claim and link.accepting and not self._take_late(link, len(events), now):
+        if (
+            after > link.claim
+            and link.accepting
+            and not self._take_late(link, sum(type(e) is Deliver for e in events), now)
+        ):
             # More than this connection may hold: nsqd sent under an RDY it had not read as
             # lowered yet. One by one: what still fits is delivered, the rest handed back.
             self._one_by_one(link, events, now)
