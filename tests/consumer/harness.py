@@ -59,6 +59,11 @@ class World:
         self.pipes: dict[tuple[int, int], deque[tuple[float, bytes]]] = {}
         #: Nodes cut off: their pipes hold everything until heal().
         self.stalled: set[NSQDAddress] = set()
+        #: FIN commands nsqd read (those lost with a broken connection never count), and
+        #: those it refused (E_FIN_FAILED: the message was no longer in flight there), as
+        #: nsqd wrote them (the client may never read the refusal: its connection broke).
+        self.fins_read = 0
+        self.fins_refused = 0
         self.addresses = [NSQDAddress(f"10.0.0.{i + 1}", 4150) for i in range(n_nodes)]
         options = NSQDOptions(**(node_options or {}))  # type: ignore[arg-type]
         self.nodes: dict[NSQDAddress, NSQD] = {
@@ -180,6 +185,7 @@ class World:
                     conn_id = self._client_of(address, server_id)
                     if data and conn_id is not None:
                         progressed = True
+                        self.fins_refused += data.count(b"E_FIN_FAILED")
                         self._send(conn_id, TO_CLIENT, data)
             if not progressed:
                 return
@@ -252,6 +258,7 @@ class World:
             self.coordinator.receive_data(conn_id, data, self.now)
             return
         address, server_id = wired
+        self.fins_read += sum(1 for line in data.split(b"\n") if line.startswith(b"FIN "))
         for event in self.nodes[address].receive_data(server_id, data, self.now):
             self._server_event(address, event)
 
@@ -334,6 +341,7 @@ class World:
                 for _, chunk in pending:
                     self.coordinator.receive_data(conn_id, chunk, self.now)
                 if data:
+                    self.fins_refused += data.count(b"E_FIN_FAILED")
                     self.coordinator.receive_data(conn_id, data, self.now)
                 self.coordinator.receive_data(conn_id, b"", self.now)
 
