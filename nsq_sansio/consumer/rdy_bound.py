@@ -79,6 +79,8 @@ class RdyBound(CoordinatorState):
             link.raised_at = now
             if not link.rdy:
                 link.rdy_at = now
+                if link.share_at <= link.last_message_at or link.share_at <= link.dry_at:
+                    link.share_at = now  # delivered or passed on since: a new share
             if count >= link.ceiling and link.conn_id in self._settling:
                 self._settled(link)  # its claim is this RDY now: the ceiling no longer counts
         elif count < link.rdy:

@@ -250,3 +250,41 @@ HANDED_BACK_BEFORE_THE_WRITE_ENDS = Scenario(
 
 def test_a_message_handed_back_as_its_frame_arrives_is_not_counted_as_held() -> None:
     accounted(HANDED_BACK_BEFORE_THE_WRITE_ENDS)
+
+
+#: One pull consumer (fetch(1) every 2 s, max_in_flight 3) over three nsqd on a jittery link
+#: (a settle time near 1 s). The RDY holder's nsqd has nothing; each fetch that expired lowered
+#: RDY to 0 and the next raised it again, which restarted the holder's "had RDY, delivered
+#: nothing" clock, so with two settle times longer than a fetch it never passed the RDY on: the
+#: 20 messages on nsqd0 stayed there (no fault involved).
+PULL_HOLDER_NEVER_RUNS_DRY = Scenario(
+    cluster=ClusterSpec(
+        nsqd=3,
+        consumers=(
+            ConsumerSpec(
+                channel="audit",
+                config=quick(
+                    max_in_flight=3,
+                    default_requeue_delay=0.0,
+                    backoff_enabled=False,
+                    backoff_multiplier=0.5,
+                    lookupd_poll_interval=5.0,
+                    reconnect_delay=1.0,
+                    rdy_redistribute_interval=2.0,
+                    drain_timeout=10.0,
+                ),
+                handler=Handler(failure_rate=0.05, concurrency=1),
+                pull=True,
+                fetch_batch=1,
+            ),
+        ),
+        link=LinkSpec(latency=0.0001, jitter=0.05),
+    ),
+    workload=Workload(messages=24, rate=10.0, batch=20, start=2.0),
+    seed=201,
+)
+
+
+@pytest.mark.parametrize("seed", [201, 4])
+def test_a_pull_holder_that_delivers_nothing_passes_its_rdy_on_across_fetches(seed: int) -> None:
+    accounted(dataclasses.replace(PULL_HOLDER_NEVER_RUNS_DRY, seed=seed))
