@@ -9,6 +9,7 @@ below, one concern each (see :mod:`nsq_sansio.consumer`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from operator import itemgetter
 from typing import cast
@@ -166,8 +167,13 @@ class ConsumerCoordinator(Answers):
         """``arriving`` more messages on ``link`` than its claim covers: nsqd sent them under
         an RDY it had not read as lowered when the settle time released that capacity (a
         partition held the bytes longer). True when they fit anyway (the ceiling grows into
-        budget nobody claims); False: what does not fit must be handed back."""
-        live = link.live_count(now)[0] + arriving
+        budget nobody claims); False: what does not fit must be handed back.
+
+        Only messages surely still in flight on nsqd count against the claim (deadline more
+        than a settle time ahead: nsqd's deadline runs from its send, before ours): one that
+        nsqd may have taken back freed its slot there, and nsqd may fill it; counting it here
+        would hand back, again and again, a message nsqd was allowed to send."""
+        live = link.live_count(now + link.settle_delay)[0] + arriving
         excess = live - link.claim
         if excess <= 0:
             return True
@@ -251,6 +257,12 @@ class ConsumerCoordinator(Answers):
                 if event.command == "TOUCH" and event.message_id is not None
                 else None
             )
+            if held is not None:
+                # nsqd holds it no more: its deadline has passed (it counts no more against
+                # max_in_flight, whatever TOUCH was believed to have won)
+                link.touched[held.id] = min(now, link.touched.get(held.id, held.deadline))
+                link.marks = True
+                link.live_floor = -math.inf
             self._actions.append(
                 TakenBack(
                     link.conn_id,

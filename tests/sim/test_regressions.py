@@ -288,3 +288,43 @@ PULL_HOLDER_NEVER_RUNS_DRY = Scenario(
 @pytest.mark.parametrize("seed", [201, 4])
 def test_a_pull_holder_that_delivers_nothing_passes_its_rdy_on_across_fetches(seed: int) -> None:
     accounted(dataclasses.replace(PULL_HOLDER_NEVER_RUNS_DRY, seed=seed))
+
+
+# --- push mode: scarce RDY moves one holder at a time ----------------------------------------
+
+#: One push consumer, max_in_flight 2 over three nsqd (fewer RDY than connections), an idle
+#: timeout (1 s) shorter than the settle time of a jittery link. Each redistribution tick took
+#: the RDY of an idle holder and gave it to the other holder released a tick before, whose own
+#: lowered RDY had not settled yet; the connection waiting for that budget, the one whose nsqd
+#: had the messages, never got any: 19 messages stayed on nsqd0 (no fault involved).
+SCARCE_RDY_NEVER_REACHES_THE_WAITING_NSQD = Scenario(
+    cluster=ClusterSpec(
+        nsqd=3,
+        lookupd=2,
+        consumers=(
+            ConsumerSpec(
+                channel="archive",
+                config=quick(
+                    max_in_flight=2,
+                    max_attempts=3,
+                    default_requeue_delay=0.0,
+                    backoff_enabled=False,
+                    backoff_multiplier=0.5,
+                    max_backoff_duration=4.0,
+                    lookupd_poll_jitter=0.3,
+                    reconnect_delay=1.0,
+                    low_rdy_idle_timeout=1.0,
+                ),
+                handler=Handler(duration=0.01),
+            ),
+        ),
+        link=LinkSpec(latency=0.05, jitter=0.05),
+    ),
+    workload=Workload(messages=57, rate=10.0, batch=1, start=0.5),
+    seed=530,
+)
+
+
+@pytest.mark.parametrize("seed", [530, 2, 3])
+def test_scarce_rdy_reaches_the_nsqd_waiting_for_it(seed: int) -> None:
+    accounted(dataclasses.replace(SCARCE_RDY_NEVER_REACHES_THE_WAITING_NSQD, seed=seed))
