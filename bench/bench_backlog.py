@@ -1,14 +1,24 @@
-"""How a broker serves others while it moves a big backlog into a topic's first channel.
+"""How a broker moves a big backlog into a topic's first channel, and serves others meanwhile.
 
-Publishes ``--messages`` 1-byte messages to a topic without channels, then SUBscribes (which
-creates the first channel) while a thread GETs ``/ping`` every 5 ms, and waits until the
-topic's depth is 0. Prints the SUB latency, the time until the first message, the time the
-move took and the /ping latencies seen meanwhile, for the embedded nsqd (in its own process,
-``python -m transports.cli nsqd``, so the GIL of this script does not interfere) and
-for the real nsqd when its binaries are found (``--nsqd-bin`` or the workplace's copy)::
+Two measurements, each for the embedded nsqd (in its own process, ``python -m transports.cli
+nsqd``, so the GIL of this script does not interfere) and for the real nsqd when its binaries
+are found (``--nsqd-bin`` or the workplace's copy), in the same run:
 
-    python bench/bench_backlog.py                     # 1M messages, both brokers
-    python bench/bench_backlog.py --messages 300000 --repeat 3
+``ping``   publishes ``--messages`` 1-byte messages to a topic without channels, then
+           SUBscribes (which creates the first channel) while a thread GETs ``/ping`` every
+           5 ms, and waits until the topic's depth is 0. Prints the SUB latency, the time until
+           the first message, the time the move took and the /ping latencies seen meanwhile.
+``drain``  Go's ``bench_writer`` publishes for ``--write-seconds`` (200-byte messages, no
+           channel yet), then Go's ``bench_reader`` consumes for ``--read-seconds`` (a new
+           channel, RDY 2500) while the channel's ``message_count`` is sampled every 50 ms:
+           prints how much of the backlog was in the channel when the reader left, how long
+           the whole backlog took to get there and that throughput, next to the reader's rate
+           (the channel must fill faster than the reader drains it).
+
+::
+
+    python bench/bench_backlog.py                     # both, 1M messages, 3 s + 3 s
+    python bench/bench_backlog.py --only drain --repeat 3
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from transports.testing.real_nsq import RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import RealNSQD, find_binaries, free_port, tool
 
 BATCH = 200_000
 
@@ -130,6 +140,56 @@ def measure(tcp: str, http_address: str, messages: int) -> dict[str, float]:
     }
 
 
+def measure_drain(
+    tcp: str, http_address: str, write_seconds: float, read_seconds: float, bin_dir: str | None
+) -> dict[str, float]:
+    """bench_writer, then bench_reader on a new channel: how fast the backlog reaches it."""
+    writer, reader = tool("bench_writer", bin_dir), tool("bench_reader", bin_dir)
+    assert writer is not None and reader is not None
+    topic = f"drain{time.time_ns()}"
+    common = [f"-nsqd-tcp-address={tcp}", f"-topic={topic}", "-size=200"]
+    subprocess.run(
+        [str(writer), *common, f"-runfor={write_seconds}s"], check=True, capture_output=True
+    )
+
+    def channel_count() -> tuple[int, int]:
+        path = f"/stats?format=json&topic={topic}&include_mem=false"
+        (found,) = json.loads(_get(http_address, path))["topics"]
+        channels = found["channels"]
+        return found["message_count"], channels[0]["message_count"] if channels else 0
+
+    published, _ = channel_count()
+    process = subprocess.Popen(
+        [str(reader), *common, f"-runfor={read_seconds}s"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    started = time.monotonic()
+    filled = 0.0
+    while process.poll() is None:
+        if not filled and channel_count()[1] >= published:
+            filled = time.monotonic() - started
+        time.sleep(0.05)
+    output = process.communicate()[0].decode()
+    moved = channel_count()[1]
+    reader_rate = 0.0
+    for word in output.split(" - "):
+        if word.endswith("ops/s"):
+            reader_rate = float(word.split("ops/s")[0])
+    _get(http_address, "/ping")
+    conn = _connection(http_address)
+    conn.request("POST", f"/topic/delete?topic={topic}")
+    conn.getresponse().read()
+    conn.close()
+    return {
+        "published": published,
+        "moved": moved,
+        "filled_s": filled,
+        "move_rate": published / filled if filled else moved / read_seconds,
+        "reader_rate": reader_rate,
+    }
+
+
 @contextmanager
 def embedded() -> Iterator[tuple[str, str]]:
     tcp, http_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
@@ -156,7 +216,10 @@ def real(bin_dir: str | None) -> Iterator[tuple[str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["ping", "drain"], default=None)
     parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--write-seconds", type=float, default=3.0)
+    parser.add_argument("--read-seconds", type=float, default=3.0)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--nsqd-bin", default=None, help="folder (or path) of the real nsqd")
     args = parser.parse_args()
@@ -167,17 +230,42 @@ def main() -> int:
         brokers.append(("real nsqd", lambda: real(args.nsqd_bin)))
     else:
         print("real nsqd not found (--nsqd-bin): measuring the embedded broker only")
-    print(f"{args.messages} waiting messages; SUB creates the first channel; /ping every 5 ms")
-    for name, start in brokers:
-        for _ in range(args.repeat):
-            with start() as (tcp, http_address):
-                result = measure(tcp, http_address, args.messages)
-            print(
-                f"  {name:<9} SUB {result['sub_ms']:8.1f} ms  first message "
-                f"{result['first_ms']:8.1f} ms  moved in {result['moved_s']:5.2f} s  "
-                f"/ping during the move: {result['pings']:4d} answered, median "
-                f"{result['ping_median_ms']:6.1f} ms, max {result['ping_max_ms']:7.1f} ms"
-            )
+    if args.only in (None, "ping"):
+        print(f"{args.messages} waiting messages; SUB creates the first channel; /ping every 5 ms")
+        for name, start in brokers:
+            for _ in range(args.repeat):
+                with start() as (tcp, http_address):
+                    result = measure(tcp, http_address, args.messages)
+                print(
+                    f"  {name:<9} SUB {result['sub_ms']:8.1f} ms  first message "
+                    f"{result['first_ms']:8.1f} ms  moved in {result['moved_s']:5.2f} s  "
+                    f"/ping during the move: {result['pings']:4d} answered, median "
+                    f"{result['ping_median_ms']:6.1f} ms, max {result['ping_max_ms']:7.1f} ms"
+                )
+    if args.only in (None, "drain"):
+        if tool("bench_reader", args.nsqd_bin) is None:
+            print("Go's bench_writer/bench_reader not found (--nsqd-bin): no drain measurement")
+            return 0
+        print(
+            f"bench_writer {args.write_seconds:g} s (no channel yet), then bench_reader "
+            f"{args.read_seconds:g} s on a new channel: the backlog into that channel"
+        )
+        for name, start in brokers:
+            for _ in range(args.repeat):
+                with start() as (tcp, http_address):
+                    drained = measure_drain(
+                        tcp, http_address, args.write_seconds, args.read_seconds, args.nsqd_bin
+                    )
+                filled = (
+                    f"all in the channel after {drained['filled_s']:5.2f} s"
+                    if drained["filled_s"]
+                    else "not all in the channel when the reader left"
+                )
+                print(
+                    f"  {name:<9} {drained['moved']:>9,.0f} of {drained['published']:>9,.0f} "
+                    f"moved; {filled}: {drained['move_rate']:>9,.0f} msg/s into the channel, "
+                    f"reader {drained['reader_rate']:>9,.0f} msg/s"
+                )
     return 0
 
 

@@ -12,7 +12,7 @@ same middle 80% as its rate) is reported beside its rate, since it moves far les
 
 A version is a source tree (put first on the child's ``PYTHONPATH``); ``NAME=PATH+nogc`` runs
 the same tree with the child's garbage collector off (what GC costs). Modes:
-``blocking-iter`` (``for msg in c``), ``blocking-run`` (``run(handler, threads=8)``),
+``blocking-iter`` (``for msg in c``), ``blocking-run`` (``run(handler, concurrency=8)``),
 ``anyio-iter`` / ``anyio-run`` (asyncio; ``anyio-iter:trio`` for trio). Same nsqd setup,
 prefill and "every message FIN'd" check as ``bench_real.py``.
 """
@@ -71,7 +71,10 @@ elif kind == "blocking-run":
             with lock:
                 if hit():
                     c.start_drain(10.0)
-        c.run(handler, threads=8)
+        try:
+            c.run(handler, concurrency=8)
+        except TypeError:  # a version from before run()'s argument was named concurrency
+            c.run(handler, threads=8)
 else:
     import anyio
     from transports.anyio import Consumer

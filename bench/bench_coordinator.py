@@ -89,6 +89,9 @@ def subscribed_coordinator() -> tuple[ConsumerCoordinator, list[int]]:
         c.connection_made(conn_id, 0.0)
         c.receive_data(conn_id, encode_frame(0, b'{"max_rdy_count": 2500}'), 0.0)
         c.receive_data(conn_id, encode_frame(0, b"OK"), 0.0)
+    for conn_id in ids:  # warmed up as the periodic check does: RDY 2500 each before the
+        c._links[conn_id].warm = True  # reads below (an nsqd sends no more than RDY allows)
+    c._rebalance(0.0)
     c.pending_data()
     c.take_actions()
     assert len(c.connection_ids()) == CONNECTIONS

@@ -231,7 +231,7 @@ def _blocking_iter(job: Job) -> Timing:
     return counter.timing()
 
 
-@row("consume", "sansio-blocking-run", "nsq-sansio blocking, `run(handler, threads=8)`")
+@row("consume", "sansio-blocking-run", "nsq-sansio blocking, `run(handler, concurrency=8)`")
 def _blocking_run(job: Job) -> Timing:
     import threading
 
@@ -247,7 +247,7 @@ def _blocking_run(job: Job) -> Timing:
                 if hit():
                     c.start_drain(10.0)
 
-        c.run(handler, threads=job.threads)
+        c.run(handler, concurrency=job.threads)
     return counter.timing()
 
 
@@ -1356,7 +1356,7 @@ def _targets(rates: dict[str, float]) -> list[tuple[str, float, float]]:
         0.8,
     )
     ratio(
-        "consume blocking run(threads=8) / `for msg`",
+        "consume blocking run(concurrency=8) / `for msg`",
         "consume/sansio-blocking-run",
         "consume/sansio-blocking-iter",
         0.7,
@@ -1383,7 +1383,9 @@ def main() -> None:
     parser.add_argument("--body-size", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=100, help="callers in pub100 rows")
     parser.add_argument("--batch", type=int, default=200, help="bodies per MPUB")
-    parser.add_argument("--threads", type=int, default=8, help="blocking run(handler, threads=)")
+    parser.add_argument(
+        "--threads", type=int, default=8, help="blocking run(handler, concurrency=)"
+    )
     parser.add_argument(
         "--run-concurrency",
         type=int,

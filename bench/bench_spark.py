@@ -11,8 +11,8 @@ shown as ``?``: it has exited when the read ends). ``--reference`` then measures
 nsqd, Go's ``bench_reader``, the blocking consumer (push, and pull ``fetch(2500)``) and the
 source's reader driven by a plain loop instead of Spark.
 
-    python bench/bench_spark.py --real --only read --reference   # the measurement
-    python bench/bench_spark.py --real               # a real nsqd 1.3.0 (../shared/reference)
+    python bench/bench_spark.py --real --only read --reference   # the read, and references
+    python bench/bench_spark.py --real               # a real nsqd 1.3.0 (transports.testing)
     python bench/bench_spark.py --nsqd host:4150     # an nsqd already running
     python bench/bench_spark.py                      # the embedded nsqd, in its own process
 
@@ -383,6 +383,8 @@ def main() -> None:
             .option("wait_timeout", "1")
             .option("msg_timeout", "60")
         )
+        if http is not None:  # availableNow reads what /stats shows, then stops
+            reader = reader.option("nsqd_http", http)
         if args.linger is not None:
             reader = reader.option("linger", str(args.linger))
         if args.read_partitions is not None:
@@ -418,8 +420,9 @@ def main() -> None:
             assert _depth(http, topic, "spark") == 0, "the read left messages in the channel"
         print(
             f"streaming read, {label} (availableNow, noop sink): {read:>9,} rows in "
-            f"{elapsed:6.2f}s = {read / elapsed:>10,.0f} rows/s overall (query start and the "
-            f"final {1}s idle wait included)"
+            f"{elapsed:6.2f}s = {read / elapsed:>10,.0f} rows/s overall (query start included"
+            + ("" if http is not None else ", and the final 1 s idle wait")
+            + ")"
         )
         print(
             f"  {len(progress)} micro-batches of up to {per_trigger:,}; inside them "

@@ -10,8 +10,8 @@ and prints its own numbers, with pynsq's Reader for comparison when it is instal
     python bench/bench_sync.py -n 500000 --max-in-flight 2500
 
 ``--pipeline`` measures the blocking consumer's Python work per message on one thread, with no
-socket and no thread hand-off: 64 KiB chunks of message frames fed to ``Consumer.on_data``
-(decode, coordinator, the ``Message`` wrappers), ``for msg in c: msg.finish()``, then
+socket and no thread hand-off: 64 KiB chunks of message frames fed to its IO side's
+``on_data`` (decode, coordinator, the ``Message`` wrappers), ``for msg in c: msg.finish()``, then
 ``write_pending`` (the answers taken back, FIN bytes made). It prints microseconds per message
 (best of ``--repeat``, process time); ``--once`` runs it ``--passes`` times without timing,
 for a profiler. Instructions per message, repeatable on a shared machine: run ``--pipeline
@@ -66,7 +66,7 @@ def consume(address: str, meter: MeterLike, max_in_flight: int) -> None:
 
 
 def consume_run(address: str, meter: MeterLike, max_in_flight: int) -> None:
-    """``consumer.run(handler, threads=4)``: the handler returns, the message is FIN'd."""
+    """``consumer.run(handler, concurrency=4)``: the handler returns, the message is FIN'd."""
     import threading
 
     from transports.sync import Consumer
@@ -79,7 +79,7 @@ def consume_run(address: str, meter: MeterLike, max_in_flight: int) -> None:
                 if meter.hit():
                     c.start_drain(5.0)
 
-        c.run(handler, threads=4)
+        c.run(handler, concurrency=4)
 
 
 def publish_pipelined(address: str, meter: MeterLike, max_in_flight: int) -> None:
@@ -194,7 +194,8 @@ def pipeline(chunks: list[bytes]) -> int:
     from transports.sync._loop import Link
 
     c = Consumer(TOPIC, CHANNEL, nsqd=["127.0.0.1:4150"], max_in_flight=2500)
-    coordinator = c._coordinator
+    io = c._io  # the IO side the IO thread drives: driven here on this thread
+    coordinator = io.coordinator
     coordinator.start(0.0)
     conn_id = coordinator.take_actions()[0].conn_id  # type: ignore[attr-defined]
     coordinator.connection_made(conn_id, 0.0)
@@ -203,20 +204,20 @@ def pipeline(chunks: list[bytes]) -> int:
     coordinator.pending_data()
     coordinator.take_actions()
     link = Link(conn_id, "127.0.0.1", 4150)
-    c._links[conn_id] = link
+    io.links[conn_id] = link
     written: list[bytes] = []
-    c._loop.write = lambda _link, data: written.append(data)  # type: ignore[method-assign]
-    c._loop._wake_pending = True  # wake() does nothing while this is set
+    io.loop.write = lambda _link, data: written.append(data)  # type: ignore[method-assign]
+    io.loop._wake_pending = True  # wake() does nothing while this is set
     c._started = True
     messages = iter(c)
-    ready = c._ready
+    ready = io.ready
     count = 0
     for chunk in chunks:
-        c.on_data(link, chunk, 1.0)
+        io.on_data(link, chunk, 1.0)
         for _ in range(len(ready)):
             next(messages).finish()
             count += 1
-        c.write_pending()
+        io.write_pending()
     fins = sum(data.count(b"FIN ") for data in written)
     assert fins == count, f"{fins} FINs for {count} messages"
     return count

@@ -58,7 +58,6 @@ Consumer("events", "audit", nsqd=["127.0.0.1:4150"], config=base.replace(max_att
 
 #: For fields that have no ``#:`` comment in config.py (yet); the source wins when it has one.
 FALLBACK = {
-    "hostname": "Sent in IDENTIFY as the client's hostname (see `client_id`).",
     "user_agent": "Sent in IDENTIFY; shows in nsqd's /stats and nsqadmin.",
     "tls_v1": "Ask nsqd to upgrade the connection to TLS after IDENTIFY (see security.md).",
     "snappy": "Negotiate snappy compression of the connection (exclusive with `deflate`).",
@@ -185,7 +184,7 @@ def render() -> str:
         "`--max-output-buffer-size` (64 KiB). A value outside them is refused "
         "(`E_BAD_BODY IDENTIFY output buffer timeout (10) is invalid`); reconnecting cannot "
         "help, so it is reported as `nsq_sansio.errors.IdentifyRejected`, a `ConfigError` "
-        "carrying nsqd's `code` and `text`. A consumer fails with it at once, without retrying "
+        "carrying nsqd's `code` and `text`. A consumer fails with it at once, without reconnecting "
         "(see [the consumer coordinator](consumer.md#a-configuration-nsqd-refuses))."
     )
     return "\n".join(lines) + "\n"

@@ -79,6 +79,7 @@ def main() -> None:
             topic="events",
             channel="spark-agg",
             nsqd=address,
+            nsqd_http=nsqd.http_address,
             out=str(work / "page_counts"),
             checkpoint=str(work / "checkpoint"),
             available_now=True,

@@ -26,6 +26,7 @@ def build_query(
     out: str,
     checkpoint: str,
     nsqd: str | None = None,
+    nsqd_http: str | None = None,
     lookupd: str | None = None,
     available_now: bool = False,
 ) -> Any:
@@ -34,6 +35,8 @@ def build_query(
 
     reader = spark.readStream.format("nsq").option("topic", topic).option("channel", channel)
     reader = reader.option("nsqd", nsqd) if nsqd else reader.option("lookupd", lookupd)
+    if nsqd_http:  # where /stats is (availableNow reads what the channel held at the start)
+        reader = reader.option("nsqd_http", nsqd_http)
     events = (
         reader.option("max_in_flight", "5000")
         .load()
@@ -70,6 +73,7 @@ def build_query(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nsqd", help="comma-separated nsqd TCP addresses")
+    parser.add_argument("--nsqd-http", help="their HTTP addresses (default: TCP port + 1)")
     parser.add_argument("--lookupd", help="comma-separated nsqlookupd HTTP addresses")
     parser.add_argument("--topic", default="events")
     parser.add_argument("--channel", default="spark-agg")
@@ -84,7 +88,7 @@ def main() -> None:
 
     from transports.spark import register
 
-    spark = SparkSession.builder.appName("nsq-page-counts").getOrCreate()
+    spark = SparkSession.builder.appName("nsq-page-counts").getOrCreate()  # spark-submit's master
     register(spark)
     query = build_query(
         spark,
@@ -93,6 +97,7 @@ def main() -> None:
         out=args.out,
         checkpoint=args.checkpoint,
         nsqd=args.nsqd,
+        nsqd_http=args.nsqd_http,
         lookupd=args.lookupd,
         available_now=args.available_now,
     )

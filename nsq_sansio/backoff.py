@@ -65,10 +65,12 @@ class Backoff:
 
     @property
     def phase(self) -> BackoffPhase:
+        """Where the consumer is: running normally, waiting out a window, or testing with RDY 1."""
         return self._phase
 
     @property
     def level(self) -> int:
+        """Consecutive failures not yet made up for; 0 when not backing off."""
         return self._level
 
     @property
@@ -83,6 +85,7 @@ class Backoff:
 
     @property
     def enabled(self) -> bool:
+        """False when backoff is turned off (``backoff_enabled`` or a zero duration cap)."""
         return self._enabled
 
     def duration(self, level: int) -> float:

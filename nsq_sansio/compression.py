@@ -44,9 +44,13 @@ def _limit(max_expansion: int | None, size: int) -> int:
 class Codec(Protocol):
     """What a connection needs from a compression scheme."""
 
-    def compress(self, data: bytes) -> bytes: ...
+    def compress(self, data: bytes) -> bytes:
+        """The bytes to write for ``data``, flushed so that the peer can decode all of it."""
+        ...
 
-    def decompress_iter(self, data: bytes) -> Iterator[bytes]: ...
+    def decompress_iter(self, data: bytes) -> Iterator[bytes]:
+        """Feed bytes read from the socket; yields the decompressed bytes available so far."""
+        ...
 
 
 class DeflateCodec:
@@ -63,11 +67,14 @@ class DeflateCodec:
         self._decompressor = zlib.decompressobj(-15)
 
     def compress(self, data: bytes) -> bytes:
+        """Deflate ``data`` and sync-flush, so nsqd can decode every byte written so far."""
         if not data:
             return b""
         return self._compressor.compress(data) + self._compressor.flush(zlib.Z_SYNC_FLUSH)
 
     def decompress_iter(self, data: bytes) -> Iterator[bytes]:
+        """Inflate what nsqd sent; raises ``CompressionError`` on garbage or a decompression
+        bomb (more output than the expansion limit allows)."""
         decompressor = self._decompressor
         limit = _limit(self.max_expansion, len(data))
         produced = 0
@@ -104,11 +111,14 @@ class SnappyCodec:
         self._seen_identifier = False
 
     def compress(self, data: bytes) -> bytes:
+        """``data`` as complete snappy frames (the framing format's chunks)."""
         if not data:
             return b""
         return bytes(self._compressor.add_chunk(data))
 
     def decompress_iter(self, data: bytes) -> Iterator[bytes]:
+        """Decode the complete snappy frames received so far (a partial frame waits for more);
+        raises ``CompressionError`` on a bad frame, a bad checksum or a decompression bomb."""
         buffer = self._buffer
         buffer += data
         produced = 0

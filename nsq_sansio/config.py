@@ -5,6 +5,8 @@ Defaults follow go-nsq (the reference client). Durations are float **seconds**, 
 milliseconds IDENTIFY wants. Every field is checked in ``__post_init__``; a bad value raises
 :class:`~nsq_sansio.errors.ConfigError` naming the field and the allowed range, so a mistake is
 found when the config is built rather than when nsqd closes the connection.
+
+Secrets never show: ``repr()`` and ``str()`` print ``auth_secret='***'``.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ from .errors import ConfigError
 
 __all__ = ["DEFAULT_USER_AGENT", "Config"]
 
+#: Fields whose value is a secret: shown as ``'***'`` by ``repr()``.
+_SECRET_FIELDS = frozenset({"auth_secret"})
+
 #: Sent as IDENTIFY ``user_agent`` unless the user sets one (HTTP style: name/version).
 DEFAULT_USER_AGENT = "nsq-sansio/0.1.0"
 
 _INT32_MAX = 2**31 - 1
 _HOUR = 3600.0
+#: The longest delay a REQ or DPUB can carry (s): a signed 32-bit count of milliseconds.
+_MAX_DELAY = _INT32_MAX / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +86,12 @@ class Config:
     #: Pull mode: how long a message that arrived for no waiting fetch is held before REQ 0.
     pull_hold_timeout: float = 1.0
     # -- IDENTIFY (connection level) --------------------------------------------------------
-    #: Sent to nsqd to name this client; the core cannot look the host up (no IO), so
-    #: transports fill both in (go-nsq's default: the short and the full hostname).
+    #: Sent in IDENTIFY to name this client in nsqd's /stats and nsqadmin. None: every
+    #: client sends the short host name (up to the first dot), as go-nsq does; "" sends it
+    #: empty.
     client_id: str | None = None
+    #: Sent in IDENTIFY as this client's host name. None: every client sends the full host
+    #: name (`socket.gethostname()`, no DNS lookup), as go-nsq does; "" sends it empty.
     hostname: str | None = None
     user_agent: str = DEFAULT_USER_AGENT
     #: Seconds between nsqd heartbeats; None disables them (IDENTIFY -1).
@@ -94,11 +104,23 @@ class Config:
     output_buffer_size: int | None = 16 * 1024
     #: nsqd's output flush timeout in seconds; -1 disables it, None = server's.
     output_buffer_timeout: float | None = 0.25
+    #: Ask nsqd to upgrade the connection to TLS after IDENTIFY (see security.md); an nsqd
+    #: without TLS set up is refused (IncompatibleNSQD), never used in clear.
     tls_v1: bool = False
+    #: Negotiate snappy compression of the connection (exclusive with `deflate`); required
+    #: once asked: an nsqd that does not enable it is refused (IncompatibleNSQD).
     snappy: bool = False
+    #: Negotiate deflate compression of the connection (exclusive with `snappy`); required
+    #: once asked, like snappy.
     deflate: bool = False
     deflate_level: int = 6
+    #: Sent with AUTH when nsqd requires it (nsqd's --auth-http-address); repr() shows '***'.
     auth_secret: bytes | None = None
+    #: Refuse to send auth_secret over a connection without TLS (IncompatibleNSQD instead).
+    auth_requires_tls: bool = False
+    #: nsqd's --max-req-timeout, when it is not nsqd's default of an hour (nsqd does not
+    #: announce it): REQ and DPUB delays above it are refused before they are sent.
+    max_req_timeout: float | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_in_flight", self.max_in_flight, 0, _INT32_MAX)
@@ -153,6 +175,21 @@ class Config:
             raise ConfigError("snappy=True and deflate=True: the compressions are exclusive")
         if self.auth_secret is not None and not isinstance(self.auth_secret, bytes):
             raise ConfigError(f"auth_secret must be bytes or None, got {type(self.auth_secret)}")
+        _check_bool("auth_requires_tls", self.auth_requires_tls)
+        if self.max_req_timeout is not None:
+            _check_float("max_req_timeout", self.max_req_timeout, 0.0, _MAX_DELAY, "or None")
+
+    def __repr__(self) -> str:
+        """The fields as the dataclass would show them, with secrets as ``'***'``."""
+        shown = (
+            f"{f.name}='***'"
+            if f.name in _SECRET_FIELDS and getattr(self, f.name) is not None
+            else f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+        )
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    __str__ = __repr__
 
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied and validated again."""

@@ -11,6 +11,11 @@ Lifecycle::
 
 Upgrades happen at exactly the byte nsqd switches: bytes after the IDENTIFY answer belong to the
 TLS layer (handed back in :class:`~nsq_sansio.events.TLSUpgradeRequired`) or are compressed.
+
+The connection holds nsqd to the RDY it was given (see :meth:`ClientConnection.send_ready`):
+a peer that pushes more messages than that is refused with
+:class:`~nsq_sansio.errors.ReadyCountExceeded`, and the messages beyond the bound are not
+delivered, so what one read can produce stays bounded even when it is compressed.
 """
 
 from __future__ import annotations
@@ -20,19 +25,27 @@ import struct
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import frames
 from .compression import Codec, DeflateCodec, SnappyCodec
 from .errors import (
+    AuthSecretMissing,
     CoalescedPublishRefused,
     CompressionError,
+    CompressionUnavailable,
     ConnectionLost,
+    DelayOutOfRange,
+    FrameTooLarge,
     IdentifyRejected,
+    InsecureAuthRefused,
     LocalProtocolError,
     NSQError,
+    ReadyCountExceeded,
     RemoteProtocolError,
     ServerError,
+    TLSUnavailable,
+    WrongPort,
 )
 from .events import (
     AuthResult,
@@ -50,7 +63,16 @@ from .events import (
     TLSUpgradeRequired,
 )
 
-__all__ = ["MAX_COMMAND_DELAY", "ClientConnection", "ConnectionState"]
+if TYPE_CHECKING:
+    from .config import Config
+
+__all__ = [
+    "DEFAULT_MAX_REQ_TIMEOUT",
+    "MAX_ANSWER_SIZE",
+    "MAX_COMMAND_DELAY",
+    "ClientConnection",
+    "ConnectionState",
+]
 
 
 class ConnectionState(Enum):
@@ -101,6 +123,24 @@ COALESCE_BYTES = 256 * 1024
 _NON_FATAL_COMMANDS = {"E_FIN_FAILED": "FIN", "E_REQ_FAILED": "REQ", "E_TOUCH_FAILED": "TOUCH"}
 #: Heartbeats nsqd sends when IDENTIFY does not set an interval (ms).
 _DEFAULT_HEARTBEAT_MS = 30_000
+#: nsqd's default message timeout (ms), until its IDENTIFY answer says otherwise.
+_DEFAULT_MSG_TIMEOUT_MS = 60_000
+#: Heartbeats and late-answer errors one read may bring, beyond one error per message that
+#: may be held (twice nsqd's max_rdy_count).
+_UNSOLICITED_PER_READ = 64
+#: The largest IDENTIFY or AUTH answer read (bytes): nsqd's are a few hundred bytes of JSON, so
+#: anything near this is not nsqd, and is refused before it is buffered or parsed.
+MAX_ANSWER_SIZE = 64 * 1024
+#: nsqd's default ``--max-req-timeout`` (seconds), assumed for DPUB when nsqd's own is not known
+#: (nsqd does not announce it in its IDENTIFY answer).
+DEFAULT_MAX_REQ_TIMEOUT = 3600.0
+#: States before READY: frames are answers to the handshake, bounded by MAX_ANSWER_SIZE.
+_HANDSHAKE_STATES = frozenset(
+    {_S.IDENTIFYING, _S.AWAITING_TLS_OK, _S.AWAITING_COMPRESSION_OK, _S.AUTHENTICATING}
+)
+_HTTP_HINT = "is it nsqd's HTTP port? nsqd's TCP port is usually 4150"
+#: What nsqlookupd's TCP port answers to protocol V2's magic: a size, then this error, unframed.
+_LOOKUPD_REFUSAL = b"E_BAD_PROTOCOL"
 
 
 class ClientConnection:
@@ -109,24 +149,41 @@ class ClientConnection:
     ``identify`` holds IDENTIFY's JSON fields (``client_id``, ``hostname``, ``user_agent``,
     ``heartbeat_interval`` in ms, ``tls_v1``, ``snappy``, ``deflate``, ``deflate_level``,
     ``sample_rate``, ``msg_timeout``, ``output_buffer_*``); ``feature_negotiation`` is always on.
+    A feature asked for is required: ``tls_v1``, ``snappy`` or ``deflate`` that nsqd does not
+    enable fails the connection with an :class:`~nsq_sansio.errors.IncompatibleNSQD`.
+
+    ``auth_secret`` is sent with AUTH when nsqd requires it; ``auth_requires_tls`` refuses to
+    send it over a connection that is not TLS. ``max_req_timeout`` is nsqd's
+    ``--max-req-timeout`` in seconds when the caller knows it (nsqd does not announce it), for
+    the local checks of REQ and DPUB delays. ``peer`` names the server in error messages
+    (``"127.0.0.1:4150"``); leave it None when the caller's logs already say which it is.
     """
 
     __slots__ = (
         "_accepts_messages",
+        "_allowed",
         "_as",
+        "_auth_requires_tls",
         "_auth_secret",
         "_awaiting",
+        "_ceiling",
         "_close_wait_received",
         "_codec",
+        "_credit",
+        "_expiry_window",
+        "_frame_limit",
         "_group",
         "_group_bytes",
         "_group_sizes",
+        "_held_history",
         "_in_flight",
         "_last_received",
         "_max_frame_size",
+        "_max_req_timeout",
         "_next_request_id",
         "_out",
         "_out_plain",
+        "_peer",
         "_pending",
         "_pending_need",
         "_pub_headers",
@@ -136,6 +193,7 @@ class ClientConnection:
         "_state",
         "_switch",
         "_tail_pub",
+        "_unsolicited",
         "auth",
         "channel",
         "heartbeat_interval",
@@ -149,6 +207,9 @@ class ClientConnection:
         *,
         auth_secret: bytes | str | None = None,
         max_frame_size: int = frames.DEFAULT_MAX_FRAME_SIZE,
+        auth_requires_tls: bool = False,
+        max_req_timeout: float | None = None,
+        peer: str | None = None,
     ) -> None:
         fields: dict[str, Any] = dict(identify or {})
         fields["feature_negotiation"] = True
@@ -172,8 +233,15 @@ class ClientConnection:
         if isinstance(auth_secret, str):
             auth_secret = auth_secret.encode()
         self._auth_secret = auth_secret
+        self._auth_requires_tls = bool(auth_requires_tls)
+        if max_req_timeout is not None:
+            _milliseconds("max_req_timeout", max_req_timeout)  # a number of seconds, in range
+        self._max_req_timeout = max_req_timeout
+        self._peer = peer
         self._max_frame_size = max_frame_size
         frames.FrameDecoder(max_frame_size)  # validates the limit with the same rule
+        #: Frames are answers to the handshake until READY: none may be larger than this.
+        self._frame_limit = min(max_frame_size, MAX_ANSWER_SIZE + 4)
         self._state = _S.IDENTIFYING
         #: The unfinished frame's bytes (one bytearray: memory stays within one frame's size).
         self._pending = bytearray()
@@ -200,17 +268,46 @@ class ClientConnection:
         self._in_flight: set[bytes] = set()
         self._rdy = 0
         self._rdy_remaining = 0
+        #: The RDY bound: the RDY nsqd may still be applying, and how many messages may still
+        #: come under it after a lower RDY was sent (nsqd reads the new one later).
+        self._ceiling = 0
+        self._credit = 0
+        self._allowed = 0
+        #: A message received this long ago (s) may have timed out on nsqd (half its timeout).
+        self._expiry_window = _DEFAULT_MSG_TIMEOUT_MS / 2000
+        #: [when, most messages held after a read then]: one entry per 1/32 of the window, so
+        #: how many held messages may have timed out is known without a time per message.
+        self._held_history: deque[list[float]] = deque()
         self._close_wait_received = False
+        #: Heartbeats and late-answer errors in the current receive_data() call.
+        self._unsolicited = 0
         self._last_received: float | None = None
         self.settings: ServerSettings | None = None
         self.auth: AuthResult | None = None
         self.topic: str | None = None
         self.channel: str | None = None
 
+    @classmethod
+    def from_config(
+        cls, config: Config, *, peer: str | None = None, **overrides: Any
+    ) -> ClientConnection:
+        """A connection for ``config``: its IDENTIFY fields, ``auth_secret``,
+        ``auth_requires_tls`` and ``max_req_timeout`` (``overrides`` are other keyword
+        arguments of the constructor, such as ``max_frame_size``)."""
+        return cls(
+            config.identify_body(),
+            auth_secret=config.auth_secret,
+            auth_requires_tls=config.auth_requires_tls,
+            max_req_timeout=config.max_req_timeout,
+            peer=peer,
+            **overrides,
+        )
+
     # --- introspection ----------------------------------------------------------------------
 
     @property
     def state(self) -> ConnectionState:
+        """Where the connection is in its lifecycle (handshake, ready, subscribed, closing...)."""
         return self._state
 
     @property
@@ -230,13 +327,29 @@ class ClientConnection:
 
     @property
     def in_flight_count(self) -> int:
+        """Messages delivered on this connection and not answered yet (FIN, REQ) here."""
         return len(self._in_flight)
 
     def is_in_flight(self, message_id: bytes) -> bool:
+        """Whether ``message_id`` was delivered here and is still unanswered."""
         return message_id in self._in_flight
 
     @property
+    def rdy_bound(self) -> int:
+        """The most messages nsqd may have this connection hold (unanswered and not timed out)
+        before the connection refuses it: twice the RDY nsqd may still be applying."""
+        return self._allowed
+
+    @property
+    def max_req_timeout(self) -> float | None:
+        """nsqd's ``--max-req-timeout`` in seconds: as given, or as nsqd announced it; None
+        when unknown (REQ delays are then only checked against what the wire can carry, and
+        DPUB delays against nsqd's default, :data:`DEFAULT_MAX_REQ_TIMEOUT`)."""
+        return self._max_req_timeout
+
+    @property
     def max_rdy_count(self) -> int:
+        """nsqd's ``max_rdy_count`` from the IDENTIFY answer (its default before the answer)."""
         settings = self.settings or ServerSettings.default()
         return settings.max_rdy_count
 
@@ -286,6 +399,7 @@ class ClientConnection:
             )
         if type(data) is not bytes:
             data = bytes(data)  # ids and bodies must not be views of the caller's buffer
+        self._unsolicited = 0
         if self._codec is None:
             self._process(data, events)
         else:
@@ -350,7 +464,17 @@ class ClientConnection:
         self._state = _S.SUBSCRIBING
 
     def send_ready(self, count: int) -> None:
-        """``RDY count``: allow up to ``count`` messages in flight on this connection."""
+        """``RDY count``: allow up to ``count`` messages in flight on this connection.
+
+        nsqd sends a message only while the messages in flight to this client are fewer than
+        its RDY, so the connection holds it to that: when the messages held (received, not
+        answered, and not old enough to have timed out on nsqd: half the message timeout)
+        would exceed :attr:`rdy_bound`, the connection fails with
+        :class:`~nsq_sansio.errors.ReadyCountExceeded` and the messages beyond are not
+        delivered. The bound is twice the RDY (nsqd forgets the messages in flight when a
+        channel is emptied, and may then send a whole RDY again); after a lower RDY, the old
+        one still applies to as many messages as it allowed (sent before nsqd read the new one).
+        """
         self._require("send_ready()", (_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING))
         if isinstance(count, bool) or not isinstance(count, int):
             raise LocalProtocolError(f"RDY count must be an int, got {count!r}")
@@ -363,6 +487,12 @@ class ClientConnection:
             raise LocalProtocolError(f"RDY {count} in state CLOSING: only RDY 0 makes sense")
         self._out.append(b"RDY %d\n" % count)
         self._rdy = self._rdy_remaining = count
+        if count >= self._ceiling:  # nsqd may apply a lower one until it reads this: no matter
+            self._ceiling = count
+            self._credit = 0
+            self._allowed = 2 * count
+        else:  # up to the old RDY's worth may still come under it
+            self._credit = self._ceiling
 
     def finish(self, message_id: bytes) -> None:
         """``FIN``: the message was handled and can be forgotten."""
@@ -401,8 +531,13 @@ class ClientConnection:
             self.finish(message_id)
 
     def requeue(self, message_id: bytes, delay: float = 0.0) -> None:
-        """``REQ``: hand the message back, to be delivered again after ``delay`` seconds."""
+        """``REQ``: hand the message back, to be delivered again after ``delay`` seconds.
+
+        A delay above :attr:`max_req_timeout`, when it is known, raises
+        :class:`~nsq_sansio.errors.DelayOutOfRange` (nsqd would shorten it silently)."""
         delay_ms = _milliseconds("requeue() delay", delay)
+        if self._max_req_timeout is not None and delay > self._max_req_timeout:
+            raise self._delay_error("requeue()", delay, self._max_req_timeout, assumed=False)
         self._settle("requeue()", message_id)
         self._out.append(frames.encode_req(message_id, delay_ms))
 
@@ -490,9 +625,21 @@ class ClientConnection:
         return self._request(frames.encode_mpub(topic, bodies))
 
     def deferred_publish(self, topic: str, body: bytes, delay: float) -> int:
-        """``DPUB``: deliverable after ``delay`` seconds; returns the request id."""
+        """``DPUB``: deliverable after ``delay`` seconds; returns the request id.
+
+        A delay above nsqd's ``max_req_timeout`` (:attr:`max_req_timeout`, or nsqd's default
+        of an hour when it is not known) raises :class:`~nsq_sansio.errors.DelayOutOfRange`:
+        nsqd would refuse it with a fatal ``E_INVALID`` and close the connection."""
         self._require("deferred_publish()", _PUBLISH_STATES)
         delay_ms = _milliseconds("deferred_publish() delay", delay)
+        limit = self._max_req_timeout
+        if delay > (DEFAULT_MAX_REQ_TIMEOUT if limit is None else limit):
+            raise self._delay_error(
+                "deferred_publish()",
+                delay,
+                DEFAULT_MAX_REQ_TIMEOUT if limit is None else limit,
+                assumed=limit is None,
+            )
         return self._request(frames.encode_dpub(topic, delay_ms, body))
 
     def nop(self) -> None:
@@ -566,6 +713,21 @@ class ClientConnection:
         except KeyError:
             raise self._not_in_flight(what, message_id) from None
 
+    @staticmethod
+    def _delay_error(what: str, delay: float, limit: float, *, assumed: bool) -> DelayOutOfRange:
+        where = (
+            "nsqd's default --max-req-timeout (nsqd does not announce its own: give "
+            "max_req_timeout if this nsqd allows more)"
+            if assumed
+            else "nsqd's --max-req-timeout"
+        )
+        return DelayOutOfRange(
+            f"{what} delay of {delay:g} seconds is above the {limit:g} seconds of {where}; "
+            "delays are in seconds, not milliseconds",
+            delay=delay,
+            limit=limit,
+        )
+
     def _request(self, command: bytes) -> int:
         request_id = self._next_request_id
         self._next_request_id = request_id + 1
@@ -590,7 +752,7 @@ class ClientConnection:
         The working buffer is an immutable ``bytes``, so each body is one slice (one copy).
         An unfinished frame waits in the ``_pending`` bytearray until it is complete. A
         message frame takes one ``unpack_from`` (frame and message headers together) and no
-        Python-level constructor; RDY left is counted down once per read.
+        Python-level constructor; the RDY bound is checked once per run of messages.
         """
         pending = self._pending
         if pending:
@@ -602,7 +764,7 @@ class ClientConnection:
         end = len(data)
         last = end - 34  # a message frame's headers start at or before this
         pos = 0
-        limit = self._max_frame_size
+        limit = self._frame_limit
         unpack_frame = _FRAME_AND_MESSAGE_HEADER.unpack_from
         unpack_header = _HEADER.unpack_from
         add = self._in_flight.add
@@ -665,11 +827,12 @@ class ClientConnection:
                         raise RemoteProtocolError(f"message frame of {size} bytes is too short")
                     raise RemoteProtocolError(f"message received in state {self._state.name}")
                 if len(events) > mark:
-                    self._count_received(len(events) - mark)
+                    self._count_received(len(events) - mark, events)
                 payload = data[pos + 8 : stop]
                 pos = stop
                 if frame_type == 0:
                     self._on_response(payload, events)
+                    limit = self._frame_limit  # READY lifts the handshake's limit
                 elif frame_type == 1:
                     self._on_error(payload, events)
                 else:
@@ -678,7 +841,7 @@ class ClientConnection:
                     break
                 mark = len(events)
             if len(events) > mark:
-                self._count_received(len(events) - mark)
+                self._count_received(len(events) - mark, events)
             if self._state is _S.CLOSED:
                 return
             if end - pos >= 4 and not self._switch:
@@ -690,6 +853,12 @@ class ClientConnection:
             error = (
                 exc if isinstance(exc, NSQError) else RemoteProtocolError(f"bad answer: {exc!r}")
             )
+            if self._state in _HANDSHAKE_STATES and isinstance(error, RemoteProtocolError):
+                error = self._handshake_error(error, data, pos)
+            # Reported as a value, not raised: its traceback would hold this frame, whose
+            # ``events`` hold the error (a cycle keeping every message decoded so far, and
+            # the read itself, until a full garbage collection).
+            exc.__traceback__ = error.__traceback__ = None
             self._fail(error, events)
             return
         if pos < end:
@@ -698,10 +867,98 @@ class ClientConnection:
         if self._switch:
             self._apply_switch(events)
 
-    def _count_received(self, count: int) -> None:
-        """``count`` messages arrived: RDY left goes down by as many (not below 0)."""
+    def _count_received(self, count: int, events: list[Any]) -> None:
+        """``count`` messages arrived (the last ones of ``events``): RDY left goes down by as
+        many (not below 0), and the messages held must stay within the RDY bound."""
         left = self._rdy_remaining - count
         self._rdy_remaining = left if left > 0 else 0
+        held = len(self._in_flight)
+        if held > self._allowed:
+            self._check_bound(count, events)  # raises when nsqd broke it
+        if self._credit:  # messages that came under an RDY higher than the last one
+            credit = self._credit - count
+            if credit > 0:
+                self._credit = credit
+            else:
+                self._credit = 0
+                self._ceiling = self._rdy
+                self._allowed = 2 * self._rdy
+        now = self._last_received
+        if now is not None:
+            history = self._held_history
+            if history and now < history[-1][0] + self._expiry_window / 32:
+                last = history[-1]
+                if held > last[1]:
+                    last[1] = held
+            else:
+                history.append([now, held])
+                cutoff = now - self._expiry_window  # older entries can no longer matter
+                while len(history) > 1 and history[1][0] <= cutoff:
+                    history.popleft()
+
+    def _check_bound(self, count: int, events: list[Any]) -> None:
+        """More messages are held than the bound allows: leave out those that nsqd may have
+        timed out already, and if that is still too many, refuse the peer (the messages beyond
+        the bound are taken out of ``events``: nsqd requeues them when the connection closes).
+
+        A message received before ``now - expiry window`` may have timed out: at most as many
+        as were held then (the history's entry for that time), and none of this read's."""
+        in_flight = self._in_flight
+        held = len(in_flight)
+        now = self._last_received
+        if now is not None:
+            cutoff = now - self._expiry_window
+            held_then = 0
+            for when, most in self._held_history:
+                if when > cutoff:
+                    break
+                held_then = int(most)
+            held -= min(held_then, held - count)
+        allowed = self._allowed
+        if held <= allowed:
+            return
+        excess = min(held - allowed, count)
+        index = 0 if self._as is None else 1  # where a Message or a handle keeps the id
+        for event in events[len(events) - excess :]:
+            in_flight.discard(event[index])
+        del events[len(events) - excess :]
+        rdy = (
+            f"RDY {self._rdy}"
+            if self._ceiling == self._rdy
+            else f"RDY {self._ceiling} (until nsqd reads the RDY {self._rdy} sent after it)"
+        )
+        raise ReadyCountExceeded(
+            f"nsqd sent more messages than RDY allows: {held} would be held (unanswered and "
+            f"within their timeout) with {rdy}, at most {allowed} allowed; the last {excess} "
+            "were not delivered (nsqd requeues them when the connection closes)",
+            held=held,
+            rdy=self._ceiling,
+            allowed=allowed,
+        )
+
+    def _handshake_error(self, error: RemoteProtocolError, data: bytes, pos: int) -> NSQError:
+        """What broke the handshake, said plainly when the peer is not nsqd's TCP port at all
+        (nsqd's HTTP port, nsqlookupd) or sent an answer far larger than nsqd's."""
+        if self._state is _S.IDENTIFYING:
+            who = self._peer or "the server"
+            head = data[pos : pos + 5]
+            if len(head) >= 4 and b"HTTP/".startswith(head):  # "HTTP" read as a frame size
+                line = data[pos:].split(b"\r\n", 1)[0][:64].decode("ascii", "replace")
+                return WrongPort(
+                    f"{who} answered like an HTTP server ({line!r}): {_HTTP_HINT}", "HTTP"
+                )
+            if data.startswith(_LOOKUPD_REFUSAL, 4):  # nsqlookupd's answer to any magic but V1
+                return WrongPort(
+                    f"{who} answered like nsqlookupd (E_BAD_PROTOCOL to protocol V2): is it "
+                    "nsqlookupd's TCP port, usually 4160? nsqd's TCP port is usually 4150",
+                    "nsqlookupd",
+                )
+        if isinstance(error, FrameTooLarge):  # still one, with the handshake's own limit said
+            error.args = (
+                f"nsqd announced a {error.size}-byte frame in state {self._state.name}; "
+                f"answers to IDENTIFY and AUTH are read up to {MAX_ANSWER_SIZE} bytes",
+            )
+        return error
 
     def _apply_switch(self, events: list[Event]) -> None:
         self._switch = False
@@ -714,6 +971,7 @@ class ClientConnection:
 
     def _on_response(self, payload: bytes, events: list[Event]) -> None:
         if payload == frames.HEARTBEAT:
+            self._count_unsolicited("heartbeats")
             self._out.append(b"NOP\n")
             events.append(Heartbeat())
             return
@@ -759,31 +1017,38 @@ class ClientConnection:
                 raise RemoteProtocolError(f"CLS answered {payload[:64]!r} instead of CLOSE_WAIT")
             self._close_wait_received = True
             self._rdy = self._rdy_remaining = 0
+            # nsqd set its RDY to 0 before answering; its message pump may still write the one
+            # message it had decided to send under the old RDY, and nothing after it.
+            self._credit = 1 if self._ceiling else 0
             events.append(CloseWait())
 
     def _on_identify(self, payload: bytes, events: list[Event]) -> None:
+        requested = self._requested
         if payload == frames.OK:
-            self.settings = ServerSettings.default()
-            # Compression is an optimisation and falls back to none; TLS never falls back.
-            for feature in ("tls_v1",):
-                if self._requested.get(feature):
-                    raise RemoteProtocolError(
-                        f"{feature} was requested but nsqd does not negotiate features"
-                    )
+            # An nsqd from before feature negotiation: none of the features can be had.
+            self.settings = settings = ServerSettings.default()
+            self._check_features(settings, negotiated=False)
             self._after_upgrades(events)
             return
+        _check_answer_size("IDENTIFY", payload)
         data = json.loads(payload)
         if not isinstance(data, dict):
             raise RemoteProtocolError(f"IDENTIFY answer is not a JSON object: {payload[:64]!r}")
         settings = ServerSettings.from_json(data)
         for feature in ("tls_v1", "snappy", "deflate"):
-            if getattr(settings, feature) and not self._requested.get(feature):
+            if getattr(settings, feature) and not requested.get(feature):
                 raise RemoteProtocolError(f"nsqd enabled {feature}, which was not requested")
-        if self._requested.get("tls_v1") and not settings.tls_v1:
-            raise RemoteProtocolError(
-                "TLS was requested but nsqd did not enable it (is TLS set up there?)"
-            )
+        self._check_features(settings, negotiated=True)
         self.settings = settings
+        self._expiry_window = settings.msg_timeout / 2000
+        max_req = data.get("max_req_timeout")  # not nsqd's (it does not say), a broker's may
+        if (
+            self._max_req_timeout is None
+            and isinstance(max_req, int)
+            and not isinstance(max_req, bool)
+            and 0 <= max_req <= _MAX_DELAY_MS
+        ):
+            self._max_req_timeout = max_req / 1000
         if settings.tls_v1:
             self._awaiting.append((_Awaiting.TLS_OK, 0))
             self._state = _S.TLS_HANDSHAKE
@@ -791,6 +1056,27 @@ class ClientConnection:
             return
         if not self._start_compression():
             self._after_upgrades(events)
+
+    def _check_features(self, settings: ServerSettings, *, negotiated: bool) -> None:
+        """Every feature asked for must be granted: one that is not fails the connection for
+        good (the same nsqd answers the same way to every reconnect)."""
+        requested = self._requested
+        who = self._peer or "nsqd"
+        why = "" if negotiated else " (it is too old to negotiate features)"
+        if requested.get("tls_v1") and not settings.tls_v1:
+            fix = "give nsqd a certificate (--tls-cert, --tls-key)" if negotiated else "upgrade it"
+            raise TLSUnavailable(
+                f"TLS was requested (tls_v1) but {who} did not enable it{why}: {fix}, "
+                "or turn tls_v1 off"
+            )
+        for feature in ("snappy", "deflate"):
+            if requested.get(feature) and not getattr(settings, feature):
+                fix = f"nsqd runs with --{feature}=false?" if negotiated else "upgrade it"
+                raise CompressionUnavailable(
+                    f"{feature} compression was requested but {who} did not enable it{why} "
+                    f"({fix}): turn {feature} off in this client's configuration, or on in nsqd",
+                    feature,
+                )
 
     def _start_compression(self) -> bool:
         """Switch compression on for both directions, if negotiated; True when it was."""
@@ -816,16 +1102,28 @@ class ClientConnection:
         settings = self.settings
         assert settings is not None
         if settings.auth_required:
+            who = self._peer or "nsqd"
             if self._auth_secret is None:
-                raise LocalProtocolError("nsqd requires AUTH but no auth secret was configured")
+                raise AuthSecretMissing(
+                    f"{who} requires AUTH (it has an auth server, --auth-http-address) and no "
+                    "auth secret is configured: set auth_secret"
+                )
+            if self._auth_requires_tls and not settings.tls_v1:
+                raise InsecureAuthRefused(
+                    f"{who} requires AUTH and the connection is not TLS: auth_requires_tls "
+                    "refuses to send the secret in clear; turn tls_v1 on (nsqd needs "
+                    "--tls-cert and --tls-key)"
+                )
             self._out.append(frames.encode_auth(self._auth_secret))
             self._awaiting.append((_Awaiting.AUTH, 0))
             self._state = _S.AUTHENTICATING
             return
         self._state = _S.READY
+        self._frame_limit = self._max_frame_size
         events.append(ConnectionReady(settings, None))
 
     def _on_auth(self, payload: bytes, events: list[Event]) -> None:
+        _check_answer_size("AUTH", payload)
         data = json.loads(payload)
         if not isinstance(data, dict):
             raise RemoteProtocolError(f"AUTH answer is not a JSON object: {payload[:64]!r}")
@@ -839,13 +1137,27 @@ class ClientConnection:
             raw=data,
         )
         self._state = _S.READY
+        self._frame_limit = self._max_frame_size
         assert self.settings is not None
         events.append(ConnectionReady(self.settings, self.auth))
+
+    def _count_unsolicited(self, what: str) -> None:
+        """Heartbeats and late-answer errors answer nothing pending, so nothing else bounds
+        them: one read may bring a few heartbeats, and a late-answer error per message held,
+        never more (a compressed read could otherwise expand into millions of events)."""
+        self._unsolicited += 1
+        limit = _UNSOLICITED_PER_READ + 2 * self.max_rdy_count
+        if self._unsolicited > limit:
+            raise RemoteProtocolError(
+                f"nsqd sent more than {limit} heartbeats and late-answer errors in one read "
+                f"(the last were {what})"
+            )
 
     def _on_error(self, payload: bytes, events: list[Event]) -> None:
         error = ServerError.from_frame(payload)
         command = _NON_FATAL_COMMANDS.get(error.code)
         if command is not None:
+            self._count_unsolicited(f"{error.code} errors")
             events.append(MessageTakenBack(_message_id_in(error.text), command, error))
             return
         if self._awaiting:
@@ -906,6 +1218,15 @@ def _milliseconds(what: str, seconds: float) -> int:
             f"{what} must be within 0..{_MAX_DELAY_MS / 1000:.0f} seconds, got {seconds!r}"
         )
     return round(seconds * 1000)
+
+
+def _check_answer_size(what: str, payload: bytes) -> None:
+    """nsqd's IDENTIFY and AUTH answers are small JSON objects: a huge one is not parsed."""
+    if len(payload) > MAX_ANSWER_SIZE:
+        raise RemoteProtocolError(
+            f"{what} answer of {len(payload)} bytes is above the {MAX_ANSWER_SIZE} bytes "
+            "read for it (nsqd's is a few hundred)"
+        )
 
 
 def _message_id_in(text: str) -> bytes | None:

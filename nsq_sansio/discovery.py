@@ -1,9 +1,10 @@
-"""nsqlookupd discovery, pure: build ``GET /lookup?topic=...`` with h11, parse the answer, poll.
+"""nsqlookupd discovery, pure: build ``GET /lookup?topic=...``, parse the answer, poll.
 
 * :class:`NSQDAddress` / :class:`LookupdAddress` parse and print addresses (IPv6 bracketed).
-* :class:`LookupRequest` is one HTTP exchange with h11 in the client role: ``data`` is what to
-  write, :meth:`LookupRequest.receive_data` takes what was read (``b""`` at EOF) and returns the
-  outcome once the response is complete. The body is bounded; garbage is an error, never a hang.
+* :class:`LookupRequest` is one HTTP exchange over :class:`~nsq_sansio.http_client.HTTPClient`
+  (the project's one HTTP client): ``data`` is what to write, :meth:`LookupRequest.receive_data`
+  takes what was read (``b""`` at EOF) and returns the outcome once the response is complete.
+  The body is bounded; garbage is an error, never a hang.
 * :func:`parse_lookup_response` reads both answer shapes: nsqlookupd's current one
   (``{"channels": [...], "producers": [...]}``) and the old envelope
   (``{"status_code": 200, "status_txt": "OK", "data": {...}}``). ``404 TOPIC_NOT_FOUND`` is a
@@ -12,19 +13,22 @@
   ``interval`` plus a random jitter of up to ``jitter * interval``. A request unanswered after
   ``timeout`` fails. A failing lookupd keeps its last good answer, so it never removes nodes
   from the union (:meth:`LookupdPoller.known_nodes`).
+* :data:`NSQDFilter` is what a consumer may be given to decide which of the nsqd addresses a
+  lookupd lists it connects to (go-nsq's ``DiscoveryFilter``); :func:`allow_nsqd` builds one
+  from an allow-list of hosts, addresses and networks.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
-import h11
-
-from .errors import ConfigError, LookupdError
+from .errors import ConfigError, ConnectionLost, LookupdError, RemoteProtocolError
+from .http_client import HTTPClient
 from .names import validate_topic
 
 __all__ = [
@@ -35,7 +39,9 @@ __all__ = [
     "LookupdError",
     "LookupdPoller",
     "NSQDAddress",
+    "NSQDFilter",
     "PollRequest",
+    "allow_nsqd",
     "parse_lookup_response",
 ]
 
@@ -92,6 +98,97 @@ class NSQDAddress:
         return cls(host, port)
 
 
+#: Which of the nsqd addresses a lookupd lists a consumer connects to: called with each one,
+#: True to connect. Pure (no IO, no DNS: it sees the address as the lookupd wrote it) and
+#: quick. Addresses given to the consumer directly (``nsqd=``) are not filtered.
+NSQDFilter = Callable[[NSQDAddress], bool]
+
+
+def allow_nsqd(*allowed: str) -> NSQDFilter:
+    """An :data:`NSQDFilter` that connects only to the nsqd ``allowed`` names.
+
+    Each entry is a host name (``"nsqd-1.internal"``, matched exactly, case aside), an IP
+    address (``"10.0.0.7"``, ``"::1"``) or a network (``"10.0.0.0/8"``, ``"fd00::/8"``); a
+    host name or an IP address may carry a port (``"nsqd-1.internal:4150"``,
+    ``"[::1]:4150"``), and then only that port matches. A network matches IP addresses only:
+    a name a lookupd lists is never resolved to be checked (DNS would then decide instead of
+    the list). A bad entry, or none at all, is a :class:`~nsq_sansio.errors.ConfigError`.
+    """
+    return _AllowList(allowed)
+
+
+class _AllowList:
+    """:func:`allow_nsqd`'s filter: names, addresses and networks, each with a port or not."""
+
+    __slots__ = ("_entries", "_ips", "_names", "_networks")
+
+    def __init__(self, allowed: Sequence[str]) -> None:
+        if not allowed:
+            raise ConfigError("allow_nsqd() needs at least one host, address or network")
+        self._entries = tuple(allowed)
+        self._names: set[tuple[str, int | None]] = set()
+        self._ips: set[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int | None]] = set()
+        self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        for entry in allowed:
+            if not isinstance(entry, str) or not entry.strip():
+                raise ConfigError(
+                    f"allow_nsqd entry {entry!r}: expected a host, address or network"
+                )
+            text = entry.strip()
+            if "/" in text:
+                try:
+                    self._networks.append(ipaddress.ip_network(text, strict=False))
+                except ValueError:
+                    raise ConfigError(
+                        f"allow_nsqd entry {entry!r}: not a network (such as 10.0.0.0/8)"
+                    ) from None
+                continue
+            host, port = _entry_host_port(text)
+            ip = _ip(host)
+            if ip is not None:
+                self._ips.add((ip, port))
+            elif not host or any(c in host for c in " /[]\r\n\t@"):
+                raise ConfigError(f"allow_nsqd entry {entry!r}: not a host name or address")
+            else:
+                self._names.add((_name(host), port))
+
+    def __call__(self, address: NSQDAddress) -> bool:
+        ip = _ip(address.host)
+        if ip is None:
+            name = _name(address.host)
+            return (name, None) in self._names or (name, address.port) in self._names
+        if (ip, None) in self._ips or (ip, address.port) in self._ips:
+            return True
+        return any(ip in network for network in self._networks)
+
+    def __repr__(self) -> str:
+        return f"allow_nsqd({', '.join(map(repr, self._entries))})"
+
+
+def _entry_host_port(text: str) -> tuple[str, int | None]:
+    """An allow-list entry's host and port (None: any port); a bare IPv6 address has none."""
+    if _ip(text) is not None:
+        return text, None
+    if text.startswith("[") or text.count(":") == 1:
+        try:
+            host, port = _split_host_port(text, 0, "allow_nsqd")
+        except ConfigError as exc:
+            raise ConfigError(f"allow_nsqd entry {text!r}: {exc}") from None
+        return host, port or None
+    return text, None
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _name(host: str) -> str:
+    return host.lower().rstrip(".")
+
+
 @dataclass(frozen=True, slots=True)
 class LookupdAddress:
     """An nsqlookupd HTTP endpoint; ``tls`` means the transport must speak HTTPS."""
@@ -114,6 +211,11 @@ class LookupdAddress:
         if "://" not in raw:
             raw = "http://" + raw
         parts = urlsplit(raw)
+        if "@" in parts.netloc:  # said without the address: before "@" may be a password
+            raise ConfigError(
+                "a lookupd address with a user or password is not supported (nsqlookupd's "
+                "HTTP API has no authentication); give http(s)://host:port only"
+            )
         if parts.scheme not in ("http", "https"):
             raise ConfigError(f"lookupd address {text!r}: scheme must be http or https")
         if parts.query or parts.fragment:
@@ -206,37 +308,28 @@ def _failure(lookupd: LookupdAddress, text: str, status: int | None = None) -> L
 
 
 class LookupRequest:
-    """One ``GET /lookup?topic=...`` exchange through h11 (client role)."""
+    """One ``GET /lookup?topic=...`` exchange (:class:`~nsq_sansio.http_client.HTTPClient`)."""
 
-    __slots__ = ("_body", "_done", "_h11", "_status", "data", "lookupd")
+    __slots__ = ("_done", "_http", "data", "lookupd")
 
     def __init__(
         self, lookupd: LookupdAddress, topic: str, *, user_agent: str = "nsq-sansio"
     ) -> None:
         validate_topic(topic)
         self.lookupd = lookupd
-        self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=64 * 1024)
+        self._http = HTTPClient(
+            _join(lookupd.host, lookupd.port),
+            max_body_size=MAX_RESPONSE_SIZE,
+            user_agent=user_agent,
+        )
         target = f"{lookupd.path_prefix}/lookup?topic={quote(topic, safe='')}"
-        request = h11.Request(
-            method="GET",
-            target=target,
-            headers=[
-                ("Host", _join(lookupd.host, lookupd.port)),
-                ("Accept", "application/vnd.nsq; version=1.0"),
-                ("User-Agent", user_agent),
-                ("Connection", "close"),
-            ],
-        )
         #: The request bytes for the transport to write.
-        self.data: bytes = (self._h11.send(request) or b"") + (
-            self._h11.send(h11.EndOfMessage()) or b""
-        )
-        self._status: int | None = None
-        self._body = bytearray()
+        self.data: bytes = self._http.request("GET", target, headers=(("Connection", "close"),))
         self._done = False
 
     @property
     def done(self) -> bool:
+        """True once the answer (or the failure) was returned: later bytes are ignored."""
         return self._done
 
     def receive_data(self, data: bytes) -> LookupAnswer | LookupFailure | None:
@@ -244,32 +337,14 @@ class LookupRequest:
         if self._done:
             return None
         try:
-            self._h11.receive_data(data)
-            while True:
-                event = self._h11.next_event()
-                if event is h11.NEED_DATA:
-                    if not data:  # EOF yet h11 wants more: the answer was cut short
-                        return self._finish(_failure(self.lookupd, "connection closed early"))
-                    return None
-                if isinstance(event, h11.InformationalResponse):
-                    continue
-                if isinstance(event, h11.Response):
-                    self._status = event.status_code
-                elif isinstance(event, h11.Data):
-                    self._body += event.data
-                    if len(self._body) > MAX_RESPONSE_SIZE:
-                        return self._finish(
-                            _failure(self.lookupd, f"answer over {MAX_RESPONSE_SIZE} bytes")
-                        )
-                elif isinstance(event, h11.EndOfMessage):
-                    assert self._status is not None  # h11 yields Response before the body
-                    return self._finish(
-                        parse_lookup_response(self.lookupd, self._status, bytes(self._body))
-                    )
-                else:  # ConnectionClosed or PAUSED before the end of the answer
-                    return self._finish(_failure(self.lookupd, "connection closed early"))
-        except h11.RemoteProtocolError as exc:
-            return self._finish(_failure(self.lookupd, f"broken HTTP answer: {exc}"))
+            answer = self._http.receive_data(data)
+        except ConnectionLost:
+            return self._finish(_failure(self.lookupd, "connection closed early"))
+        except RemoteProtocolError as exc:  # broken, or over MAX_RESPONSE_SIZE
+            return self._finish(_failure(self.lookupd, str(exc)))
+        if answer is None:
+            return None
+        return self._finish(parse_lookup_response(self.lookupd, answer.status, answer.body))
 
     def receive_response(self, status: int, body: bytes) -> LookupAnswer | LookupFailure:
         """For transports with their own HTTP client: the status and body they read."""
@@ -279,7 +354,6 @@ class LookupRequest:
 
     def _finish(self, outcome: LookupAnswer | LookupFailure) -> LookupAnswer | LookupFailure:
         self._done = True
-        self._body = bytearray()
         return outcome
 
 
@@ -325,6 +399,7 @@ class LookupdPoller:
 
     @property
     def lookupds(self) -> Sequence[LookupdAddress]:
+        """The nsqlookupd addresses polled, in the order given."""
         return tuple(self._slots)
 
     def known_nodes(self) -> frozenset[NSQDAddress]:
@@ -386,6 +461,7 @@ class LookupdPoller:
         return best
 
     def is_pending(self, request_id: int) -> bool:
+        """Whether ``request_id`` is a poll of this poller still waiting for its answer."""
         return request_id in self._by_request
 
     def receive_data(self, request_id: int, data: bytes) -> LookupAnswer | LookupFailure | None:

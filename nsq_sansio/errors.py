@@ -1,28 +1,38 @@
 """The exception hierarchy: every error the library raises or reports is an :class:`NSQError`.
 
-Three families, as in h11: a :class:`ProtocolError` is either the peer breaking the protocol
+The families, as in h11: a :class:`ProtocolError` is either the peer breaking the protocol
 (:class:`RemoteProtocolError`) or this side using the API wrongly (:class:`LocalProtocolError`);
-or nsqd answered with an ``E_*`` error frame (:class:`ServerError`, which keeps NSQ's code and
-text and knows whether NSQ treats it as fatal).
+nsqd answered with an ``E_*`` error frame (:class:`ServerError`, which keeps NSQ's code and
+text and knows whether NSQ treats it as fatal); a value is out of range (:class:`ConfigError`,
+and :class:`IncompatibleNSQD` when an nsqd cannot serve it); a connection ended
+(:class:`ConnectionLost`) or none could be made (:class:`NoNSQDAvailable`). Every client
+runtime (anyio, trio, blocking) raises these same classes for the same cases.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "AuthFailed",
+    "AuthSecretMissing",
     "BadBody",
     "BadChannel",
     "BadMessage",
     "BadTopic",
     "CoalescedPublishRefused",
     "CompressionError",
+    "CompressionUnavailable",
     "ConfigError",
     "ConnectionLost",
     "DPubFailed",
+    "DelayOutOfRange",
     "FinFailed",
     "FrameTooLarge",
+    "HTTPPublishError",
     "IdentifyRejected",
     "IncompatibleNSQD",
+    "InsecureAuthRefused",
     "InvalidCommand",
     "InvalidName",
     "LocalProtocolError",
@@ -30,13 +40,17 @@ __all__ = [
     "MPubFailed",
     "MessageGone",
     "NSQError",
+    "NoNSQDAvailable",
     "ProtocolError",
     "PubFailed",
+    "ReadyCountExceeded",
     "RemoteProtocolError",
     "ReqFailed",
     "ServerError",
+    "TLSUnavailable",
     "TouchFailed",
     "Unauthorized",
+    "WrongPort",
 ]
 
 
@@ -67,11 +81,31 @@ class CompressionError(RemoteProtocolError):
 
 
 class ConnectionLost(NSQError):
-    """The connection ended (EOF or transport failure) before it was closed cleanly."""
+    """The connection ended (EOF or transport failure) before it was closed cleanly, or could
+    not be made; the message says which and why (``127.0.0.1:4150: connection refused``)."""
+
+
+class NoNSQDAvailable(NSQError):
+    """No nsqd of a producer's pool could take a request: each refused the connection, could
+    not be reached or answer its handshake in time, or closed the connection before answering.
+
+    ``errors`` holds each nsqd's cause (a :class:`ConnectionLost` whose text starts with the
+    address, chained to the socket's own error); the message lists them all, and the first is
+    the ``__cause__``. A publish that reached nsqd and got no answer in time raises
+    ``TimeoutError`` instead (it may have been stored)."""
+
+    def __init__(self, errors: Sequence[BaseException], *, what: str = "the publish") -> None:
+        detail = "; ".join(str(error) for error in errors) or "no nsqd answered"
+        super().__init__(f"no nsqd could take {what}: {detail}")
+        self.errors = tuple(errors)
+        if self.errors:
+            self.__cause__ = self.errors[0]
 
 
 class LocalProtocolError(ProtocolError):
-    """This side asked for something the protocol or the current state does not allow."""
+    """This side asked for something the protocol or the current state does not allow: a bad
+    argument (a negative delay, a batch of 0), a call in the wrong state (``fetch()`` on a push
+    consumer, publishing on a closed producer). Raised where the call was made."""
 
 
 class InvalidName(LocalProtocolError, ValueError):
@@ -84,11 +118,23 @@ class ConfigError(NSQError, ValueError):
 
 class MessageGone(NSQError):
     """The message can no longer be answered here: its connection closed, drain requeued it,
-    or nsqd delivered it again (it had timed out). nsqd requeues it by itself."""
+    or nsqd delivered it again (it had timed out). nsqd requeues it by itself. Never raised:
+    it is the ``error`` of a ``TakenBack`` report."""
+
+
+class HTTPPublishError(NSQError):
+    """nsqd's HTTP API refused a publish (``HTTPProducer``): ``status`` and nsqd's ``message``
+    (``400 INVALID_TOPIC``...). Raised for that publish only, never retried."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status} {message}".rstrip())
+        self.status = status
+        self.message = message
 
 
 class LookupdError(NSQError):
-    """A lookupd answered garbage, an error status, or nothing; it is skipped this round."""
+    """A lookupd answered garbage, an error status, or nothing; it is skipped this round.
+    Never raised to the user: it is the ``error`` of a ``LookupdFailed`` report."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -111,6 +157,7 @@ class ServerError(NSQError):
 
     @property
     def fatal(self) -> bool:
+        """Whether nsqd closes the connection after this error (all but FIN/REQ/TOUCH failures)."""
         return self.code not in NON_FATAL_CODES
 
     @classmethod
@@ -147,12 +194,72 @@ class IdentifyRejected(IncompatibleNSQD):
         self.text = error.text
 
 
+class WrongPort(IncompatibleNSQD):
+    """The peer is not nsqd's TCP port: it answered like an HTTP server (nsqd's HTTP port,
+    usually 4151) or like nsqlookupd. ``looks_like`` says which (``"HTTP"``, ``"nsqlookupd"``)."""
+
+    def __init__(self, message: str, looks_like: str) -> None:
+        super().__init__(message)
+        self.looks_like = looks_like
+
+
+class TLSUnavailable(IncompatibleNSQD):
+    """TLS was asked for (``tls_v1``) and nsqd did not enable it: it has no certificate
+    configured (``--tls-cert``/``--tls-key``), or predates feature negotiation."""
+
+
+class CompressionUnavailable(IncompatibleNSQD):
+    """Snappy or deflate was asked for and nsqd did not enable it (``--snappy=false``,
+    ``--deflate=false``, or an nsqd without feature negotiation). ``feature`` names it."""
+
+    def __init__(self, message: str, feature: str) -> None:
+        super().__init__(message)
+        self.feature = feature
+
+
+class AuthSecretMissing(IncompatibleNSQD):
+    """nsqd requires AUTH (it has ``--auth-http-address``) and no auth secret is configured."""
+
+
+class InsecureAuthRefused(IncompatibleNSQD):
+    """nsqd requires AUTH on a connection without TLS, and ``auth_requires_tls`` forbids
+    sending the secret in clear."""
+
+
+class ReadyCountExceeded(RemoteProtocolError):
+    """nsqd sent more messages than the RDY it was given allows; the connection is closed and
+    the messages beyond the bound were not delivered (nsqd requeues them). ``held`` is how many
+    messages would have been held (unanswered, not timed out), ``rdy`` the RDY count the bound
+    came from and ``allowed`` the bound."""
+
+    def __init__(self, message: str, *, held: int, rdy: int, allowed: int) -> None:
+        super().__init__(message)
+        self.held = held
+        self.rdy = rdy
+        self.allowed = allowed
+
+
+class DelayOutOfRange(LocalProtocolError, ValueError):
+    """A REQ or DPUB delay is above nsqd's ``max_req_timeout``; nothing was sent.
+
+    ``delay`` and ``limit`` are in seconds. nsqd answers an over-long DPUB with a fatal
+    ``E_INVALID`` (it closes the connection) and silently shortens an over-long REQ.
+    """
+
+    def __init__(self, message: str, *, delay: float, limit: float) -> None:
+        super().__init__(message)
+        self.delay = delay
+        self.limit = limit
+
+
 class CoalescedPublishRefused(NSQError):
     """nsqd refused the MPUB that this PUB was coalesced into (``error`` is its answer).
 
-    MPUB is all or nothing, so nothing of it was stored, and the fault may be another
-    message's: the PUB is to be sent again on its own (``publish(..., coalesce=False)``), where
-    it gets its own answer. Transports do that; a caller never sees this error.
+    Only a program driving :class:`~nsq_sansio.connection.ClientConnection` itself sees it (in
+    ``PublishFailed.error``). MPUB is all or nothing, so nothing of it was stored, and the
+    fault may be another message's: the PUB is to be sent again on its own
+    (``publish(..., coalesce=False)``), where it gets its own answer. The producers do that,
+    so their callers never see this error.
     """
 
     def __init__(self, error: ServerError) -> None:

@@ -15,7 +15,9 @@ latency histogram, comes from the producers' ``publish_observer`` hook (called o
 PUB/MPUB/DPUB answer), which is None unless :func:`instrument` (or the user) sets it.
 
 :class:`NSQDCollector` exports an nsqd's topics and channels from its ``/stats`` (any nsqd,
-embedded or real); ``nsq-sansio nsqd --metrics-address`` serves it for the embedded broker.
+embedded or real), each channel's lag included, read through the admin client (capped, typed);
+``nsq-sansio nsqd --metrics-address`` serves it for the embedded broker. ``docs/grafana/``
+has a Grafana dashboard of every series.
 
 Label sets: consumers ``topic``/``channel`` (plus ``nsqd`` for the per-connection RDY,
 in-flight and bytes), producers ``nsqd`` (connections) and ``topic`` (what the hook reports),
@@ -25,9 +27,8 @@ consumers of one channel) are summed, as Prometheus would sum them anyway.
 
 from __future__ import annotations
 
-import json
+import ssl
 import threading
-import urllib.request
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -37,13 +38,11 @@ from prometheus_client import start_http_server as _start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from transports._common import (
-    DEFAULT_HTTP_PORT,
-    ConsumerStats,
-    ProducerStats,
-    format_address,
-    parse_address,
-)
+from nsq_sansio.admin import DEFAULT_NSQD_HTTP_PORT, AdminEndpoint, E2ELatency
+from nsq_sansio.errors import NSQError
+from nsq_sansio.http_client import DEFAULT_MAX_BODY_SIZE
+from transports._common import ConsumerStats, ProducerStats, TLSOptions
+from transports.sync.admin import NSQDAdmin
 
 __all__ = [
     "PUBLISH_BUCKETS",
@@ -115,6 +114,7 @@ class PublishObserver:
                 self._errors[key] = self._errors.get(key, 0) + 1
 
     def collect(self) -> Iterator[Metric]:
+        """The latency histogram and the per-topic message and error counters (a scrape)."""
         yield from self.latency.collect()
         messages = CounterMetricFamily(
             "nsq_producer_topic_messages",
@@ -375,22 +375,41 @@ def _chain(
 class NSQDCollector(Collector):
     """Topics and channels of one or more nsqd, read from their HTTP ``/stats`` per scrape.
 
-    Works with any nsqd (embedded or real). An nsqd that does not answer is reported by
-    ``nsq_nsqd_up{nsqd} 0`` and leaves its series out of that scrape.
+    Works with any nsqd (embedded or real), through :class:`~transports.sync.admin.NSQDAdmin`
+    (one per nsqd, its connection kept alive from one scrape to the next; every answer capped
+    at ``max_response_size`` and bounded by ``timeout`` as a whole). An nsqd that does not
+    answer, or answers what is not nsqd's ``/stats``, is reported by ``nsq_nsqd_up{nsqd} 0``
+    and leaves its series out of that scrape. ``tls`` is for ``https://`` addresses.
     """
 
-    def __init__(self, http_addresses: Sequence[str], timeout: float = 5.0) -> None:
-        self.addresses = [
-            format_address(*parse_address(a.split("://")[-1], DEFAULT_HTTP_PORT))
-            for a in http_addresses
-        ]
+    def __init__(
+        self,
+        http_addresses: Sequence[str],
+        timeout: float = 5.0,
+        *,
+        tls: TLSOptions | ssl.SSLContext | None = None,
+        max_response_size: int = DEFAULT_MAX_BODY_SIZE,
+    ) -> None:
+        self._admins: list[NSQDAdmin] = []
+        for address in http_addresses:
+            endpoint = AdminEndpoint.parse(address, DEFAULT_NSQD_HTTP_PORT)
+            admin = NSQDAdmin(
+                endpoint,
+                timeout=timeout,
+                connect_timeout=min(timeout, 5.0),
+                tls=tls if endpoint.tls else None,
+                max_response_size=max_response_size,
+            )
+            admin.__enter__()  # one kept-alive connection, reused by every scrape
+            self._admins.append(admin)
+        #: The ``nsqd`` label of each: its HTTP ``host:port``.
+        self.addresses = [admin.endpoint.host_header for admin in self._admins]
         self.timeout = timeout
 
-    def _fetch(self, address: str) -> dict[str, Any]:
-        url = f"http://{address}/stats?format=json"
-        with urllib.request.urlopen(url, timeout=self.timeout) as response:
-            data: dict[str, Any] = json.loads(response.read())
-        return data.get("data", data)  # type: ignore[no-any-return]  # nsqd < 1.0 wrapped it
+    def close(self) -> None:
+        """Close the kept-alive connections (a later scrape opens them again)."""
+        for admin in self._admins:
+            admin.close()
 
     @staticmethod
     def _families() -> dict[str, _Family]:
@@ -405,6 +424,18 @@ class NSQDCollector(Collector):
                 "nsq_topic_messages", "Messages published to the topic", labels=t
             ),
             "topic_paused": GaugeMetricFamily("nsq_topic_paused", "1 if paused", labels=t),
+            "topic_e2e": GaugeMetricFamily(
+                "nsq_topic_e2e_latency_seconds",
+                "End-to-end latency (publish to FIN) at a quantile over nsqd's window, all "
+                "channels (when nsqd runs with --e2e-processing-latency-percentile)",
+                labels=[*t, "quantile"],
+            ),
+            "lag": GaugeMetricFamily(
+                "nsq_channel_lag",
+                "Messages published to the topic that the channel has not finished: "
+                "topic depth + depth + in flight + deferred",
+                labels=c,
+            ),
             "depth": GaugeMetricFamily(
                 "nsq_channel_depth", "Messages queued in the channel (memory + disk)", labels=c
             ),
@@ -425,6 +456,12 @@ class NSQDCollector(Collector):
             ),
             "clients": GaugeMetricFamily("nsq_channel_clients", "Subscribed clients", labels=c),
             "paused": GaugeMetricFamily("nsq_channel_paused", "1 if paused", labels=c),
+            "e2e": GaugeMetricFamily(
+                "nsq_channel_e2e_latency_seconds",
+                "End-to-end latency (publish to FIN) at a quantile over nsqd's window "
+                "(when nsqd runs with --e2e-processing-latency-percentile)",
+                labels=[*c, "quantile"],
+            ),
         }
 
     def describe(self) -> Iterable[Metric]:
@@ -432,32 +469,42 @@ class NSQDCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         f = self._families()
-        for address in self.addresses:
+        for address, admin in zip(self.addresses, self._admins, strict=True):
             try:
-                data = self._fetch(address)
-            except (OSError, ValueError):
+                # without client lists the answer stays small; client_count still counts them
+                stats = admin.stats(include_clients=False)
+            except (NSQError, OSError):  # refused, broken, too big, timed out, not /stats
                 f["up"].add_metric([address], 0)
                 continue
             f["up"].add_metric([address], 1)
-            for topic in data.get("topics") or []:
-                name = topic["topic_name"]
-                labels = [address, name]
-                f["topic_depth"].add_metric(labels, topic.get("depth", 0))
-                f["topic_messages"].add_metric(labels, topic.get("message_count", 0))
-                f["topic_paused"].add_metric(labels, int(bool(topic.get("paused"))))
-                for ch in topic.get("channels") or []:
-                    labels = [address, name, ch["channel_name"]]
-                    f["depth"].add_metric(labels, ch.get("depth", 0))
-                    f["in_flight"].add_metric(labels, ch.get("in_flight_count", 0))
-                    f["deferred"].add_metric(labels, ch.get("deferred_count", 0))
-                    f["messages"].add_metric(labels, ch.get("message_count", 0))
-                    f["requeued"].add_metric(labels, ch.get("requeue_count", 0))
-                    f["timed_out"].add_metric(labels, ch.get("timeout_count", 0))
-                    clients = ch.get("clients")
-                    count = len(clients) if clients is not None else ch.get("client_count", 0)
-                    f["clients"].add_metric(labels, count)
-                    f["paused"].add_metric(labels, int(bool(ch.get("paused"))))
+            for topic in stats.topics:
+                labels = [address, topic.name]
+                f["topic_depth"].add_metric(labels, topic.depth)
+                f["topic_messages"].add_metric(labels, topic.message_count)
+                f["topic_paused"].add_metric(labels, int(topic.paused))
+                _add_latency(f["topic_e2e"], labels, topic.e2e_latency)
+                for ch in topic.channels:
+                    labels = [address, topic.name, ch.name]
+                    f["lag"].add_metric(labels, ch.lag)
+                    f["depth"].add_metric(labels, ch.depth)
+                    f["in_flight"].add_metric(labels, ch.in_flight_count)
+                    f["deferred"].add_metric(labels, ch.deferred_count)
+                    f["messages"].add_metric(labels, ch.message_count)
+                    f["requeued"].add_metric(labels, ch.requeue_count)
+                    f["timed_out"].add_metric(labels, ch.timeout_count)
+                    f["clients"].add_metric(labels, ch.client_count)
+                    f["paused"].add_metric(labels, int(ch.paused))
+                    _add_latency(f["e2e"], labels, ch.e2e_latency)
         yield from f.values()
+
+
+def _add_latency(family: _Family, labels: list[str], latency: E2ELatency | None) -> None:
+    """A sample per quantile nsqd measures, once its window has seen a message (before that
+    nsqd reports 0 for every quantile, which is no latency at all)."""
+    if latency is None or latency.count == 0:
+        return
+    for entry in latency.percentiles:
+        family.add_metric([*labels, repr(entry.quantile)], entry.seconds)  # "0.99"
 
 
 # --- serving ------------------------------------------------------------------------------------

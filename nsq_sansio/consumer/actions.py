@@ -4,8 +4,9 @@ Connections (:class:`Connect`, :class:`StartTLS`, :class:`CloseConnection`), loo
 (:class:`SendHTTPRequest`, :class:`CloseHTTPRequest`), messages for the user (:class:`Deliver`,
 the handle they answer with, and :class:`FetchResult` in pull mode), and reports
 (:class:`GiveUp`, :class:`TakenBack`, :class:`ConnectionUp`, :class:`Disconnected`,
-:class:`LookupdFailed`, :class:`DrainComplete`, :class:`ConsumerFailed`). :data:`Action` is
-their union. This module decides nothing; it only defines the vocabulary.
+:class:`LookupdFailed`, :class:`NodeRefused`, :class:`DrainComplete`,
+:class:`ConsumerFailed`). :data:`Action` is their union. This module decides nothing; it only
+defines the vocabulary.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "FetchResult",
     "GiveUp",
     "LookupdFailed",
+    "NodeRefused",
     "SendHTTPRequest",
     "StartTLS",
     "TakenBack",
@@ -184,6 +186,15 @@ class LookupdFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeRefused:
+    """A lookupd listed ``address`` and the consumer's ``nsqd_filter`` refused it: it is not
+    connected to. Reported once per address."""
+
+    lookupd: LookupdAddress
+    address: NSQDAddress
+
+
+@dataclass(frozen=True, slots=True)
 class DrainComplete:
     """Drain finished: every connection is closed and nothing is left in flight."""
 
@@ -233,6 +244,7 @@ Action = (
     | ConnectionUp
     | Disconnected
     | LookupdFailed
+    | NodeRefused
     | FetchResult
     | DrainComplete
     | ConsumerFailed

@@ -3,8 +3,9 @@
 The fifth layer of :class:`~nsq_sansio.consumer.ConsumerCoordinator`, and its discovery glue.
 Direct addresses are connected at :meth:`~Connections.start` and, when lost, retried on their
 :class:`~nsq_sansio.consumer.retry.DirectRetry` schedule; lookupd answers
-(:mod:`nsq_sansio.discovery`) connect the producers not connected yet, and a lost one comes
-back only when a later poll lists it. ``_drop`` forgets a connection (its RDY, its messages:
+(:mod:`nsq_sansio.discovery`) connect the producers not connected yet (those the
+``nsqd_filter`` accepts: a refused one is reported once, :class:`NodeRefused`), and a lost one
+comes back only when a later poll lists it. ``_drop`` forgets a connection (its RDY, its messages:
 nsqd requeues them) and reports :class:`~nsq_sansio.consumer.actions.Disconnected`; nsqd
 refusing IDENTIFY fails the consumer for good (``_fail``, :class:`ConsumerFailed`). Handshake,
 close and heartbeat deadlines of each connection are checked by ``_link_timers``.
@@ -25,6 +26,7 @@ from .actions import (
     DrainComplete,
     FetchEnd,
     LookupdFailed,
+    NodeRefused,
     SendHTTPRequest,
     TakenBack,
 )
@@ -33,6 +35,14 @@ from .pull import PullMode
 from .state import ConsumerState
 
 __all__ = ["Connections"]
+
+#: Refused addresses reported (each once); beyond this many, the others are refused silently.
+_MAX_REFUSED_REPORTED = 1024
+
+#: The shortest time :meth:`Connections.read_pause_limit` gives (a quarter of the shortest
+#: message timeout nsqd lets a client ask for): an nsqd announcing an absurdly short timeout
+#: or heartbeat interval does not get the paused connection read at a higher pace than that.
+_MIN_READ_PAUSE = 0.25
 
 
 class Connections(PullMode):
@@ -62,7 +72,11 @@ class Connections(PullMode):
             return
         link.phase = LinkPhase.HANDSHAKING
         link.connected_at = now
-        link.proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
+        link.proto = ClientConnection(
+            self._identify,
+            auth_secret=self._config.auth_secret,
+            auth_requires_tls=self._config.auth_requires_tls,
+        )
         link.send_fin = link.proto.finish
         link.send_fins = link.proto.finish_many
         self._dirty.add(conn_id)
@@ -120,9 +134,40 @@ class Connections(PullMode):
             return
         if self._state is not ConsumerState.RUNNING:
             return
+        accepts = self._nsqd_filter
         for address in outcome.producers:
-            if address not in self._by_address:
-                self._connect(address, now)
+            if address in self._by_address:
+                continue
+            if accepts is not None and not accepts(address):
+                refused = self._refused_nodes
+                if address not in refused and len(refused) < _MAX_REFUSED_REPORTED:
+                    refused.add(address)
+                    self._actions.append(NodeRefused(outcome.lookupd, address))
+                continue
+            self._connect(address, now)
+
+    # --- transport -> coordinator: reading -----------------------------------------------------
+
+    def read_pause_limit(self, conn_id: int) -> float | None:
+        """How long the transport may leave a subscribed connection unread, or None (not
+        subscribed: never pause it). A transport stops reading while more messages wait for
+        user code than ``max_in_flight``, and reads again once they are fewer, or after this.
+
+        Half the shorter of the heartbeat interval and half nsqd's message timeout (and at
+        least 0.25 s): heartbeats are answered before nsqd (after two intervals) or this side
+        (after two and a half) give the connection up, and whatever nsqd sent during a pause
+        is read well within the half message timeout after which the RDY bound counts a
+        message as possibly timed out (so nsqd cannot have timed a message out and sent its
+        replacement within one paused read: no false
+        :class:`~nsq_sansio.errors.ReadyCountExceeded`)."""
+        link = self._links.get(conn_id)
+        if link is None or link.phase is not LinkPhase.SUBSCRIBED or link.proto is None:
+            return None
+        proto = link.proto
+        limit = proto.settings.msg_timeout / 4000 if proto.settings is not None else 15.0
+        if proto.heartbeat_interval is not None:
+            limit = min(limit, proto.heartbeat_interval / 2)
+        return max(limit, _MIN_READ_PAUSE)
 
     # --- timers --------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from ..backoff import Backoff, BackoffPhase
 from ..config import Config
-from ..discovery import LookupdAddress, LookupdPoller, NSQDAddress
+from ..discovery import LookupdAddress, LookupdPoller, NSQDAddress, NSQDFilter
 from ..errors import ConfigError, LocalProtocolError, MessageGone, NSQError
 from ..names import validate_channel, validate_topic
 from ..rdy import is_starved
@@ -41,7 +41,8 @@ class ConsumerState(enum.Enum):
 class CoordinatorState:
     """The coordinator's fields and queries (see the module docstring); the layers above add
     what it does. ``nsqd`` are direct addresses (retried with backoff), ``lookupd`` are polled
-    for producers; ``rng`` makes every random choice replayable; ``pull`` selects pull mode."""
+    for producers; ``rng`` makes every random choice replayable; ``pull`` selects pull mode;
+    ``nsqd_filter`` decides which addresses lookupd lists are connected to (all by default)."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class CoordinatorState:
         nsqd: Iterable[str | NSQDAddress] = (),
         lookupd: Iterable[str | LookupdAddress] = (),
         pull: bool = False,
+        nsqd_filter: NSQDFilter | None = None,
     ) -> None:
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
@@ -83,6 +85,13 @@ class CoordinatorState:
             )
         if not self._direct and self._poller is None:
             raise LocalProtocolError("a consumer needs at least one nsqd or lookupd address")
+        if nsqd_filter is not None and not callable(nsqd_filter):
+            raise ConfigError(
+                f"nsqd_filter must be callable (NSQDAddress -> bool), got {nsqd_filter!r}"
+            )
+        self._nsqd_filter = nsqd_filter
+        #: Addresses the filter refused, each reported once (bounded: see connections.py).
+        self._refused_nodes: set[NSQDAddress] = set()
         self._backoff = Backoff(
             self._config.backoff_multiplier,
             self._config.max_backoff_duration,

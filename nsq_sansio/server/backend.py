@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from ..errors import NSQError
 
 __all__ = [
+    "RECORD_HEADER_SIZE",
     "Backend",
     "BackendError",
     "BackendFactory",
@@ -29,7 +30,8 @@ __all__ = [
 ]
 
 _RECORD_HEADER = struct.Struct(">qH")
-_RECORD_HEADER_SIZE = _RECORD_HEADER.size + 16
+#: The shortest record: timestamp, attempts and id, with an empty body.
+RECORD_HEADER_SIZE = _RECORD_HEADER.size + 16
 
 
 class BackendError(NSQError):
@@ -52,7 +54,7 @@ def encode_record(message_id: bytes, timestamp_ns: int, attempts: int, body: byt
 
 def decode_record(data: bytes) -> BackendRecord | None:
     """Parse a record written by :func:`encode_record`; ``None`` if it is too short to be one."""
-    if len(data) < _RECORD_HEADER_SIZE:
+    if len(data) < RECORD_HEADER_SIZE:
         return None
     timestamp_ns, attempts = _RECORD_HEADER.unpack_from(data, 0)
     return BackendRecord(bytes(data[10:26]), timestamp_ns, attempts, bytes(data[26:]))
@@ -115,6 +117,7 @@ class MemoryBackend:
 
     @property
     def depth(self) -> int:
+        """Records held now."""
         return len(self._records)
 
     @property
@@ -123,6 +126,7 @@ class MemoryBackend:
         return self._bytes
 
     def put(self, data: bytes) -> None:
+        """Append one record (dropped, counted, when the bounds are reached)."""
         if self.max_depth is not None and len(self._records) >= self.max_depth:
             raise BackendError(f"memory backend is full ({self.max_depth} records)")
         if self.max_bytes is not None and self._bytes + len(data) > self.max_bytes:
@@ -131,6 +135,7 @@ class MemoryBackend:
         self._bytes += len(data)
 
     def get(self) -> bytes | None:
+        """The oldest record, removed; None when empty."""
         if not self._records:
             return None
         data = self._records.popleft()
@@ -138,6 +143,7 @@ class MemoryBackend:
         return data
 
     def empty(self) -> None:
+        """Drop every record (nsqd's empty topic/channel)."""
         self._records.clear()
         self._bytes = 0
 
@@ -145,6 +151,7 @@ class MemoryBackend:
         """Nothing to release; records stay until the object is dropped."""
 
     def delete(self) -> None:
+        """Drop every record for good (the topic or channel was deleted)."""
         self.empty()
 
 
@@ -158,12 +165,15 @@ class DiscardBackend:
 
     @property
     def depth(self) -> int:
+        """Always 0: nothing is kept."""
         return 0
 
     def put(self, data: bytes) -> None:
+        """Drop the record, counting it in ``discarded``."""
         self.discarded += 1
 
     def get(self) -> bytes | None:
+        """Always None: nothing is kept."""
         return None
 
     def empty(self) -> None:

@@ -21,6 +21,7 @@ from ..names import is_ephemeral
 from .backend import Backend, BackendError, decode_record
 from .context import INF, NodeContext
 from .message import MAX_ATTEMPTS, Message, from_record, to_record
+from .quantile import LatencyWindow
 from .states import ClientState
 from .wire import FRAME_MESSAGE, MESSAGE_FRAME_HEADER
 
@@ -79,6 +80,7 @@ class Channel(Generic[S]):
         "ephemeral",
         "in_flight",
         "in_flight_heap",
+        "latency",
         "mem",
         "mem_limit",
         "message_count",
@@ -112,6 +114,8 @@ class Channel(Generic[S]):
         self.requeue_count = 0
         self.timeout_count = 0
         self.alarm_at = INF
+        # Publish-to-FIN latencies, when nsqd's e2e processing latency percentiles are on.
+        self.latency: LatencyWindow | None = None
 
     def depth(self) -> int:
         """Messages waiting in the queue (memory and backend), not in flight or deferred."""
@@ -131,6 +135,18 @@ class Channel(Generic[S]):
             # nsqd logs and marks itself unhealthy; keep the message in memory rather than lose it.
             self.context.backend_failed(exc)
             self.mem.append(msg)
+
+    def put_record(self, record: bytes) -> None:
+        """Queue a message already encoded as a backend record, behind everything queued (it
+        goes to the backend; kept decoded in memory only when the backend refuses it)."""
+        try:
+            self.backend.put(record)
+            self.spilled = True
+        except BackendError as exc:
+            self.context.backend_failed(exc)
+            decoded = decode_record(record)
+            if decoded is not None:
+                self.mem.append(from_record(decoded))
 
     def next_message(self) -> Message | None:
         """Take the oldest queued message, or ``None``."""
@@ -250,6 +266,11 @@ class Channel(Generic[S]):
         in_flight = self.in_flight
         del in_flight[msg.id]
         msg.timer = -1
+        latency = self.latency
+        if latency is not None:
+            context = self.context
+            now = context.now
+            latency.insert(context.timestamp(now) - msg.timestamp, now)
         heap = self.in_flight_heap
         if len(heap) > 2 * len(in_flight) + 1024:
             heap[:] = [entry for entry in heap if entry[2].timer == entry[1]]

@@ -10,6 +10,8 @@ and the output not yet taken by the transport, and its counters for ``/stats``
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from .channel import Channel
@@ -43,6 +45,8 @@ class Client:
         "blocked",
         "channel",
         "client_id",
+        "compressed",
+        "compressed_len",
         "connected_at",
         "decoder",
         "deflate",
@@ -50,13 +54,16 @@ class Client:
         "encoder",
         "finish_count",
         "heartbeat_interval",
+        "held_out",
         "high_water",
         "hostname",
         "id",
         "in_flight",
         "inbuf",
         "last_read",
+        "lookup_id",
         "message_count",
+        "more_input",
         "msg_timeout",
         "next_heartbeat",
         "out",
@@ -67,6 +74,7 @@ class Client:
         "pending_params",
         "pending_size",
         "pending_verb",
+        "pieces",
         "poll_delay",
         "pub_counts",
         "queued",
@@ -126,9 +134,20 @@ class Client:
         self.pub_counts: dict[str, int] = {}
         self.queued = False
         self.inbuf = bytearray()
+        # Compressed input not decompressed yet: whole chunks as read, and the one being
+        # decompressed (its pieces come out a bounded step at a time).
+        self.compressed: deque[bytes] = deque()
+        self.compressed_len = 0
+        self.pieces: Iterator[bytes] | None = None
+        # The node holds input it has not processed yet (a step per handle_timer call).
+        self.more_input = False
         self.out: list[bytes] = []
         self.out_len = 0
         self.raw_prefix = b""
+        # Waiting for nsqlookupd (the id of the ChannelLookup its command started, else 0):
+        # its input waits, and so does the answer to that command (held_out), as in nsqd.
+        self.lookup_id = 0
+        self.held_out: list[bytes] = []
         self.pending_verb: bytes | None = None
         self.pending_params: list[bytes] = []
         self.pending_size = -1

@@ -18,6 +18,7 @@ __all__ = [
     "ChannelCreated",
     "ChannelDeleted",
     "CloseConnection",
+    "LookupChannels",
     "RegistryEvent",
     "ServerEvent",
     "StartTLS",
@@ -60,7 +61,21 @@ class AuthRequested:
     refresh: bool = False
 
 
-ServerEvent = StartTLS | CloseConnection | AuthRequested
+@dataclass(frozen=True, slots=True)
+class LookupChannels:
+    """A topic was just created and nsqd has nsqlookupds: ask each of ``addresses`` (their
+    HTTP ``host:port``) for the topic's channels with ``GET /channels?topic=<topic>``, and
+    give each answer to ``NSQD.lookupd_channels`` (``None`` when that nsqlookupd could not
+    be asked). Until every nsqlookupd answered, or ``http_client_request_timeout`` passed,
+    the topic holds its messages and the client (or HTTP request) that created it waits, as
+    nsqd's ``GetTopic`` does; then the channels found are created and get the messages."""
+
+    lookup_id: int
+    topic: str
+    addresses: tuple[str, ...]
+
+
+ServerEvent = StartTLS | CloseConnection | AuthRequested | LookupChannels
 
 
 @dataclass(frozen=True, slots=True)

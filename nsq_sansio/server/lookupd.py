@@ -102,6 +102,11 @@ class LookupdOptions:
     tombstone_lifetime: float = DEFAULT_TOMBSTONE_LIFETIME
     max_line_length: int = 4096
     max_identify_body: int = 64 * 1024
+    #: At most this many commands per :meth:`Lookupd.receive_data` or
+    #: :meth:`Lookupd.continue_input` call (``None``: all that are complete). With a bound,
+    #: the rest waits (:meth:`Lookupd.input_pending`) until the transport calls
+    #: ``continue_input``, after serving its other connections.
+    max_commands_per_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.inactive_producer_timeout <= 0:
@@ -112,6 +117,10 @@ class LookupdOptions:
             raise ValueError(f"tombstone_lifetime must be >= 0, got {self.tombstone_lifetime}")
         if self.max_line_length < 64 or self.max_identify_body < 64:
             raise ValueError("max_line_length and max_identify_body must be at least 64 bytes")
+        if self.max_commands_per_step is not None and self.max_commands_per_step < 1:
+            raise ValueError(
+                f"max_commands_per_step must be at least 1, got {self.max_commands_per_step}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,6 +204,7 @@ class _Conn:
     buffer: bytearray = field(default_factory=bytearray)
     outgoing: bytearray = field(default_factory=bytearray)
     peer: Peer | None = None
+    more_input: bool = False  # stopped at max_commands_per_step with input left
 
 
 class _Fatal(Exception):
@@ -231,6 +241,7 @@ class Lookupd:
 
     @property
     def connection_count(self) -> int:
+        """TCP connections (nsqd registering) open now."""
         return len(self._conns)
 
     def _conn(self, handle: int) -> _Conn:
@@ -260,12 +271,30 @@ class Lookupd:
         if not data:
             return self._close(conn, "peer closed the connection")
         conn.buffer += data
+        return self._step(conn, now)
+
+    def input_pending(self, handle: int) -> bool:
+        """True when the last call stopped at ``max_commands_per_step`` with commands left:
+        call :meth:`continue_input` (after serving other connections) before reading more."""
+        conn = self._conns.get(handle)
+        return conn is not None and conn.more_input
+
+    def continue_input(self, handle: int, now: float) -> list[LookupEvent]:
+        """Run the next bounded step of the input already received."""
+        conn = self._conn(handle)
+        if conn.state is LookupConnState.CLOSED:
+            return []
+        return self._step(conn, now)
+
+    def _step(self, conn: _Conn, now: float) -> list[LookupEvent]:
         events: list[LookupEvent] = []
+        budget = self.options.max_commands_per_step
         try:
-            self._process(conn, now, events)
+            conn.more_input = self._process(conn, now, events, budget)
         except _Fatal as err:
+            conn.more_input = False
             conn.outgoing += encode_response(f"{err.code} {err.text}".encode())
-            events.append(ClientError(handle, err.code, err.text))
+            events.append(ClientError(conn.handle, err.code, err.text))
             events.extend(self._close(conn, f"{err.code} {err.text}"))
         return events
 
@@ -297,11 +326,15 @@ class Lookupd:
 
     # -- parsing --------------------------------------------------------------------------------
 
-    def _process(self, conn: _Conn, now: float, events: list[LookupEvent]) -> None:
+    def _process(
+        self, conn: _Conn, now: float, events: list[LookupEvent], budget: int | None
+    ) -> bool:
+        """Run complete commands, at most ``budget`` (``None``: all); True when it stopped at
+        the budget."""
         buf = conn.buffer
         if conn.state is LookupConnState.AWAIT_MAGIC:
             if len(buf) < 4:
-                return
+                return False
             magic = bytes(buf[:4])
             if magic != MAGIC_V1:
                 raise _Fatal("E_BAD_PROTOCOL", f"bad protocol magic {magic!r}")
@@ -315,7 +348,11 @@ class Lookupd:
                         "E_INVALID",
                         f"command line longer than {self.options.max_line_length} bytes",
                     )
-                return
+                return False
+            if budget is not None:
+                if budget <= 0:
+                    return True
+                budget -= 1
             if nl > self.options.max_line_length:
                 raise _Fatal(
                     "E_INVALID", f"command line longer than {self.options.max_line_length} bytes"
@@ -328,7 +365,7 @@ class Lookupd:
                     raise _Fatal("E_INVALID", "cannot IDENTIFY again")
                 start = nl + 1
                 if len(buf) < start + 4:
-                    return
+                    return False
                 (size,) = _SIZE.unpack_from(buf, start)
                 if size <= 0 or size > self.options.max_identify_body:
                     raise _Fatal(
@@ -338,7 +375,7 @@ class Lookupd:
                     )
                 end = start + 4 + size
                 if len(buf) < end:
-                    return
+                    return False
                 body = bytes(buf[start + 4 : end])
                 del buf[:end]
                 response = self._identify(conn, body, now, events)
@@ -346,6 +383,7 @@ class Lookupd:
                 del buf[: nl + 1]
                 response = self._exec(conn, command, params[1:], now, events)
             conn.outgoing += encode_response(response)
+        return False
 
     def _exec(
         self, conn: _Conn, command: str, params: list[str], now: float, events: list[LookupEvent]

@@ -8,6 +8,10 @@ whole set, so nothing here grows without bound. Answers come back in order, so c
 pipelined and matched FIFO. An error answer, an oversized answer or a missing answer after
 ``response_timeout`` closes the connection (nsqlookupd's V1 errors are all fatal) and a
 reconnect is scheduled with capped exponential backoff.
+
+nsqd also asks its nsqlookupds' HTTP API for the channels of a topic it creates (see
+``NSQD.lookupd_channels``): :func:`channels_request_target` is that request,
+:func:`parse_channels_answer` reads the answer.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import struct
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from ..errors import ConfigError, LocalProtocolError
 from .lookupd import MAGIC_V1, join_host_port
@@ -32,10 +37,12 @@ __all__ = [
     "LookupPeerState",
     "LookupdInfo",
     "NodeIdentity",
+    "channels_request_target",
     "encode_identify",
     "encode_ping",
     "encode_register",
     "encode_unregister",
+    "parse_channels_answer",
     "sync_registrations",
 ]
 
@@ -342,6 +349,30 @@ class LookupPeer:
             self._next_ping = now + self.ping_interval
             self._queue(encode_ping(), now)
         return []
+
+
+def channels_request_target(topic: str) -> str:
+    """What nsqd asks an nsqlookupd's HTTP API for a new topic's channels: ``GET`` this."""
+    return "/channels?topic=" + quote(topic, safe="")
+
+
+def parse_channels_answer(body: bytes) -> list[str]:
+    """The channel names in nsqlookupd's ``200`` answer to ``GET /channels``: ``{"channels":
+    [...]}``, or the envelope of older versions (``{"status_code": 200, "data": {...}}``).
+    Raises ``ValueError`` for anything else; names that are not strings are left out (the
+    node checks each name before making a channel of it)."""
+    try:
+        document = json.loads(body)
+    except RecursionError:
+        raise ValueError("answer nested too deeply") from None
+    if isinstance(document, dict) and "channels" not in document:
+        document = document.get("data")
+    channels = document.get("channels") if isinstance(document, dict) else None
+    if channels is None and isinstance(document, dict):
+        return []  # Go's null for a topic it does not know
+    if not isinstance(channels, list):
+        raise ValueError("answer has no channels list")
+    return [name for name in channels if isinstance(name, str)]
 
 
 def _parse_info(payload: bytes) -> LookupdInfo | None:

@@ -26,6 +26,16 @@ The HTTP API is pure methods (``publish``, ``create_topic``, ``pause_channel``, 
 raising :class:`AdminError` with nsqd's HTTP status and code. Topic and channel lifecycle, for a
 lookupd registrar, is drained with :meth:`NSQD.take_registry_events`.
 
+Channels from nsqlookupd: once the transport says where its nsqlookupds' HTTP APIs are
+(:meth:`NSQD.set_lookupd_http_addresses`, from their answers to IDENTIFY), a topic the node
+creates (not while loading metadata) asks them for its channels first, as nsqd's ``GetTopic``
+does: the call that created it returns a :class:`LookupChannels`, the transport asks each
+nsqlookupd and passes each answer to :meth:`NSQD.lookupd_channels`. Meanwhile the topic keeps
+its messages and the client whose command created it waits (its answer and its further input
+are held; ``input_pending`` is true); at ``http_client_request_timeout`` the node goes on with
+what was answered. An HTTP call that created a topic returns the event too: answer the
+request once that lookup is over.
+
 Storage: each non-ephemeral topic and channel keeps ``mem_queue_size`` messages in memory and
 the rest in a :class:`~nsq_sansio.server.backend.Backend` made by ``backend_factory`` (memory by
 default, a durable file backend lives in ``transports/embedded/file_backend.py``); ``#ephemeral``
@@ -49,7 +59,6 @@ timeout is negotiated and reported but output is never held back to batch it; an
 hold exactly its messages (nsqd reads them off the stream); the AUTH check is a synchronous
 callable (``NSQDOptions.auth_check``) or a transport's answer to ``AuthRequested``
 (``auth_by_transport``), which re-checks when the TTL ends rather than at the next command;
-end-to-end latency percentiles are not computed;
 ``requeue_in_flight_on_close`` (off by default) can put a vanished client's messages back at
 once instead of after their timeouts.
 
@@ -75,12 +84,13 @@ from .backend import BackendError, BackendFactory, memory_backend_factory
 from .channel import Channel
 from .client import Client, client_stats
 from .context import INF, NodeContext
-from .events import AdminError, RegistryEvent, ServerEvent
+from .events import AdminError, LookupChannels, RegistryEvent, ServerEvent
 from .message import Message
 from .options import AuthState, NSQDOptions
 from .protocol_v2 import ProtocolV2
+from .quantile import merged_result
 from .states import ClientState, NSQDState
-from .topic import Topic
+from .topic import ChannelLookup, Topic
 from .topics import Topics
 from .wire import nanoseconds
 
@@ -125,6 +135,9 @@ class NSQD:
             backend_factory if backend_factory is not None else memory_backend_factory,
             requeue_in_flight_on_close=options.requeue_in_flight_on_close,
         )
+        self._topics.lookup_timeout = options.http_client_request_timeout
+        self._topics.e2e_percentiles = options.e2e_processing_latency_percentiles
+        self._topics.e2e_window = options.e2e_processing_latency_window_time
         self._protocol = ProtocolV2(options, self._context, self._topics)
 
     # ------------------------------------------------------------------ connections
@@ -151,6 +164,8 @@ class NSQD:
             return events
         self._context.now = now
         self._protocol.receive(conn, data, now, events)
+        if self._topics.started:
+            self._emit_lookups(events)
         return events
 
     def auth_result(
@@ -162,6 +177,7 @@ class NSQD:
         events: list[ServerEvent] = []
         if conn is not None:
             self._protocol.auth_result(conn, state, now, events)
+            self._emit_lookups(events)
         return events
 
     def tls_established(self, conn_id: ConnectionId, now: float) -> list[ServerEvent]:
@@ -170,6 +186,7 @@ class NSQD:
         events: list[ServerEvent] = []
         if conn is not None:
             self._protocol.tls_established(conn, now, events)
+            self._emit_lookups(events)
         return events
 
     def connection_lost(self, conn_id: ConnectionId, now: float) -> list[ServerEvent]:
@@ -262,19 +279,21 @@ class NSQD:
     def next_deadline(self) -> float | None:
         """When :meth:`handle_timer` next has work (heartbeats, timeouts, deferred messages).
 
-        While a backlog is being moved into channels (see :meth:`backlog_pending`) this is
-        the latest ``now`` the node was given: work is due at once, one bounded step per
-        :meth:`handle_timer` call, and the transport serves its other IO between calls.
+        While a backlog is being moved into channels (see :meth:`backlog_pending`) or a
+        client's input is not all processed (:meth:`input_pending`) this is the latest ``now``
+        the node was given: work is due at once, one bounded step per :meth:`handle_timer`
+        call, and the transport serves its other IO between calls.
         """
-        if self._topics.moving:
+        if self._topics.moving or self._protocol.input_pending:
             return self._context.now
         return self._context.next_alarm()
 
     def handle_timer(self, now: float) -> list[ServerEvent]:
         """Do what is due at ``now``: heartbeats, client timeouts, message timeouts, deferred
-        messages becoming ready (and the deliveries they allow), and one step of moving a
-        topic's backlog into its channels. Each call does a bounded amount of work: when
-        more is due, :meth:`next_deadline` says so and the transport calls again."""
+        messages becoming ready (and the deliveries they allow), one step of a client's
+        pending input and one step of moving a topic's backlog into its channels. Each call
+        does a bounded amount of work: when more is due, :meth:`next_deadline` says so and
+        the transport calls again."""
         events: list[ServerEvent] = []
         context = self._context
         context.now = now
@@ -290,9 +309,28 @@ class NSQD:
                 self._protocol.client_timer(owner, now, events)
             elif isinstance(owner, Channel):
                 owner.process_timers(now)
+            elif isinstance(owner, ChannelLookup):  # nsqlookupd did not answer in time
+                self._release(self._topics.end_lookup(owner, now), now, events)
+        if self._protocol.input_pending:
+            self._protocol.step_pending_input(now, events)
         if self._topics.moving:
             self._topics.step_backlog(now)
+        if self._topics.started:
+            self._emit_lookups(events)
         return events
+
+    def input_pending(self, conn_id: ConnectionId) -> bool:
+        """True while the node holds input of this connection it has not processed yet.
+
+        Input is processed in bounded steps (a compressed read can stand for millions of
+        commands): one in :meth:`receive_data`, the rest one per :meth:`handle_timer` call,
+        clients taking turns. A transport stops reading a connection while this is true, so
+        its input stays small and whatever a client sent before closing is processed before
+        the EOF is read; EOF (``receive_data(b"")``) drops what is still pending. It is true
+        as well while the client waits for nsqlookupd (see :class:`LookupChannels`).
+        """
+        conn = self._conns.get(conn_id)
+        return conn is not None and (conn.more_input or conn.lookup_id != 0)
 
     def backlog_pending(self) -> bool:
         """True while some topic's backlog is still being moved into its channels."""
@@ -300,19 +338,26 @@ class NSQD:
 
     # ------------------------------------------------------------------ HTTP API (pure)
 
-    def publish(self, topic: str, body: bytes, now: float, *, defer_ms: int = 0) -> None:
-        """``POST /pub``: publish one message; raises :class:`AdminError` as nsqd answers."""
+    def publish(
+        self, topic: str, body: bytes, now: float, *, defer_ms: int = 0
+    ) -> list[ServerEvent]:
+        """``POST /pub``: publish one message; raises :class:`AdminError` as nsqd answers.
+
+        Returns a :class:`LookupChannels` when this created the topic and the node knows
+        nsqlookupds: nsqd answers the request once that lookup is over (the message is in
+        the topic, held until then)."""
         self._check_running()
         if not body:
             raise AdminError(400, "MSG_EMPTY")
         if len(body) > self.options.max_msg_size:
             raise AdminError(413, "MSG_TOO_BIG")
-        self._publish_many(topic, [bytes(body)], now, defer_ms)
+        return self._publish_many(topic, [bytes(body)], now, defer_ms)
 
     def multi_publish(
         self, topic: str, bodies: Sequence[bytes], now: float, *, defer_ms: int = 0
-    ) -> None:
-        """``POST /mpub``: publish several messages in order; all are checked before any is put."""
+    ) -> list[ServerEvent]:
+        """``POST /mpub``: publish several messages in order; all are checked before any is
+        put. Returns what :meth:`publish` does."""
         self._check_running()
         checked: list[bytes] = []
         total = 0
@@ -325,12 +370,60 @@ class NSQD:
             checked.append(bytes(body))
         if total > self.options.max_body_size:
             raise AdminError(413, "BODY_TOO_BIG")
-        self._publish_many(topic, checked, now, defer_ms)
+        return self._publish_many(topic, checked, now, defer_ms)
 
-    def create_topic(self, topic: str, now: float) -> None:
-        """``POST /topic/create``."""
+    def create_topic(self, topic: str, now: float) -> list[ServerEvent]:
+        """``POST /topic/create``; returns what :meth:`publish` does."""
         self._check_running()
         self._topics.get_topic(self._admin_topic(topic, "INVALID_TOPIC"), now)
+        events: list[ServerEvent] = []
+        self._emit_lookups(events)
+        return events
+
+    # ------------------------------------------------------------------ channels from lookupd
+
+    def set_lookupd_http_addresses(self, addresses: Sequence[str]) -> None:
+        """The nsqlookupds to ask for a new topic's channels: the HTTP ``host:port`` each
+        gave in its answer to IDENTIFY (nsqd keeps asking one it lost the connection to).
+        While there are none, a new topic starts at once with no channel."""
+        self._topics.lookupd_http_addresses = tuple(dict.fromkeys(addresses))
+
+    @property
+    def lookupd_http_addresses(self) -> tuple[str, ...]:
+        """What :meth:`set_lookupd_http_addresses` was given."""
+        return self._topics.lookupd_http_addresses
+
+    def lookupd_channels(
+        self, lookup_id: int, address: str, channels: Sequence[str] | None, now: float
+    ) -> list[ServerEvent]:
+        """One nsqlookupd's answer to a :class:`LookupChannels` (its ``channels`` list, or
+        ``None`` when it could not be asked). Once each has answered the topic gets those
+        channels and its messages, and the clients that waited go on. A late answer (the
+        lookup timed out) or an unknown id is ignored."""
+        events: list[ServerEvent] = []
+        if self.state is not NSQDState.RUNNING:
+            return events
+        self._context.now = now
+        waiters = self._topics.lookup_answer(lookup_id, address, channels, now)
+        self._release(waiters, now, events)
+        self._emit_lookups(events)
+        return events
+
+    def lookups_pending(self) -> int:
+        """How many new topics still wait for nsqlookupd's answer."""
+        return len(self._topics.lookups)
+
+    def _release(self, waiters: list[Client], now: float, events: list[ServerEvent]) -> None:
+        for conn in waiters:
+            self._protocol.release_from_lookup(conn, now, events)
+
+    def _emit_lookups(self, events: list[ServerEvent]) -> None:
+        """A :class:`LookupChannels` for each lookup started since the last call."""
+        started = self._topics.started
+        if started:
+            for found in started:
+                events.append(LookupChannels(found.id, found.topic.name, found.addresses))
+            started.clear()
 
     def delete_topic(self, topic: str, now: float) -> list[ServerEvent]:
         """``POST /topic/delete``: the topic, its channels and their clients' connections go."""
@@ -453,6 +546,7 @@ class NSQD:
         else:
             names = sorted(self._topics.by_name)
         topics: list[dict[str, Any]] = []
+        percentiles = self.options.e2e_processing_latency_percentiles
         for name in names:
             found = self._topics.by_name[name]
             if channel:
@@ -484,7 +578,9 @@ class NSQD:
                         "client_count": len(chan.clients),
                         "clients": clients,
                         "paused": chan.paused,
-                        "e2e_processing_latency": {"count": 0, "percentiles": None},
+                        "e2e_processing_latency": merged_result(
+                            percentiles, [] if chan.latency is None else [chan.latency], now
+                        ),
                     }
                 )
             topics.append(
@@ -496,7 +592,12 @@ class NSQD:
                     "message_count": found.message_count,
                     "message_bytes": found.message_bytes,
                     "paused": found.paused,
-                    "e2e_processing_latency": {"count": 0, "percentiles": None},
+                    # merged over all its channels, also when one channel was asked for
+                    "e2e_processing_latency": merged_result(
+                        percentiles,
+                        [c.latency for c in found.channels.values() if c.latency is not None],
+                        now,
+                    ),
                 }
             )
         stats["topics"] = topics
@@ -555,7 +656,7 @@ class NSQD:
                 continue
             if is_ephemeral(name):
                 continue
-            found = self._topics.get_topic(name, now)
+            found = self._topics.get_topic(name, now, lookup=False)  # as nsqd while loading
             found.paused = bool(entry.get("paused", False))
             found.starting = True
             channels = entry.get("channels")
@@ -591,6 +692,9 @@ class NSQD:
             found.backend.close()
         self._context.alarms.clear()
         self._topics.moving.clear()
+        self._topics.lookups.clear()
+        self._topics.started.clear()
+        self._protocol.input_pending.clear()
         self.state = NSQDState.CLOSED
         return events
 
@@ -627,7 +731,9 @@ class NSQD:
             raise AdminError(404, "CHANNEL_NOT_FOUND")
         return chan
 
-    def _publish_many(self, topic: str, bodies: Iterable[bytes], now: float, defer_ms: int) -> None:
+    def _publish_many(
+        self, topic: str, bodies: Iterable[bytes], now: float, defer_ms: int
+    ) -> list[ServerEvent]:
         name = self._admin_topic(topic, "INVALID_TOPIC")
         if (
             isinstance(defer_ms, bool)
@@ -645,3 +751,6 @@ class NSQD:
             raise AdminError(503, "EXITING", str(exc)) from None
         finally:
             found.pump(now)
+        events: list[ServerEvent] = []
+        self._emit_lookups(events)
+        return events

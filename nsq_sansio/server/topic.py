@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections import deque
 
 from ..names import is_ephemeral
-from .backend import Backend, decode_record
+from .backend import RECORD_HEADER_SIZE, Backend, decode_record
 from .channel import Channel
 from .client import Client
+from .context import INF
 from .message import Message, from_record, to_record
 
-__all__ = ["BACKLOG_STEP_BYTES", "BACKLOG_STEP_MESSAGES", "Topic"]
+__all__ = ["BACKLOG_STEP_BYTES", "BACKLOG_STEP_MESSAGES", "ChannelLookup", "Topic"]
 
 # A topic's backlog (what waited while it had no channel, was paused, or before a restart)
 # moves into its channels in steps of at most this many messages and bytes: one step where
@@ -30,6 +31,35 @@ BACKLOG_STEP_MESSAGES = 256
 BACKLOG_STEP_BYTES = 256 * 1024
 
 
+class ChannelLookup:
+    """nsqd asking its nsqlookupds for the channels of a topic it just created (nsqd's
+    ``GetTopic``): the topic holds its messages, and the clients whose command created it
+    wait (``waiters``), until every nsqlookupd answered or ``alarm_at`` (the request
+    timeout) passed. ``channels`` gathers the answers, ``pending`` the addresses not heard
+    from; ``claimed`` once the command that created the topic has taken it."""
+
+    __slots__ = (
+        "addresses",
+        "alarm_at",
+        "channels",
+        "claimed",
+        "id",
+        "pending",
+        "topic",
+        "waiters",
+    )
+
+    def __init__(self, lookup_id: int, topic: Topic, addresses: tuple[str, ...]) -> None:
+        self.id = lookup_id
+        self.topic = topic
+        self.addresses = addresses
+        self.pending = set(addresses)
+        self.channels: dict[str, None] = {}
+        self.waiters: list[Client] = []
+        self.claimed = False
+        self.alarm_at = INF
+
+
 class Topic:
     """A topic: messages wait here only while it has no channel or is paused."""
 
@@ -38,6 +68,7 @@ class Topic:
         "channels",
         "deleted",
         "ephemeral",
+        "lookup",
         "mem",
         "mem_limit",
         "message_bytes",
@@ -54,6 +85,8 @@ class Topic:
         self.paused = False
         self.deleted = False
         self.starting = False  # its channels are being restored: hold messages until done
+        # nsqlookupd is being asked for its channels (starting is set too until it answers)
+        self.lookup: ChannelLookup | None = None
         self.mem: deque[Message] = deque()
         self.mem_limit = mem_limit
         self.backend = backend
@@ -113,15 +146,15 @@ class Topic:
             size += len(msg.body)
         if not mem and self.spilled:
             backend = self.backend
+            channels = list(self.channels.values())
             while moved < BACKLOG_STEP_MESSAGES and size < BACKLOG_STEP_BYTES:
                 record = backend.get()
                 if record is None:
                     break
                 moved += 1
                 size += len(record)
-                decoded = decode_record(record)
-                if decoded is not None:
-                    self._distribute(from_record(decoded), now)
+                if len(record) >= RECORD_HEADER_SIZE:  # else corrupt: dropped, as nsqd does
+                    self._distribute_record(record, channels, now)
             self.spilled = backend.depth > 0
         more = bool(mem or self.spilled)
         self.pump(now)
@@ -143,6 +176,30 @@ class Topic:
             if channel.ready and len(channel.mem) >= self.mem_limit:
                 channel.pump(now)  # make room rather than spill to the backend
             channel.put(copy)
+
+    def _distribute_record(
+        self, record: bytes, channels: list[Channel[Client]], now: float
+    ) -> None:
+        """A record from the topic's backend into each channel: a channel whose queue has
+        spilled to its backend (the common case for a big backlog) takes the record as it
+        is, without decoding and encoding it again; the others get a message."""
+        msg: Message | None = None
+        limit = self.mem_limit
+        for channel in channels:
+            channel.message_count += 1
+            if not channel.spilled:
+                if channel.ready and len(channel.mem) >= limit:
+                    channel.pump(now)  # make room rather than spill to the backend
+                if len(channel.mem) < limit:
+                    if msg is None:
+                        decoded = decode_record(record)
+                        assert decoded is not None  # its length was checked
+                        msg = from_record(decoded)
+                        channel.mem.append(msg)
+                    else:
+                        channel.mem.append(Message(msg.id, msg.body, msg.timestamp, msg.attempts))
+                    continue
+            channel.put_record(record)
 
     def empty(self) -> None:
         """``/topic/empty``: drop what waits in the topic (not in its channels)."""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 
 import pytest
 
 from nsq_sansio.config import Config
-from nsq_sansio.errors import ConfigError, ConnectionLost
+from nsq_sansio.errors import ConfigError, ConnectionLost, RemoteProtocolError
 from transports._common import (
     TOPICS_REMEMBERED,
     ConnectionLogger,
@@ -23,6 +24,8 @@ from transports._common import (
     remember_topic,
     split_options,
 )
+from transports._common.http_publish import MAX_ANSWER_SIZE, idle_socket_closed
+from transports._common.options import host_names
 
 
 @pytest.mark.parametrize(
@@ -71,6 +74,12 @@ def test_split_options_maps_config_and_transport_keywords() -> None:
     assert options.tls.verify is False
     config, options = split_options(Config(max_attempts=2), {"connect_timeout": 1.5})
     assert config.max_attempts == 2 and options.connect_timeout == 1.5 and not config.tls_v1
+    assert config.connect_timeout == 1.5
+    # One dial timeout on every runtime: the config's (the anyio side used to default to 5 s,
+    # the blocking side to the config's 10 s).
+    config, options = split_options(Config(connect_timeout=3.0), {})
+    assert options.connect_timeout == config.connect_timeout == 3.0
+    assert split_options(None, {})[1].connect_timeout == Config().connect_timeout
     with pytest.raises(ConfigError, match="unknown option"):
         split_options(None, {"max_in_fligth": 1})
     with pytest.raises(ConfigError):
@@ -101,6 +110,54 @@ def test_http_publish_client_keep_alive_and_errors() -> None:
     client.pub("events", b"x")
     with pytest.raises(ConnectionLost):
         client.receive_data(b"")
+
+
+def test_identify_names_default_to_the_host_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """client_id is the short host name and hostname the full one (as go-nsq sends them),
+    read once per process; what the user sets wins, "" included."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "web-3.dc1.example.org")
+    host_names.cache_clear()
+    try:
+        config, _ = split_options(None, {})
+        assert (config.client_id, config.hostname) == ("web-3", "web-3.dc1.example.org")
+        body = config.identify_body()
+        assert (body["client_id"], body["hostname"]) == ("web-3", "web-3.dc1.example.org")
+        config, _ = split_options(Config(client_id="billing"), {"hostname": ""})
+        assert (config.client_id, config.hostname) == ("billing", "")
+        monkeypatch.setattr(socket, "gethostname", lambda: "changed")
+        assert split_options(None, {})[0].client_id == "web-3"  # read once
+    finally:
+        host_names.cache_clear()
+
+
+def test_http_publish_answers_are_bounded() -> None:
+    """A publish answer is read up to MAX_ANSWER_SIZE: an announced length over it is refused
+    before any body arrives, a chunked body as soon as it passes it."""
+    client = HTTPPublishClient("127.0.0.1:4151")
+    client.pub("events", b"x")
+    with pytest.raises(RemoteProtocolError, match="announces"):
+        client.receive_data(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (10**9))
+    client = HTTPPublishClient("127.0.0.1:4151")
+    client.pub("events", b"x")
+    assert client.receive_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n") is None
+    chunk = b"8000\r\n" + b"x" * 0x8000 + b"\r\n"
+    assert client.receive_data(chunk * (MAX_ANSWER_SIZE // 0x8000)) is None
+    with pytest.raises(RemoteProtocolError, match=f"over {MAX_ANSWER_SIZE} bytes"):
+        client.receive_data(chunk)
+
+
+def test_idle_socket_closed_sees_a_close_or_stray_bytes_without_reading() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        assert not idle_socket_closed(ours.fileno())
+        theirs.sendall(b"x")
+        assert idle_socket_closed(ours.fileno())
+        assert idle_socket_closed(ours.fileno())  # nothing was read
+        assert ours.recv(1) == b"x"
+        assert not idle_socket_closed(ours.fileno())
+        theirs.close()
+        assert idle_socket_closed(ours.fileno())
+    assert idle_socket_closed(-1)
 
 
 def test_connection_logger_puts_the_address_in_each_record(

@@ -293,8 +293,10 @@ async def test_keepalive_warns_at_max_msg_timeout(make_nsqd: NSQDFactory) -> Non
                     await anyio.sleep(0.05)
                 expired = next(e for e in events if isinstance(e, KeepaliveExpired))
                 assert expired.message_id == msg.id
+                assert msg.keepalive_expiring
                 # The warning comes before nsqd takes the message back.
-                assert msg.deadline is not None and msg.deadline > time.monotonic()
+                assert expired.deadline > time.monotonic()
+                assert not msg.taken_back
 
 
 async def test_cancellation_cleans_up(nsqd: EmbeddedNSQD) -> None:
@@ -488,14 +490,16 @@ async def test_touch_requeue_delay_and_pause(nsqd: EmbeddedNSQD) -> None:
     async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=1) as c:
         with anyio.fail_after(10):
             msg = await c.__anext__()
-            before = msg.deadline
+            before = c._coord.deadline(msg.delivery)
             await anyio.sleep(0.05)
-            after = await msg.touch()
+            assert await msg.touch()
+            after = c._coord.deadline(msg.delivery)
             assert before is not None and after is not None and after > before
             c.set_max_in_flight(0)  # pause (RDY 0 goes out before the REQ): nothing arrives
             start = time.monotonic()
             assert await msg.requeue(0.5, backoff=False)
             assert not await msg.finish()  # answered once only
+            assert not await msg.touch()
             await anyio.sleep(0.7)
             await wait_channel(
                 nsqd,
@@ -615,7 +619,7 @@ async def test_pump_never_spins_on_a_stale_deadline(
 
     topic = fresh()
     async with Consumer(topic, "ch", nsqd=[nsqd.tcp_address], pull=True, max_in_flight=10) as c:
-        coord = c.coordinator
+        coord = c._coord
         stale = time.monotonic() - 1.0
         calls = 0
         real_next = ConsumerCoordinator.next_deadline
@@ -696,7 +700,7 @@ async def test_bad_user_input_raises_in_the_caller(nsqd: EmbeddedNSQD) -> None:
                 with pytest.raises(LocalProtocolError, match="requeue delay"):
                     msg.requeue_nowait(delay=delay)  # type: ignore[arg-type]
             assert not msg.answered
-            assert c.coordinator.deadline(msg.delivery) is not None  # still ours
+            assert c._coord.deadline(msg.delivery) is not None  # still ours
             for bad in (-1, "10", 1.5):
                 with pytest.raises(ConfigError, match="max_in_flight"):
                     c.set_max_in_flight(bad)  # type: ignore[arg-type]
@@ -705,7 +709,7 @@ async def test_bad_user_input_raises_in_the_caller(nsqd: EmbeddedNSQD) -> None:
                 with pytest.raises(LocalProtocolError, match="drain timeout"):
                     await c.drain(timeout=timeout)  # type: ignore[arg-type]
                 with pytest.raises(LocalProtocolError, match="drain timeout"):
-                    async with c.drain_on_signals(timeout=timeout):  # type: ignore[arg-type]
+                    async with drain_on_signals(c, timeout=timeout):  # type: ignore[arg-type]
                         pass
             assert not c.draining
             assert await msg.requeue(delay=1e10, backoff=False)  # clamped to max_req_timeout

@@ -11,7 +11,12 @@ from typing import Any
 import anyio
 import pytest
 
-from nsq_sansio.errors import BadTopic, InvalidName
+from nsq_sansio.errors import (
+    BadMessage,
+    ConnectionLost,
+    InvalidName,
+    Unauthorized,
+)
 from nsq_sansio.server.options import Authorization, AuthRequest, AuthState
 from transports.anyio import (
     Consumer,
@@ -54,7 +59,7 @@ async def test_publish_consume_round_trip(nsqd: EmbeddedNSQD) -> None:
     assert sorted(bodies) == sorted(b"m%d" % i for i in range(20))
     assert cstats.received == 20 and cstats.finished == 20
     (conn,) = cstats.connections
-    assert (conn.received, conn.finished, conn.requeued) == (20, 20, 0)
+    assert (conn.state, conn.in_flight, conn.reconnects) == ("subscribed", 0, 0)
     assert conn.address == nsqd.tcp_address and conn.connected
     # Leaving `async with` closed the connection: the broker has no client and nothing in flight.
     with anyio.fail_after(5):
@@ -109,10 +114,12 @@ async def test_http_producer_survives_an_nsqd_restart(make_nsqd: NSQDFactory) ->
 
 async def test_publish_errors_are_raised(nsqd: EmbeddedNSQD) -> None:
     async with Producer(nsqd.tcp_address) as p:
-        with pytest.raises(InvalidName):
+        with pytest.raises(InvalidName) as bad_character:
             await p.publish("bad topic!", b"x")
-        with pytest.raises((BadTopic, InvalidName)):
+        # too long: refused before it is sent, as nsqd would refuse it
+        with pytest.raises(InvalidName) as too_long:
             await p.publish("x" * 65, b"x")
+        assert type(bad_character.value) is InvalidName and type(too_long.value) is InvalidName
         await p.publish(fresh(), b"still works")
 
 
@@ -121,23 +128,23 @@ async def test_refused_publish_fails_alone(make_nsqd: NSQDFactory) -> None:
     # one were never read by nsqd and must be sent again after a reconnect, not failed.
     server = make_nsqd(max_msg_size=1000)
     topic = fresh()
-    results: dict[int, str] = {}
+    results: dict[int, BaseException | None] = {}
     async with Producer(server.tcp_address) as p:
         await p.publish(topic, b"warm")  # the connection is up: the 50 go out pipelined
 
         async def pub(i: int) -> None:
             try:
                 await p.publish(topic, b"x" * 2000 if i == 10 else b"%d" % i)
-                results[i] = "ok"
+                results[i] = None
             except Exception as exc:
-                results[i] = type(exc).__name__
+                results[i] = exc
 
         with anyio.fail_after(15):
             async with anyio.create_task_group() as tg:
                 for i in range(50):
                     tg.start_soon(pub, i)
-    assert results.pop(10) == "BadMessage"
-    assert set(results.values()) == {"ok"}
+    assert type(results.pop(10)) is BadMessage
+    assert set(results.values()) == {None}
     expected = sorted([b"warm"] + [b"%d" % i for i in range(50) if i != 10])
     async with Consumer(topic, "ch", nsqd=[server.tcp_address], max_in_flight=100) as c:
         assert sorted(await collect(c, 50)) == expected
@@ -257,6 +264,8 @@ async def test_compression_round_trip(nsqd: EmbeddedNSQD, compression: str) -> N
 def _auth(request: AuthRequest) -> AuthState | None:
     if request.secret == "open-sesame":
         return AuthState(identity="tester", authorizations=(Authorization(topic=".*"),))
+    if request.secret == "elsewhere-only":
+        return AuthState(identity="limited", authorizations=(Authorization(topic="^elsewhere$"),))
     return AuthState(identity="nobody")
 
 
@@ -265,8 +274,20 @@ async def test_auth(make_nsqd: NSQDFactory) -> None:
     topic = fresh()
     async with Producer(server.tcp_address, auth_secret="open-sesame") as p:
         await p.publish(topic, b"authorized")
+    # A secret with no grant at all: nsqd refuses AUTH and closes, so no nsqd can take the
+    # publish (NoNSQDAvailable, exactly), each address's cause nsqd's refusal.
     async with Producer(server.tcp_address, auth_secret="wrong", timeout=5) as p:
-        with pytest.raises(Exception, match="E_UNAUTHORIZED"):
+        with pytest.raises(NoNSQDAvailable, match="E_UNAUTHORIZED") as unreachable:
             await p.publish(topic, b"refused")
+    assert type(unreachable.value) is NoNSQDAvailable
+    [cause] = unreachable.value.errors
+    assert type(cause) is ConnectionLost and str(cause).startswith(server.tcp_address)
+    assert type(cause.__cause__) is Unauthorized
+    # A grant for other topics only: nsqd refuses the PUB itself (Unauthorized, exactly).
+    async with Producer(server.tcp_address, auth_secret="elsewhere-only", timeout=5) as p:
+        with pytest.raises(Unauthorized, match="E_UNAUTHORIZED") as refused:
+            await p.publish(topic, b"refused")
+        await p.publish("elsewhere", b"granted")
+    assert type(refused.value) is Unauthorized
     async with Consumer(topic, "ch", nsqd=[server.tcp_address], auth_secret="open-sesame") as c:
         assert await collect(c, 1) == [b"authorized"]

@@ -44,3 +44,16 @@ def test_refuses_asyncio(nsqd: EmbeddedNSQD) -> None:
 
     with pytest.raises(LocalProtocolError, match="trio"):
         anyio.run(main, backend="asyncio")
+
+
+@pytest.mark.parametrize("admin", ["NSQDAdmin", "LookupdAdmin"])
+def test_admin_refuses_asyncio_and_works_under_trio(nsqd: EmbeddedNSQD, admin: str) -> None:
+    cls = getattr(nsq_trio, admin)
+
+    async def ping() -> None:
+        await cls(f"http://{nsqd.http_address}").ping()
+
+    with pytest.raises(LocalProtocolError, match=f"transports.trio.{admin}"):
+        anyio.run(ping, backend="asyncio")
+    if admin == "NSQDAdmin":  # an nsqd answers /ping; a lookupd address is not at hand here
+        trio.run(ping)

@@ -8,6 +8,7 @@ exactly as a user runs it (``python -m transports.cli``), over real loopback soc
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -31,11 +32,11 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def cli(
-    *args: str, input: bytes | None = None, timeout: float = 30.0
+    *args: str, input: bytes | None = None, timeout: float = 30.0, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``nsq-sansio *args`` in a child process and return what it did."""
     return subprocess.run(
-        _command(*args), input=input, capture_output=True, timeout=timeout, cwd=ROOT, env=_env()
+        _command(*args), input=input, capture_output=True, timeout=timeout, cwd=cwd, env=_env()
     )
 
 
@@ -56,6 +57,50 @@ def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any]
     if found is None:
         raise AssertionError(f"no channel {topic}/{channel}")
     return found
+
+
+#: The columns of ``nsq-sansio stat``'s table after the name, in order.
+STAT_COLUMNS = ("nsqd", "lag", "depth", "inflt", "def", "req", "t-o", "msgs", "msg/s", "clients")
+
+
+_TABLE_HEADING = re.compile(r"topic(?:/channel)?\s+nsqd\s")  # a topic may be named "topic"
+_TABLE_STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
+
+
+def stat_tables(output: str) -> list[dict[tuple[str, str], list[str]]]:
+    """The tables ``nsq-sansio stat`` printed: per table, (topic, channel or "") -> the cells
+    (:data:`STAT_COLUMNS`). A topic line starts at column 0, its channels are indented by two
+    spaces, and a name too long for its column stands on its own line with the cells on the
+    next (indented further)."""
+    tables: list[dict[tuple[str, str], list[str]]] = []
+    topic = ""
+    pending: tuple[str, str] | None = None
+    for line in output.splitlines():
+        if _TABLE_HEADING.match(line):  # the heading starts a table
+            tables.append({})
+            continue
+        if (
+            not tables
+            or not line.strip()
+            or _TABLE_STAMP.match(line)  # "2026-11-22 11:36:51  2 nsqd" (a topic may be "20")
+            or line.startswith(("  !", "(no topics)"))
+        ):
+            continue
+        words = line.split()
+        if line.startswith("   "):  # cells under a name that had its own line
+            assert pending is not None, line
+            tables[-1][pending], pending = words, None
+            continue
+        if line.startswith("  "):
+            key = (topic, words[0])
+        else:
+            topic = words[0]
+            key = (topic, "")
+        if len(words) == 1:
+            pending = key
+        else:
+            tables[-1][key] = words[1:]
+    return tables
 
 
 def one_line_error(result: subprocess.CompletedProcess[bytes]) -> str:

@@ -190,13 +190,13 @@ def test_filename_format_without_rev_is_refused_with_gzip(nsqd: EmbeddedNSQD) ->
         "--filename-format",
         "<TOPIC>.<DATETIME>.log",
     )
-    assert result.returncode == 1
+    assert result.returncode == 2  # flags that contradict each other: a usage error
     assert "needs <REV>" in result.stderr.decode()
     assert (
         cli(
             "to-file", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address, "--gzip-level", "0"
         ).returncode
-        == 1
+        == 2
     )
 
 

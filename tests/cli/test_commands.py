@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +16,15 @@ import pytest
 from transports.embedded import Cluster, EmbeddedNSQD
 from transports.sync import Producer
 
-from .conftest import channel_stats, cli, cli_popen, http_post, one_line_error
+from .conftest import (
+    STAT_COLUMNS,
+    channel_stats,
+    cli,
+    cli_popen,
+    http_post,
+    one_line_error,
+    stat_tables,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,13 +141,120 @@ def test_stat_table_from_every_nsqd_found_through_lookupd() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout.decode()
     assert out.count("2 nsqd") == 2
-    rows = [line.split() for line in out.splitlines() if line.startswith("orders")]
-    # topic row and channel row, twice; the channel holds 3 + 4 messages over both nsqd
-    billing = [r for r in rows if r[1] == "billing"]
-    assert len(billing) == 2
-    nodes, depth, in_flight = billing[-1][2:5]
-    assert (nodes, depth, in_flight) == ("2", "7", "0")
-    assert billing[-1][9] == "0"  # msg/s between the two tables: nothing published
+    assert max(len(line) for line in out.splitlines()) <= 80
+    first, second = stat_tables(out)
+    # a topic row and a channel row; the channel holds 3 + 4 messages over both nsqd
+    assert set(second) == {("orders", ""), ("orders", "billing")}
+    billing = dict(zip(STAT_COLUMNS, second[("orders", "billing")], strict=True))
+    assert (billing["nsqd"], billing["lag"], billing["depth"], billing["inflt"]) == (
+        "2",
+        "7",
+        "7",
+        "0",
+    )
+    rate = STAT_COLUMNS.index("msg/s")
+    assert first[("orders", "billing")][rate] == "-"  # msg/s needs a previous table
+    assert second[("orders", "billing")][rate] == "0"  # between the two: nothing published
+
+
+def test_stat_lag_is_what_the_channel_has_not_finished(nsqd: EmbeddedNSQD) -> None:
+    """The lag column is the channel's lag as docs/admin.md defines it: waiting in the
+    (paused) topic + queued in the channel + in flight + deferred."""
+    from transports.sync import Consumer
+    from transports.sync.admin import NSQDAdmin
+
+    with NSQDAdmin(nsqd.http_url) as admin, Producer(nsqd.tcp_address) as producer:
+        admin.create_topic("lagging")
+        admin.create_channel("lagging", "slow")
+        producer.multi_publish("lagging", [b"m%d" % i for i in range(10)])
+        with Consumer("lagging", "slow", nsqd=[nsqd.tcp_address], max_in_flight=2) as consumer:
+            held = [consumer.get(timeout=10) for _ in range(2)]
+            assert None not in held
+            held[0].requeue(delay=60, backoff=False)  # deferred; another comes in its place
+            admin.pause_topic("lagging")
+            producer.multi_publish("lagging", [b"late"] * 4)  # held in the topic
+            deadline = time.monotonic() + 10
+            while True:
+                slow = admin.channel_stats("lagging", "slow")
+                parts = (slow.topic_depth, slow.depth, slow.in_flight_count, slow.deferred_count)
+                if parts == (4, 7, 2, 1):
+                    break
+                assert time.monotonic() < deadline, parts
+                time.sleep(0.01)
+            result = cli(
+                "stat",
+                "--nsqd-http-address",
+                nsqd.http_address,
+                "--topic",
+                "lagging",
+                "-count",
+                "1",
+            )
+    assert result.returncode == 0, result.stderr
+    (table,) = stat_tables(result.stdout.decode())
+    channel = dict(zip(STAT_COLUMNS, table[("lagging", "slow")], strict=True))
+    topic = dict(zip(STAT_COLUMNS, table[("lagging", "")], strict=True))
+    assert (channel["lag"], channel["depth"], channel["inflt"], channel["def"]) == (
+        "14",
+        "7",
+        "2",
+        "1",
+    )
+    assert (topic["lag"], topic["depth"]) == ("-", "4")
+
+
+class CountingProxy:
+    """Relays every TCP connection to ``target`` (``host:port``) and counts them."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> CountingProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        self.thread.join(timeout=10)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            upstream = socket.create_connection(self.target, timeout=5)
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+def test_stat_keeps_one_connection_per_nsqd_across_tables(nsqd: EmbeddedNSQD) -> None:
+    """Each nsqd's admin client is kept from one table to the next: its kept-alive HTTP
+    connection serves every refresh (a connection per table would be 3 here)."""
+    http_post(nsqd.http_address, "/topic/create?topic=kept")
+    with CountingProxy(nsqd.http_address) as proxy:
+        result = cli(
+            "stat", "--nsqd-http-address", proxy.address, "--count", "3", "--status-every", "50ms"
+        )
+    assert result.returncode == 0, result.stderr
+    assert len(stat_tables(result.stdout.decode())) == 3
+    assert proxy.accepted == 1
 
 
 def test_stat_over_two_nsqd_when_one_lacks_the_topic() -> None:
@@ -158,9 +276,9 @@ def test_stat_over_two_nsqd_when_one_lacks_the_topic() -> None:
             "1",
         )
     assert result.returncode == 0, result.stderr
-    rows = [line.split() for line in result.stdout.decode().splitlines()]
-    topic_rows = [r for r in rows if r and r[0] == "only_here"]
-    assert [r[:3] for r in topic_rows] == [["only_here", "-", "1"]]  # found on one nsqd of two
+    (table,) = stat_tables(result.stdout.decode())
+    assert list(table) == [("only_here", "")]
+    assert table[("only_here", "")][0] == "1"  # found on one nsqd of two
 
 
 def test_to_file_writes_rolling_files_and_fins_only_after_fsync(
@@ -297,6 +415,7 @@ def test_bad_topic_name_is_one_line(nsqd: EmbeddedNSQD) -> None:
         result = cli(command, "--topic", "bad topic!", flag, address, input=b"x\n")
         line = one_line_error(result)
         assert "invalid topic name 'bad topic!'" in line
+        assert result.returncode == 2  # a bad value: a usage error
 
 
 def test_usage_errors_exit_2() -> None:

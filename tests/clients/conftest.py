@@ -27,8 +27,9 @@ def anyio_backend(runtime: Runtime) -> str:
 
 
 @pytest.fixture(autouse=True)
-def no_thread_left_behind(runtime: Runtime) -> Iterator[None]:
+def no_thread_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     """A blocking client leaves no thread of its own running (as in tests/sync)."""
+    blocking = "runtime" in request.fixturenames and request.getfixturevalue("runtime").blocking
     yield
-    if runtime.blocking:
+    if blocking:
         assert_no_thread_left()

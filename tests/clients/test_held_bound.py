@@ -1,4 +1,4 @@
-"""Issue 12.2 on every runtime: max_in_flight bounds what the user holds when an nsqd joins,
+"""On every runtime: max_in_flight bounds what the user holds when an nsqd joins,
 against two embedded nsqd and against two real ones (skipped without the binaries).
 
 The user holds all 10 messages of nsqd A; nsqd B comes up with messages. Before the fix B got

@@ -1,4 +1,4 @@
-"""Issue 12.4 on every runtime: a configuration nsqd refuses at IDENTIFY fails the consumer
+"""On every runtime: a configuration nsqd refuses at IDENTIFY fails the consumer
 once, clearly (IdentifyRejected with nsqd's message), instead of reconnecting forever; against
 the embedded nsqd and the real one (skipped without the binaries)."""
 

@@ -2,8 +2,8 @@
 broker (real-nsqd tests skip without the binaries).
 
 Each publish gets its own answer or its own error: a refused publish fails only itself and the
-next one reconnects (issue 12.1); a refused IDENTIFY is raised by every publish, also one
-started among others, not retried (issue 12.4); the publish observer sees every request once.
+next one reconnects; a refused IDENTIFY is raised by every publish, also one started among
+others, not retried; the publish observer sees every request once.
 What only one API has (cancelling a task, a future's own deadline, memory under 100k
 ``publish_async``) is tested in tests/aio and tests/sync.
 """
@@ -23,13 +23,13 @@ from support.runtimes import Runtime, recorder
 import transports.anyio
 import transports.sync
 import transports.trio
-from nsq_sansio.errors import BadMessage, IdentifyRejected, InvalidName
-from transports._common import TOPICS_REMEMBERED, NoNSQDAvailable
+from nsq_sansio.errors import BadMessage, IdentifyRejected, InvalidName, NoNSQDAvailable
+from transports._common import TOPICS_REMEMBERED
 from transports.testing.real_nsq import RealNSQD
 
 pytestmark = pytest.mark.anyio
 
-# --- issue 12.1: after a refused publish, the next one works -------------------------------
+# --- after a refused publish, the next one works ---------------------------------------------
 
 
 async def _refused_then_next(runtime: Runtime, address: str) -> None:
@@ -81,7 +81,7 @@ async def test_refused_publishes_in_a_pipeline_fail_only_themselves_embedded(
     assert all(isinstance(outcomes[i], BadMessage) for i in failed)
 
 
-# --- issue 12.4: a refused IDENTIFY is raised, once per publish, never retried -------------
+# --- a refused IDENTIFY is raised, once per publish, never retried ---------------------------
 
 
 async def _identify_refused(runtime: Runtime, addresses: list[str]) -> None:

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from .conftest import Target
-from .wire import RawConn, unique
+from .wire import Closed, RawConn, unique
 
 MAX_RDY = 2500  # nsqd's default --max-rdy-count
 
@@ -227,7 +227,7 @@ def test_client_ignoring_heartbeats_is_disconnected(
         zombie.command("RDY 1")
         # never answer a heartbeat: nsqd closes after two unanswered ones
         frames = []
-        with pytest.raises(Exception, match="closed"):
+        with pytest.raises(Closed, match="closed"):
             while True:
                 frames.append(zombie.read_frame(skip_heartbeats=False))
         assert (0, b"_heartbeat_") in frames

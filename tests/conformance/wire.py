@@ -92,6 +92,9 @@ class RawConn:
         )
         self.command(f"MPUB {topic}", payload)
 
+    def fin(self, message: Message) -> None:
+        self.command(f"FIN {message.id.decode()}")
+
     def sub(self, topic: str, channel: str) -> None:
         self.command(f"SUB {topic} {channel}")
         self.expect_ok()
@@ -108,8 +111,16 @@ class RawConn:
                 raise Closed(f"connection closed with {len(self.buf)} bytes pending")
             self.buf += chunk
 
-    def read_frame(self, *, skip_heartbeats: bool = True) -> tuple[int, bytes]:
+    def read_frame(
+        self, *, skip_heartbeats: bool = True, within: float | None = None
+    ) -> tuple[int, bytes]:
+        """The next frame (heartbeats answered and skipped). Each socket read has the
+        connection's timeout; ``within`` also bounds the whole wait, which heartbeats would
+        otherwise extend for ever."""
+        deadline = None if within is None else time.monotonic() + within
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no frame but heartbeats within {within} s")
             self._fill(4)
             (size,) = struct.unpack(">i", self.buf[:4])
             assert 4 <= size <= 64 * 1024 * 1024, f"bad frame size {size}"
@@ -131,8 +142,8 @@ class RawConn:
         assert data.split(b" ", 1)[0] == code.encode(), data
         return data
 
-    def read_message(self) -> Message:
-        kind, data = self.read_frame()
+    def read_message(self, *, within: float | None = None) -> Message:
+        kind, data = self.read_frame(within=within)
         assert kind == FRAME_MESSAGE, (kind, data)
         ts, attempts = struct.unpack(">qH", data[:10])
         return Message(ts, attempts, data[10:26], data[26:])

@@ -23,10 +23,10 @@ from nsq_sansio.consumer import (
     Connect,
     ConsumerCoordinator,
     Deliver,
+    FetchResult,
     SendHTTPRequest,
 )
 from nsq_sansio.discovery import NSQDAddress
-from nsq_sansio.pull import FetchResult
 from nsq_sansio.server import events as server_events
 from nsq_sansio.server.nsqd import NSQD
 from nsq_sansio.server.options import NSQDOptions

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nsq_sansio.config import Config
-from nsq_sansio.pull import FetchEnd
+from nsq_sansio.consumer import FetchEnd
 
 from .harness import World
 

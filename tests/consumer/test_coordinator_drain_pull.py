@@ -12,10 +12,10 @@ from nsq_sansio.consumer import (
     ConsumerCoordinator,
     ConsumerState,
     DrainComplete,
+    FetchEnd,
     TakenBack,
 )
 from nsq_sansio.errors import LocalProtocolError
-from nsq_sansio.pull import FetchEnd
 
 from .harness import TOPIC, World
 
@@ -156,6 +156,9 @@ def test_message_for_no_waiting_request_is_held_briefly_then_requeued() -> None:
     from nsq_sansio.frames import encode_message_frame
 
     # A message already on the wire when the fetch ended (RDY lowered too late).
+    c.fetch(2, w.now, expires=0.5)  # RDY 2, then RDY 0 when it expires
+    w.pump()
+    w.advance(0.5)
     c.receive_data(1, encode_message_frame(b"a" * 16, 0, 1, b"x"), w.now)
     c.receive_data(1, encode_message_frame(b"b" * 16, 0, 1, b"y"), w.now)
     c.fetch(1, w.now, no_wait=True)

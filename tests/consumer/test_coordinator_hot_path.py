@@ -29,7 +29,7 @@ TS = 1_700_000_000_000_000_000
 
 
 def coordinator(
-    n: int = 2, config: Config | None = None, seed: int = 1
+    n: int = 2, config: Config | None = None, seed: int = 1, *, warm: bool = True
 ) -> tuple[ConsumerCoordinator, list[int]]:
     """``n`` subscribed connections, their first message already in (RDY spread out)."""
     nodes = [f"10.0.0.{i}:4150" for i in range(1, n + 1)]
@@ -41,6 +41,10 @@ def coordinator(
         c.connection_made(conn_id, 0.0)
         c.receive_data(conn_id, encode_frame(0, b'{"max_rdy_count": 2500}'), 0.0)
         c.receive_data(conn_id, encode_frame(0, b"OK"), 0.0)
+    if warm:  # as the periodic check does: RDY spread out, so reads stay within it
+        for conn_id in ids:
+            c._links[conn_id].warm = True
+        c._rebalance(0.0)
     c.pending_data()
     c.take_actions()
     return c, ids
@@ -384,7 +388,7 @@ def test_rdy_moved_in_one_step_is_written_lower_first() -> None:
 
 
 def test_the_25_percent_refresh_is_written_even_though_unchanged() -> None:
-    c, (one,) = coordinator(1, Config(max_in_flight=100))
+    c, (one,) = coordinator(1, Config(max_in_flight=100), warm=False)
     c.receive_data(one, msg(0), 1.0)  # warm: RDY 100
     assert rdy_lines(c.pending_data()) == [(one, b"RDY 100")]
     c.receive_data(one, b"".join(msg(i) for i in range(1, 80)), 2.0)  # 20 left: refresh

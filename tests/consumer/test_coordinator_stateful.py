@@ -24,9 +24,15 @@ from hypothesis.stateful import (
 
 from nsq_sansio.backoff import BackoffPhase
 from nsq_sansio.config import Config
-from nsq_sansio.consumer import ConsumerState, Deliver, DrainComplete, GiveUp, TakenBack
+from nsq_sansio.consumer import (
+    ConsumerState,
+    Deliver,
+    DrainComplete,
+    FetchResult,
+    GiveUp,
+    TakenBack,
+)
 from nsq_sansio.errors import ServerError
-from nsq_sansio.pull import FetchResult
 
 from .harness import TO_SERVER, World, held_by_connected_clients, server_ready_counts
 

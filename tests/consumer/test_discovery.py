@@ -130,10 +130,14 @@ def test_broken_http_truncated_and_oversized() -> None:
     assert req.receive_data(http(200, b'{"producers": []}')[:-3]) is None
     assert isinstance(req.receive_data(b""), LookupFailure)
     assert req.done
-    big = LookupRequest(L, "t")
+    # an announced length over the bound fails before any of the body arrives
+    announced = LookupRequest(L, "t")
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 99999999\r\n\r\n"
-    assert big.receive_data(head) is None
-    chunk = b" " * 65536
+    assert isinstance(announced.receive_data(head), LookupFailure)
+    # a chunked body fails once what arrived passes it
+    big = LookupRequest(L, "t")
+    assert big.receive_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n") is None
+    chunk = b"10000\r\n" + b" " * 65536 + b"\r\n"
     outcome = None
     for _ in range(MAX_RESPONSE_SIZE // len(chunk) + 2):
         outcome = big.receive_data(chunk)

@@ -20,11 +20,11 @@ from nsq_sansio.consumer import (
     ConsumerFailed,
     ConsumerState,
     DrainComplete,
+    FetchEnd,
     SendHTTPRequest,
     TakenBack,
 )
 from nsq_sansio.errors import ConfigError, IdentifyRejected
-from nsq_sansio.pull import FetchEnd
 from nsq_sansio.server.nsqd import NSQD
 from nsq_sansio.server.options import NSQDOptions
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nsq_sansio.config import Config
-from nsq_sansio.pull import FetchEnd
+from nsq_sansio.consumer import FetchEnd
 
 from .harness import CHANNEL, TOPIC, World
 

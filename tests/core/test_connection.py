@@ -159,25 +159,26 @@ def test_bad_identify_answer_closes_with_protocol_error(payload: bytes) -> None:
     assert conn.state is S.CLOSED
 
 
-def test_tls_requested_from_an_old_server_is_refused() -> None:
+def test_tls_requested_from_an_old_server_is_refused_for_good() -> None:
     conn = ClientConnection({"tls_v1": True})
     closed = closed_with(conn.receive_data(OK))
-    assert isinstance(closed.error, ProtocolError) and "tls_v1" in str(closed.error)
+    assert isinstance(closed.error, E.TLSUnavailable) and "tls_v1" in str(closed.error)
+    assert isinstance(closed.error, E.IncompatibleNSQD)  # reconnecting cannot help
 
 
 @pytest.mark.parametrize("feature", ["snappy", "deflate"])
-def test_compression_requested_from_an_old_server_falls_back_to_none(feature: str) -> None:
+def test_compression_requested_from_an_old_server_is_refused_for_good(feature: str) -> None:
+    # Asked for is required: the connection does not go on uncompressed without a word.
     conn = ClientConnection({feature: True})
-    events = conn.receive_data(OK)
-    assert [type(e) for e in events] == [ConnectionReady]
-    conn.subscribe("t", "c")
-    assert conn.data_to_send().endswith(b"SUB t c\n")  # not compressed
+    closed = closed_with(conn.receive_data(OK))
+    assert isinstance(closed.error, E.CompressionUnavailable)
+    assert closed.error.feature == feature and "too old" in str(closed.error)
 
 
-def test_tls_requested_but_not_granted_is_refused() -> None:
+def test_tls_requested_but_not_granted_is_refused_for_good() -> None:
     conn = ClientConnection({"tls_v1": True})
     closed = closed_with(conn.receive_data(identify_answer(tls_v1=False)))
-    assert isinstance(closed.error, ProtocolError) and "TLS" in str(closed.error)
+    assert isinstance(closed.error, E.TLSUnavailable) and "--tls-cert" in str(closed.error)
 
 
 def test_server_enabling_both_compressions_is_refused() -> None:
@@ -904,6 +905,7 @@ def test_highly_compressible_legit_traffic_is_not_a_bomb() -> None:
     conn.receive_data(identify_answer(deflate=True) + server.compress(OK))
     conn.subscribe("t", "c")
     conn.receive_data(server.compress(OK))
+    conn.send_ready(80)
     frames_ = b"".join(message(b"%016x" % i, b"\0" * (1 << 20)) for i in range(80))
     wire = server.compress(frames_)
     events = []

@@ -68,12 +68,14 @@ class ConsumerConnection(RuleBasedStateMachine):
     @rule(count=st.integers(1, 5), body=st.binary(max_size=40))
     def server_pushes_messages(self, count: int, body: bytes) -> None:
         frames = []
-        for _ in range(count):
+        room = self.rdy - len(self.in_flight) - len(self.pending_messages)  # nsqd keeps to RDY
+        for _ in range(min(count, room)):
             mid = b"%016x" % self.next_id
             self.next_id += 1
             frames.append(message(mid, body))
             self.pending_messages.append(mid)
-        self.stream += self.server.compress(b"".join(frames))  # one write of nsqd's
+        if frames:
+            self.stream += self.server.compress(b"".join(frames))  # one write of nsqd's
 
     @rule()
     def server_heartbeat(self) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from conformance.wire import FRAME_RESPONSE, RawConn, unique, wait_for
+from conformance.wire import FRAME_RESPONSE, RawConn, http_request, unique, wait_for
 
 from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.embedded.auth import AuthServerError, parse_auth_address, parse_auth_state
@@ -24,6 +24,7 @@ class AuthServer:
 
     def __init__(self) -> None:
         self.answers: dict[str, dict[str, Any]] = {}
+        self.raw: dict[str, bytes] = {}  # answers sent as they are (not JSON documents)
         self.queries: list[dict[str, str]] = []
         self.paths: list[str] = []
         outer = self
@@ -36,6 +37,9 @@ class AuthServer:
                 outer.queries.append(query)
                 answer = outer.answers.get(query.get("secret", ""))
                 body = json.dumps(answer).encode() if answer is not None else b"forbidden"
+                raw = outer.raw.get(query.get("secret", ""))
+                if raw is not None:
+                    answer, body = {}, raw
                 self.send_response(200 if answer is not None else 403)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -191,11 +195,11 @@ def test_blocking_clients_authenticate(auth_server: AuthServer) -> None:
 
 
 def test_auth_options_are_checked() -> None:
-    with pytest.raises(ValueError):
-        EmbeddedNSQD(auth_http_addresses=["127.0.0.1"])  # no port
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"'127\.0\.0\.1' needs a port"):
+        EmbeddedNSQD(auth_http_addresses=["127.0.0.1"])
+    with pytest.raises(ValueError, match=r"expected http\(s\)://host\[:port\]/path"):
         EmbeddedNSQD(auth_http_addresses=["ftp://127.0.0.1:21/auth"])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="auth_by_transport is set from"):
         EmbeddedNSQD(auth_by_transport=True)  # set from auth_http_addresses
     assert parse_auth_address("127.0.0.1:4181").target == "/auth"
     state = parse_auth_state(
@@ -204,3 +208,55 @@ def test_auth_options_are_checked() -> None:
     assert state.ttl >= 1.0 and state.allows("t", "") is False  # no channel pattern matches ""
     with pytest.raises(AuthServerError):
         parse_auth_state({"authorizations": [{"permissions": ["admin"], "topic": ".*"}]})
+
+
+HOSTILE_ANSWERS = {
+    "secret-deep": b"[" * 200_000 + b"]" * 200_000,  # json.loads: RecursionError
+    "secret-garbage": b"\x00\xff not json at all",
+    "secret-huge": b'{"identity": "' + b"x" * (3 << 20) + b'"}',
+    "secret-shape": b'{"authorizations": [{"topic": 1}]}',
+    "echo-secret-42": b'{"authorizations": [{"topic": ".*", "permissions": ["echo-secret-42"]}]}',
+}
+
+
+def test_any_failure_of_the_auth_exchange_is_e_auth_failed_and_the_broker_lives_on(
+    auth_server: AuthServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An auth server answering deeply nested JSON used to kill the embedded nsqd (the
+    RecursionError ended its task group); garbage, huge or ill-shaped answers are refused the
+    same way. The log says what went wrong, never with the secret (the last answer echoes it)."""
+    auth_server.raw.update(HOSTILE_ANSWERS)
+    caplog.set_level("DEBUG", logger="nsq_sansio")
+    with ServerThread(EmbeddedNSQD(auth_http_addresses=[auth_server.address])) as nsqd:
+        for secret in HOSTILE_ANSWERS:
+            with RawConn(nsqd.tcp_address) as c:
+                c.identify()
+                kind, data = _auth(c, secret)
+                assert (kind, data.split(b" ")[0]) == (1, b"E_AUTH_FAILED"), (secret, data)
+        # still serving: a good secret is accepted, /ping answers
+        with RawConn(nsqd.tcp_address) as c:
+            c.identify()
+            assert _auth(c, "good")[0] == FRAME_RESPONSE
+            c.pub(unique("allowed"), b"x")
+            c.expect_ok()
+        assert http_request(nsqd.http_address, "GET", "/ping")[:2] == (200, b"OK")
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "nested too deeply" in logged
+    assert "echo-secret-42" not in logged
+
+
+def test_a_backtracking_grant_pattern_does_not_hold_the_broker(auth_server: AuthServer) -> None:
+    """nsqd matches grant patterns with RE2, in linear time; Python's re takes ^(a+)+$
+    against 'aaa...b' exponentially long. The embedded broker matches with RE2 when the
+    google-re2 package is there, and otherwise does not use such a pattern."""
+    auth_server.answers["redos"] = {
+        "ttl": 3600,
+        "authorizations": [{"permissions": ["publish"], "topic": "^(a+)+$", "channels": []}],
+    }
+    with ServerThread(EmbeddedNSQD(auth_http_addresses=[auth_server.address])) as nsqd:
+        with RawConn(nsqd.tcp_address, timeout=5) as c:
+            c.identify()
+            assert _auth(c, "redos")[0] == FRAME_RESPONSE
+            c.pub("a" * 63 + "b", b"x")
+            c.expect_error("E_UNAUTHORIZED")
+        assert http_request(nsqd.http_address, "GET", "/ping")[:2] == (200, b"OK")

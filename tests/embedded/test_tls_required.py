@@ -5,6 +5,7 @@ only (found comparing the two: the embedded one knew only true/false)."""
 from __future__ import annotations
 
 import subprocess
+import urllib.error
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,7 +14,7 @@ from conformance.wire import RawConn, http_request
 
 from transports.cli.servers import _nsqd_parser
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.testing.real_nsq import RealNSQD, find_binaries, nsqd_flags
+from transports.testing.real_nsq import RealNSQD, find_binaries, free_port, nsqd_flags
 from transports.testing.tls import self_signed_certificate
 
 
@@ -58,3 +59,66 @@ def test_the_cli_takes_nsqds_tls_required_values() -> None:
     assert parse(["--tls-required=false"]).tls_required is False
     with pytest.raises(SystemExit):
         parse(["--tls-required=sometimes"])
+
+
+class _TLSOnlyRealNSQD(RealNSQD):
+    """A real nsqd whose plain HTTP port answers 403 TLS_REQUIRED: that answer means it is up."""
+
+    def get(self, path: str, *, timeout: float = 5.0) -> bytes:
+        try:
+            return super().get(path, timeout=timeout)
+        except urllib.error.HTTPError as err:
+            if err.code == 403 and path == "/ping":
+                return b"OK"
+            raise
+
+
+@contextmanager
+def policy_broker(kind: str, cert: str, key: str, https_port: int) -> Iterator[tuple[str, str]]:
+    """A broker with ``--tls-client-auth-policy=require-verify`` and no ``--tls-required``."""
+    https = f"127.0.0.1:{https_port}"
+    if kind == "embedded":
+        server = EmbeddedNSQD(
+            tls_cert=cert,
+            tls_key=key,
+            tls_client_auth_policy="require-verify",
+            tls_root_ca_file=cert,
+            https_address=https,
+        )
+        with ServerThread(server) as nsqd:
+            yield nsqd.tcp_address, nsqd.http_address
+        return
+    if find_binaries() is None:
+        pytest.skip("real NSQ binaries not found")
+    flags = [
+        f"--tls-cert={cert}",
+        f"--tls-key={key}",
+        "--tls-client-auth-policy=require-verify",
+        f"--tls-root-ca-file={cert}",
+        f"--https-address={https}",
+    ]
+    with _TLSOnlyRealNSQD(flags) as real:
+        yield real.tcp_address, real.http_address
+
+
+@pytest.mark.parametrize("kind", ["embedded", "real"])
+def test_a_client_auth_policy_requires_tls_of_every_client(
+    certificate: tuple[str, str], kind: str
+) -> None:
+    """nsqd turns --tls-required on when a client-auth policy is set: a plaintext TCP client
+    is refused every command but IDENTIFY, the plain HTTP API answers 403 to everything (the
+    embedded broker used to accept both, certificate or not)."""
+    https_port = free_port()
+    with policy_broker(kind, *certificate, https_port) as (tcp, http):
+        with RawConn(tcp) as plain:
+            plain.identify()
+            plain.pub("t", b"x")
+            assert plain.expect_error("E_INVALID") == (
+                b"E_INVALID cannot PUB in current state (TLS required)"
+            )
+            plain.expect_closed()
+        for method, path in [("POST", "/pub?topic=t"), ("GET", "/ping"), ("GET", "/stats")]:
+            status, body, headers = http_request(http, method, path, b"x")
+            assert status == 403, (method, path, status, body)
+            assert body == b'{"message": "TLS_REQUIRED", "https_port": %d}' % https_port
+            assert headers["content-type"] == "application/json; charset=utf-8"

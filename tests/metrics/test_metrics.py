@@ -4,6 +4,9 @@ was sent."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from transports import metrics
-from transports.embedded import EmbeddedNSQD
+from transports.embedded import EmbeddedLookupd, EmbeddedNSQD
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,6 +42,15 @@ def scrape(url: str) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, frozenset(labels.items()))]
+
+
+def _broker_samples(collector: metrics.NSQDCollector) -> Samples:
+    """One scrape of ``collector``, as :func:`scrape` parses one."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in collector.collect()
+        for s in family.samples
+    }
 
 
 @pytest.fixture
@@ -219,6 +231,165 @@ def test_nsqd_collector_marks_an_unreachable_nsqd_down() -> None:
     [sample] = families["nsq_nsqd_up"].samples
     assert sample.labels == {"nsqd": "127.0.0.1:1"} and sample.value == 0
     assert families["nsq_channel_depth"].samples == []
+
+
+def test_nsqd_collector_marks_what_is_not_nsqd_down(nsqlookupd: EmbeddedLookupd) -> None:
+    """nsqlookupd has no ``/stats`` (404): down, like an nsqd that does not answer."""
+    collector = metrics.NSQDCollector([nsqlookupd.http_address], timeout=5)
+    assert _broker_samples(collector) == {
+        ("nsq_nsqd_up", frozenset({("nsqd", nsqlookupd.http_address)})): 0
+    }
+
+
+class EndlessHTTPServer:
+    """Answers every request with 200 and a chunked body that never ends (1 MiB chunks, or
+    one byte every ``pause`` seconds), counting what it sent."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        self.pause = pause
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sent = 0
+        self.stopping = threading.Event()
+
+    def __enter__(self) -> EndlessHTTPServer:
+        threading.Thread(target=self._serve, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        size = 1 if self.pause else 1024 * 1024
+        piece = b"%x\r\n" % size + b" " * size + b"\r\n"
+        with conn, contextlib.suppress(OSError):
+            request = b""
+            while b"\r\n\r\n" not in request:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                request += data
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while not self.stopping.is_set():
+                conn.sendall(piece)
+                self.sent += size
+                if self.pause:
+                    time.sleep(self.pause)
+
+
+def test_nsqd_collector_stops_reading_an_endless_answer_at_its_cap() -> None:
+    """The read is capped (``max_response_size``): an endless /stats marks nsqd down instead
+    of taking the scraping process's memory."""
+    with EndlessHTTPServer() as endless:
+        collector = metrics.NSQDCollector(
+            [endless.address], timeout=10, max_response_size=4 * 1024 * 1024
+        )
+        started = time.monotonic()
+        samples = _broker_samples(collector)
+        elapsed = time.monotonic() - started
+        sent = endless.sent
+    assert samples == {("nsq_nsqd_up", frozenset({("nsqd", endless.address)})): 0}
+    assert elapsed < 10  # refused at the cap, not at the timeout
+    assert sent < 64 * 1024 * 1024  # it stopped reading (the body has no end)
+
+
+def test_nsqd_collector_gives_up_on_a_trickle_at_its_timeout() -> None:
+    """A byte every 50 ms keeps each socket read short: the timeout bounds the whole read."""
+    with EndlessHTTPServer(pause=0.05) as trickle:
+        collector = metrics.NSQDCollector([trickle.address], timeout=1)
+        started = time.monotonic()
+        samples = _broker_samples(collector)
+        elapsed = time.monotonic() - started
+    assert samples == {("nsq_nsqd_up", frozenset({("nsqd", trickle.address)})): 0}
+    assert 1 <= elapsed < 5
+
+
+def test_nsqd_collector_exports_each_channels_lag(nsqd: EmbeddedNSQD) -> None:
+    """``nsq_channel_lag`` = waiting in the (paused) topic + queued + in flight + deferred;
+    a channel with nothing left has lag 0."""
+    from transports.sync import Consumer, Producer
+    from transports.sync.admin import NSQDAdmin
+
+    with NSQDAdmin(nsqd.http_url) as admin, Producer(nsqd.tcp_address) as producer:
+        admin.create_topic("lagged")
+        admin.create_channel("lagged", "slow")
+        admin.create_channel("lagged", "idle")
+        producer.multi_publish("lagged", [b"m"] * 10)
+        admin.empty_channel("lagged", "idle")  # idle has nothing to do
+        with Consumer("lagged", "slow", nsqd=[nsqd.tcp_address], max_in_flight=2) as consumer:
+            held = [consumer.get(timeout=10) for _ in range(2)]
+            assert None not in held
+            held[0].requeue(delay=60, backoff=False)  # deferred; another comes in its place
+            admin.pause_topic("lagged")
+            producer.multi_publish("lagged", [b"late"] * 4)  # held in the topic
+            deadline = time.monotonic() + 10
+            while True:
+                slow = admin.channel_stats("lagged", "slow")
+                parts = (slow.topic_depth, slow.depth, slow.in_flight_count, slow.deferred_count)
+                if parts == (4, 7, 2, 1):
+                    break
+                assert time.monotonic() < deadline, parts
+                time.sleep(0.01)
+            samples = _broker_samples(metrics.NSQDCollector([nsqd.http_address]))
+    channel = {"nsqd": nsqd.http_address, "topic": "lagged"}
+    assert value(samples, "nsq_channel_lag", **channel, channel="slow") == 4 + 7 + 2 + 1
+    assert value(samples, "nsq_channel_lag", **channel, channel="idle") == 4  # the topic's
+    assert value(samples, "nsq_topic_depth", **channel) == 4
+    assert value(samples, "nsq_topic_paused", **channel) == 1
+    # the embedded nsqd does not measure end-to-end latency: no such series
+    assert not [name for name, _ in samples if "e2e" in name]
+
+
+def test_nsqd_collector_exports_end_to_end_latency_when_nsqd_measures_it() -> None:
+    """The real nsqd with ``--e2e-processing-latency-percentile``: a gauge per quantile, in
+    seconds, per channel and per topic (skips without the real binaries)."""
+    from transports.sync import Consumer, Producer
+    from transports.sync.admin import NSQDAdmin
+    from transports.testing.real_nsq import RealNSQD, find_binaries
+
+    if find_binaries() is None:
+        pytest.skip("the real NSQ binaries are not on this machine")
+    flag = "--e2e-processing-latency-percentile=0.99,0.5"
+    with (
+        RealNSQD([flag]) as real,
+        NSQDAdmin(real.http_address) as admin,
+        Producer(real.tcp_address) as producer,
+    ):
+        admin.create_topic("timed")
+        admin.create_channel("timed", "work")
+        collector = metrics.NSQDCollector([real.http_address])
+        assert not [name for name, _ in _broker_samples(collector) if "e2e" in name]
+        producer.multi_publish("timed", [b"a", b"b", b"c"])
+        with Consumer("timed", "work", nsqd=[real.tcp_address]) as consumer:
+            for _ in range(3):
+                msg = consumer.get(timeout=10)
+                assert msg is not None
+                msg.finish()
+            deadline = time.monotonic() + 10
+            while True:  # the FINs go out on the consumer's IO thread
+                latency = admin.channel_stats("timed", "work").e2e_latency
+                if latency is not None and latency.count == 3:
+                    break
+                assert time.monotonic() < deadline, latency
+                time.sleep(0.01)
+        samples = _broker_samples(collector)
+    channel = {"nsqd": real.http_address, "topic": "timed", "channel": "work"}
+    for quantile in ("0.99", "0.5"):
+        seconds = value(samples, "nsq_channel_e2e_latency_seconds", **channel, quantile=quantile)
+        assert 0 < seconds < 60  # seconds, not nanoseconds
+        topic = {"nsqd": real.http_address, "topic": "timed", "quantile": quantile}
+        assert value(samples, "nsq_topic_e2e_latency_seconds", **topic) > 0
 
 
 @pytest.mark.parametrize("runtime", ["sync", "asyncio"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import stat
 import uuid
 from collections import deque
 from pathlib import Path
@@ -51,7 +52,7 @@ def test_crash_without_close_loses_nothing(tmp_path: Path) -> None:
 def test_reopening_a_cleanly_closed_queue_does_not_read_its_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A restart with a large backlog must not walk every record before serving (issue 12.5):
+    # A restart with a large backlog must not walk every record before serving:
     # the depth and write position saved at close are trusted; only what was appended after
     # the saved position is scanned.
     from transports.embedded import file_backend
@@ -213,3 +214,32 @@ def test_load_metadata_missing_or_bad(tmp_path: Path) -> None:
     assert load_metadata(tmp_path) is None
     (tmp_path / "nsqd.dat").write_bytes(b"[1]")
     assert load_metadata(tmp_path) is None
+
+
+def test_files_are_private_and_links_are_not_followed(tmp_path: Path) -> None:
+    """nsqd writes its queue and metadata files 0600; a symbolic link planted where one of
+    them goes (data folders are often under /tmp) is refused, never written through."""
+    data = tmp_path / "data"
+    backend = FileBackend(data, "t:c")
+    backend.put(b"x" * 30)
+    backend.close()
+    save_metadata(data, {"topics": []})
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    files = sorted(data.iterdir())
+    assert files
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    # a file an older version left 0644 is narrowed when reopened
+    backend.data_file.chmod(0o644)
+    FileBackend(data, "t:c").close()
+    assert stat.S_IMODE(backend.data_file.stat().st_mode) == 0o600
+    # planted links: the queue's data file, and the metadata's temporary file
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"untouched")
+    (data / "u.diskqueue.dat").symlink_to(victim)
+    with pytest.raises(OSError):
+        FileBackend(data, "u")
+    (data / "nsqd.dat.tmp").symlink_to(victim)
+    with pytest.raises(OSError):
+        save_metadata(data, {"topics": []})
+    assert victim.read_bytes() == b"untouched"

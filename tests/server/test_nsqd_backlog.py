@@ -1,4 +1,4 @@
-"""A topic's backlog moves into its channels in bounded steps (issue 12.5).
+"""A topic's backlog moves into its channels in bounded steps.
 
 What waited in a topic (no channel yet, paused, or reloaded after a restart) used to move into
 its channels inside the one call that released it: SUB on a topic holding 1M messages froze the
@@ -168,3 +168,40 @@ def test_a_burst_of_deferred_messages_comes_due_in_bounded_steps() -> None:
     assert _drain_steps(node, 1.0) == 2
     (found,) = node.stats(1.0, topic="t")["topics"][0]["channels"]
     assert (found["depth"], found["deferred_count"]) == (count, 0)
+
+
+def test_records_from_the_topic_backend_reach_spilled_channels_as_they_are() -> None:
+    """A big backlog sits in the topic's backend as records; a channel whose queue has spilled
+    to its own backend takes each record as it is (the same bytes, not decoded and encoded
+    again), which is what lets the move outpace a draining consumer. Another channel with
+    room in memory gets messages; both deliver every message once, in order."""
+    backends: dict[str, MemoryBackend] = {}
+
+    def factory(name: str) -> MemoryBackend:
+        backends[name] = MemoryBackend()
+        return backends[name]
+
+    node = NSQD(NSQDOptions(mem_queue_size=50), random.Random(3), backend_factory=factory)
+    node.create_topic("t", 0.0)
+    _publish(node, 400)
+    node.pause_topic("t", 0.0)
+    node.create_channel("t", "spilled", 0.0)
+    node.create_channel("t", "roomy", 0.0)
+    waiting = list(backends["t"]._records)  # the topic's overflow, as records
+    assert len(waiting) == 350
+    # the "roomy" channel's consumer takes messages as they come: its queue keeps room
+    roomy = Client(node)
+    roomy.sub("t", "roomy", rdy=1000)
+    node.unpause_topic("t", 0.0)
+    _drain_steps(node)
+    spilled = backends["t:spilled"]._records
+    assert len(spilled) == 350
+    assert all(a is b for a, b in zip(waiting, spilled, strict=True))  # the same bytes objects
+    later = Client(node)
+    later.sub("t", "spilled", rdy=1000)
+    _drain_steps(node)
+    for client in (roomy, later):
+        bodies = [m.body for m in client.messages()]
+        assert bodies == [b"%d" % i for i in range(400)]
+    stats = {c["channel_name"]: c for c in node.stats(0.0)["topics"][0]["channels"]}
+    assert stats["spilled"]["message_count"] == stats["roomy"]["message_count"] == 400

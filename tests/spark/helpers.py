@@ -79,3 +79,53 @@ def create_channel(server: Any, topic: str, channel: str) -> None:
     for path in (f"topic/create?topic={topic}", f"channel/create?topic={topic}&channel={channel}"):
         request = urllib.request.Request(f"http://{server.http_address}/{path}", method="POST")
         urllib.request.urlopen(request, timeout=5).close()
+
+
+def crash_after(code: str, timeout: float = 60.0, before_kill: Any = None) -> Any:
+    """Run ``code`` in a fresh Python process, take the JSON line it prints, call
+    ``before_kill``, then kill -9 the process: a crash (nothing is answered or closed; nsqd
+    keeps what it held in flight until its timeout)."""
+    import os
+    import selectors
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert process.stdout is not None
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout):
+                raise AssertionError(f"the process printed nothing in {timeout}s")
+        line = process.stdout.readline()
+        if not line:
+            raise AssertionError(f"the process ended first (exit code {process.wait()})")
+        if before_kill is not None:
+            before_kill()
+        return json.loads(line)
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+
+
+def hold_and_crash(nsqd: str, topic: str, channel: str, count: int, msg_timeout: float) -> None:
+    """A consumer in another process takes ``count`` messages and dies holding them."""
+    crash_after(
+        f"""
+import json, time
+from nsq_sansio.config import Config
+from transports.sync import Consumer
+consumer = Consumer({topic!r}, {channel!r}, nsqd=[{nsqd!r}], pull=True,
+                    config=Config(max_in_flight={count}, msg_timeout={msg_timeout}))
+got = []
+while len(got) < {count}:
+    got += consumer.fetch({count} - len(got), timeout=5.0)
+print(json.dumps(len(got)), flush=True)
+time.sleep(600)
+"""
+    )

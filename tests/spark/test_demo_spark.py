@@ -38,6 +38,7 @@ def test_demo_spark_accounts_for_every_message(
     assert rows["read back, matching a row"] == str(len(cells))
     assert rows["read back, duplicates"] == "0"
     assert "OK: every event aggregated" in out
+    assert "Spark local[2]" in out  # the session's own master, named in the header
     assert all(len(line) < 80 for line in out.splitlines())
     # progress went to stderr (not a terminal here: one line per stage per period)
     stages = {m.group(1) for m in re.finditer(r"^\[\s*\d+:\d\d\] (\w+) ", err, re.MULTILINE)}

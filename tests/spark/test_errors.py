@@ -101,6 +101,20 @@ def test_read_stream_needs_a_channel(spark: Any, tmp_path: Any) -> None:
     assert "option('channel'" in _error_text(excinfo)
 
 
+def test_read_options_of_the_kafka_source_and_the_byte_cap() -> None:
+    base = {"topic": "t", "channel": "c", "nsqd": "a:1,b:2", "max_in_flight": "500"}
+    read = ReadOptions.parse({**base, "maxRecordsPerTrigger": "200", "failOnDataLoss": "true"})
+    assert read.max_messages_per_trigger == 200 and read.fail_on_data_loss
+    assert read.max_partition_bytes == 8 << 20 and not ReadOptions.parse(base).fail_on_data_loss
+    with pytest.raises(NSQOptionError, match="max_messages_per_trigger and maxrecordspertrigger"):
+        ReadOptions.parse({**base, "maxRecordsPerTrigger": "2", "max_messages_per_trigger": "2"})
+    with pytest.raises(NSQOptionError, match=r"max_partition_bytes=\d+ is out of range"):
+        ReadOptions.parse({**base, "max_partition_bytes": str(64 << 20)})
+    with pytest.raises(NSQOptionError, match="one per nsqd, in the same order"):
+        ReadOptions.parse({**base, "nsqd_http": "a:4151"})
+    assert ReadOptions.parse({**base, "nsqd_http": "a:3,b:4"}).nsqd_http == ("a:3", "b:4")
+
+
 def test_option_parsing_unit() -> None:
     options = WriteOptions.parse({"Topic": "t", "NSQD": "a:1, b:2", "Batch_Size": "10"})
     assert options.nsqd == ("a:1", "b:2") and options.batch_size == 10

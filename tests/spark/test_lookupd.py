@@ -65,3 +65,38 @@ def test_write_and_read_through_lookupd(spark: Any, tmp_path: Path) -> None:
         assert {r.nsqd for r in got} == {s.tcp_address for s in cluster.nsqds}
     finally:
         thread.stop()
+
+
+def test_the_sinks_lookupd_answer_is_read_up_to_4_mib() -> None:
+    """A lookupd (or whatever answers in its place) sending an endless answer: the sink reads
+    4 MiB of it and fails with that, instead of taking it all into memory."""
+    import http.server
+    import threading
+
+    from nsq_sansio.errors import NSQError
+    from transports.spark.writer import lookup_nodes
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            chunk = b" " * 65536
+            try:
+                for _ in range(1024):  # 64 MiB, unless the client stops reading
+                    self.wfile.write(chunk)
+            except OSError:
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(NSQError, match="answer over 4194304 bytes"):
+            lookup_nodes([address], timeout=5.0)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -14,7 +14,7 @@ pytest.importorskip("pyarrow")
 from transports.spark import NSQOptionError, ReadOptions
 from transports.spark._source import SourceConsumer
 
-from .helpers import channel_stats, create_channel, publish, wait_for
+from .helpers import channel_stats, create_channel, hold_and_crash, publish, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -152,3 +152,130 @@ def test_collector_threshold_raised_while_a_source_runs_and_put_back(
             ReadOptions.parse({"topic": "t", "channel": "c", "nsqd": "a:1", "gc_threshold": "-1"})
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_message_that_cannot_fit_in_a_task_is_refused_before_anything_is_read() -> None:
+    """nsqd accepts messages of up to 2 MiB (--max-msg-size) but a task may carry 1 MiB: the
+    first trigger fails with what to change, and no message was taken from the channel."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from transports.embedded import EmbeddedNSQD, ServerThread
+    from transports.spark import NSQStreamReader
+
+    with ServerThread(EmbeddedNSQD(max_msg_size=2 << 20)) as server:
+        create_channel(server, "huge", "c")
+        publish([server], "huge", [b"h%d" % i for i in range(10)])
+        options = {
+            "topic": "huge",
+            "channel": "c",
+            "nsqd": server.tcp_address,
+            "nsqd_http": server.http_address,
+        }
+        reader = NSQStreamReader(
+            ReadOptions.parse({**options, "max_partition_bytes": str(1 << 20)})
+        )
+        try:
+            with pytest.raises(NSQOptionError, match=r"accepts messages of up to 2097152 bytes"):
+                reader.latestOffset({"batch": 0}, ReadAllAvailable())
+        finally:
+            reader.stop()
+        stats = channel_stats(server, "huge", "c")
+        assert stats["depth"] == 10 and stats["in_flight_count"] == 0
+        # with room for such a message, the same reader reads
+        reader = NSQStreamReader(
+            ReadOptions.parse({**options, "max_partition_bytes": str(3 << 20)})
+        )
+        try:
+            end = reader.latestOffset({"batch": 0}, ReadAllAvailable())
+            assert end["count"] == 10
+        finally:
+            reader.stop()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_batch_nsqd_took_back_before_its_commit_is_reported_or_fails(
+    fail: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nsqd keeps a message max_msg_timeout (2 s here) at most, TOUCH or not: a batch whose
+    commit comes later was timed out and will be delivered again. The commit counts it (in
+    the log and the lag), or, with failOnDataLoss, fails the query."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from transports.embedded import EmbeddedNSQD, ServerThread
+    from transports.spark import NSQDataLossError, NSQStreamReader
+
+    with ServerThread(EmbeddedNSQD(msg_timeout=1.0, max_msg_timeout=2.0)) as server:
+        create_channel(server, "late", "c")
+        publish([server], "late", [b"l%d" % i for i in range(20)])
+        options = {
+            "topic": "late",
+            "channel": "c",
+            "nsqd": server.tcp_address,
+            "nsqd_http": server.http_address,
+            "msg_timeout": "1",
+            "touch_interval": "0.3",
+            "failOnDataLoss": str(fail).lower(),
+        }
+        reader = NSQStreamReader(ReadOptions.parse(options))
+        try:
+            end = reader.latestOffset({"batch": 0}, ReadAllAvailable())
+            assert end["count"] == 20
+            wait_for(
+                lambda: channel_stats(server, "late", "c")["timeout_count"] == 20, 10, "timeout"
+            )
+            if fail:
+                with pytest.raises(NSQDataLossError, match="20 of 20 messages"):
+                    reader.latestOffset(end, ReadAllAvailable())
+                return
+            with caplog.at_level("WARNING", logger="nsq_sansio.spark.reader"):
+                again = reader.latestOffset(end, ReadAllAvailable())
+            assert "20 of 20 messages of committed batches" in caplog.text
+            assert again["count"] == 20  # delivered again: read twice
+            lag = reader.reportLatestOffset()
+            assert lag is not None and lag["taken_back_before_commit"] == 20
+            assert lag["timed_out_since_start"] == 20
+        finally:
+            reader.stop()
+
+
+def test_available_now_reads_what_the_channel_held_at_its_start(nsqd_pair: list[Any]) -> None:
+    """A consumer died holding 100 of the 300 messages: nsqd gives them back only after their
+    2 s timeout. availableNow (driven as Spark does) reads the 200 queued at once, waits for
+    those 100 (the channel's /stats counted them at the start), then stops at once, without
+    waiting wait_timeout."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from transports.spark import NSQStreamReader
+
+    server = nsqd_pair[1]
+    bodies = [b"held-%04d" % i for i in range(300)]
+    create_channel(server, "heldback", "c")
+    publish([server], "heldback", bodies)
+    hold_and_crash(server.tcp_address, "heldback", "c", 100, msg_timeout=2.0)
+    assert channel_stats(server, "heldback", "c")["in_flight_count"] == 100
+    options = {
+        "topic": "heldback",
+        "channel": "c",
+        "nsqd": server.tcp_address,
+        "nsqd_http": server.http_address,
+        "wait_timeout": "60",
+    }
+    reader = NSQStreamReader(ReadOptions.parse(options))
+    reader.prepareForTriggerAvailableNow()
+    offset: dict[str, Any] = {"batch": 0}
+    read: list[bytes] = []
+    started = time.monotonic()
+    try:
+        while True:
+            end = reader.latestOffset(offset, ReadAllAvailable())
+            if end == offset:
+                break
+            for part in reader.partitions(offset, end):
+                read += part.batch.column("body").to_pylist()  # type: ignore[attr-defined]
+            offset = end
+    finally:
+        reader.stop()
+    assert sorted(read) == bodies
+    assert time.monotonic() - started < 30, "waited wait_timeout after the last message"
+    stats = channel_stats(server, "heldback", "c")
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats["timeout_count"] == 100

@@ -132,7 +132,7 @@ def test_commit_reports_what_each_partition_published(
     assert results == [NSQCommitMessage(0, 250, 3), NSQCommitMessage(1, 1000, 10)]
     assert message_count([nsqd_pair[0]], "reported") == 1250
     writer = NSQArrowWriter(options, options.nsqd)
-    with caplog.at_level("INFO", logger="transports.spark.writer"):
+    with caplog.at_level("INFO", logger="nsq_sansio.spark.writer"):
         writer.commit(list(results))
         writer.abort([results[0], None])
     assert writer.published == {0: 250, 1: 1000}

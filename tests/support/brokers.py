@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 
 from transports.embedded import Cluster, EmbeddedNSQD, ServerThread
-from transports.testing.real_nsq import RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries, free_port
 
 T = TypeVar("T")
 
@@ -114,7 +114,7 @@ def http_channel_stats(http_url: str, topic: str, channel: str) -> dict[str, Any
 
 # --- the real binaries ------------------------------------------------------------------------
 
-needs_real = pytest.mark.skipif(find_binaries() is None, reason="real NSQ binaries not found")
+needs_real = pytest.mark.skipif(find_binaries() is None, reason=MISSING_BINARIES)
 
 #: ``@pytest.mark.parametrize("kind", BROKER_KINDS)``: the embedded nsqd, then the real one.
 BROKER_KINDS = ["embedded", pytest.param("real", marks=needs_real)]
@@ -123,10 +123,7 @@ BROKER_KINDS = ["embedded", pytest.param("real", marks=needs_real)]
 def require_real_binaries() -> None:
     """Skip the calling test or fixture where the real binaries are not there."""
     if find_binaries() is None:
-        pytest.skip(
-            "real NSQ binaries not found (keep ../shared/reference/nsq-1.3.0 beside the "
-            "checkout or set NSQ_BIN_DIR)"
-        )
+        pytest.skip(MISSING_BINARIES)
 
 
 @contextmanager

@@ -91,6 +91,17 @@ class Runtime:
         async with _entered(blocking):
             yield BlockingProducer(blocking)
 
+    @asynccontextmanager
+    async def http_producer(self, *args: Any, **options: Any) -> AsyncIterator[HTTPDriver]:
+        """``HTTPProducer(*args, **options)``, closed after the block."""
+        if not self.blocking:
+            async with transports.anyio.HTTPProducer(*args, **options) as client:
+                yield HTTPDriver(client, blocking=False)
+            return
+        blocking = transports.sync.HTTPProducer(*args, **options)
+        async with _entered(blocking):
+            yield HTTPDriver(blocking, blocking=True)
+
 
 @asynccontextmanager
 async def _entered(client: Any) -> AsyncIterator[None]:
@@ -187,7 +198,7 @@ class BlockingConsumer(ConsumerDriver):
         return bool(await _in_thread(message.finish))
 
     async def run(self, handler: Callable[[Any], None], workers: int) -> None:
-        await _in_thread(self.client.run, handler, threads=workers)
+        await _in_thread(self.client.run, handler, concurrency=workers)
 
     async def fetch(self, batch: int, timeout: float) -> list[Any]:
         return list(await _in_thread(self.client.fetch, batch, timeout=timeout))
@@ -279,14 +290,38 @@ class BlockingProducer(ProducerDriver):
     async def concurrently(
         self, calls: Sequence[Call], timeout: float
     ) -> list[BaseException | None]:
-        # started on a thread: a ``*_async`` call waits there while no slot is free
-        futures = [
-            await _in_thread(getattr(self.client, f"{method}_async"), *args)
-            for method, args in calls
-        ]
+        # started together on one thread (a burst, as tasks started in one loop pass are): a
+        # ``*_async`` call waits there while no slot is free
+        def start_all() -> list[Any]:
+            return [getattr(self.client, f"{method}_async")(*args) for method, args in calls]
+
+        futures = await _in_thread(start_all)
         deadline = time.monotonic() + timeout
         outcomes: list[BaseException | None] = []
         for future in futures:
             left = max(0.0, deadline - time.monotonic())
             outcomes.append(await _in_thread(future.exception, left))
         return outcomes
+
+
+class HTTPDriver:
+    """The HTTP producer's calls, the same on every runtime (the blocking ones on a thread)."""
+
+    def __init__(self, client: Any, *, blocking: bool) -> None:
+        self.client = client
+        self._blocking = blocking
+
+    async def _call(self, method: str, *args: Any) -> None:
+        if self._blocking:
+            await _in_thread(getattr(self.client, method), *args)
+        else:
+            await getattr(self.client, method)(*args)
+
+    async def publish(self, topic: str, body: bytes) -> None:
+        await self._call("publish", topic, body)
+
+    async def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
+        await self._call("multi_publish", topic, bodies)
+
+    async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
+        await self._call("deferred_publish", topic, body, delay)

@@ -28,7 +28,7 @@ def publish(server: EmbeddedNSQD, topic: str, count: int) -> None:
 
 
 def assert_io_alive(consumer: Consumer) -> None:
-    loop = consumer._loop
+    loop = consumer._io.loop
     assert loop.failure is None, f"IO thread crashed: {loop.failure!r}"
     assert loop.thread is not None and loop.thread.is_alive()
 
@@ -48,9 +48,7 @@ def test_bad_requeue_delay_raises_in_caller_and_message_stays_answerable(nsqd: P
         for delay in NOT_SECONDS:
             with pytest.raises(LocalProtocolError, match="requeue delay"):
                 msg.requeue(delay=delay)
-            with pytest.raises(LocalProtocolError, match="requeue delay"):
-                msg.requeue_nowait(delay=delay)
-        assert not msg.responded
+        assert not msg.answered
         assert consumer.stats().in_flight == 1  # still ours: nothing was sent
         assert_io_alive(consumer)
         ch = channel_stats(runner, topic, "c")
@@ -97,7 +95,11 @@ def test_bad_drain_and_close_timeouts_raise_in_caller(nsqd: Pair) -> None:
     server, runner = nsqd
     topic = unique()
     publish(server, topic, 2)
-    consumer = Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=1).start()
+    for timeout in NOT_SECONDS:
+        with pytest.raises(ConfigError, match="close_timeout"):
+            Consumer(topic, "c", nsqd=[server.tcp_address], close_timeout=timeout)
+    consumer = Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=1)
+    consumer.start()
     try:
         msg = take(consumer)
         for timeout in NOT_SECONDS:
@@ -105,8 +107,6 @@ def test_bad_drain_and_close_timeouts_raise_in_caller(nsqd: Pair) -> None:
                 consumer.drain(timeout=timeout)
             with pytest.raises(LocalProtocolError, match="drain timeout"):
                 consumer.start_drain(timeout)
-            with pytest.raises(LocalProtocolError, match="close timeout"):
-                consumer.close(timeout)
             with (
                 pytest.raises(LocalProtocolError, match="drain timeout"),  # not at signal time
                 drain_on_signals(consumer, timeout=timeout),
@@ -116,7 +116,8 @@ def test_bad_drain_and_close_timeouts_raise_in_caller(nsqd: Pair) -> None:
         assert_io_alive(consumer)
         assert msg.finish()
         assert take(consumer).finish()
-        assert consumer.drain(timeout=5)  # the real drain still works
+        consumer.drain(timeout=5)  # the real drain still works
+        assert consumer.draining
     finally:
         consumer.close()
     ch = channel_stats(runner, topic, "c")
@@ -131,14 +132,12 @@ def test_bad_get_timeout_and_run_arguments_raise_in_caller(nsqd: Pair) -> None:
         for timeout in NOT_SECONDS:
             with pytest.raises(LocalProtocolError, match="get timeout"):
                 consumer.get(timeout=timeout)
-        not_threads: tuple[Any, ...] = (0, -1, 1.5, "2", True)
-        for threads in not_threads:
-            with pytest.raises(ConfigError, match="threads"):
-                consumer.run(lambda m: None, threads=threads)
-            with pytest.raises(ConfigError, match="threads"):
-                consumer.run(lambda m: None, concurrency=threads)
-        with pytest.raises(ConfigError, match="handler"):
-            consumer.run("not callable", threads=1)  # type: ignore[arg-type]
+        not_counts: tuple[Any, ...] = (0, -1, 1.5, "2", True)
+        for concurrency in not_counts:
+            with pytest.raises(LocalProtocolError, match="concurrency"):
+                consumer.run(lambda m: None, concurrency=concurrency)
+        with pytest.raises(LocalProtocolError, match="handler"):
+            consumer.run("not callable", concurrency=1)  # type: ignore[arg-type]
         assert not [t for t in threading.enumerate() if t.name.startswith("nsq-sync-worker")]
         assert_io_alive(consumer)
         assert take(consumer).finish()
@@ -188,7 +187,7 @@ def test_failing_user_action_on_io_thread_is_reported_not_fatal(
     publish(server, topic, 3)
     caplog.set_level(logging.ERROR, logger="nsq_sansio.sync")
     with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=1) as consumer:
-        coordinator = consumer._coordinator
+        coordinator = consumer._io.coordinator
 
         def boom(*args: object, **kwargs: object) -> None:
             raise RuntimeError("injected failure")
@@ -204,7 +203,7 @@ def test_failing_user_action_on_io_thread_is_reported_not_fatal(
         msg = take(consumer)
         monkeypatch.setattr(coordinator, "requeue", boom)
         assert msg.requeue(delay=0)
-        wait_for(lambda: not msg.responded, what="the failed REQ to be undone")
+        wait_for(lambda: not msg.answered, what="the failed REQ to be undone")
         monkeypatch.undo()
         assert_io_alive(consumer)
         assert msg.finish()
@@ -233,7 +232,7 @@ def test_failing_fin_batch_on_io_thread_is_logged_once_and_answerable_again(
     publish(server, topic, 3)
     caplog.set_level(logging.ERROR, logger="nsq_sansio.sync")
     with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=3) as consumer:
-        coordinator = consumer._coordinator
+        coordinator = consumer._io.coordinator
         held = [take(consumer) for _ in range(3)]
 
         def boom(*args: object, **kwargs: object) -> None:
@@ -246,13 +245,11 @@ def test_failing_fin_batch_on_io_thread_is_logged_once_and_answerable_again(
             paused.set()
             resume.wait(10)
 
-        consumer._loop.call_soon(pause)  # the IO thread waits: the three FINs make one batch
+        consumer._io.loop.call_soon(pause)  # the IO thread waits: the three FINs make one batch
         assert paused.wait(10)
         assert all(msg.finish() for msg in held)
         resume.set()
-        wait_for(
-            lambda: not any(msg.responded for msg in held), what="the failed FINs to be undone"
-        )
+        wait_for(lambda: not any(msg.answered for msg in held), what="the failed FINs to be undone")
         monkeypatch.undo()
         assert_io_alive(consumer)
         failures = [r for r in caplog.records if "failed on the IO thread" in r.getMessage()]

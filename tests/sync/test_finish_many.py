@@ -110,9 +110,9 @@ def test_finish_many_marks_only_the_refused_message_taken_back() -> None:
             assert all(m is not None for m in held)
             messages: list[Message] = held  # type: ignore[assignment]
             gone = messages[2]
-            assert consumer._call(lambda: consumer._coordinator.finish(gone.delivery, 0.0)).result(
-                10
-            )
+            assert consumer._io.call(
+                lambda: consumer._io.coordinator.finish(gone.delivery, 0.0)
+            ).result(10)
             assert consumer.finish_many(messages) == 4  # as finish(): True, reported later
             wait_for(lambda: gone.taken_back, what="the refused FIN reported")
             wait_for(lambda: consumer.stats().finished == 4, what="four FINs in the core")
@@ -133,8 +133,8 @@ def test_finish_many_after_the_connection_closed_marks_them_taken_back() -> None
         ) as consumer:
             held = _fetch(consumer, 2)
             runner.call(lambda: server.core.stats(server.now()))  # the broker is up
-            consumer._call(
-                lambda: consumer._coordinator.connection_failed(
+            consumer._io.call(
+                lambda: consumer._io.coordinator.connection_failed(
                     held[0].delivery.conn_id, ConnectionResetError("cut"), 0.0
                 )
             ).result(10)

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from nsq_sansio.consumer import GiveUp
+from nsq_sansio.errors import LocalProtocolError
 from nsq_sansio.events import Message as CoreMessage
 from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.sync import Consumer, KeepaliveExpired, Message, Producer
@@ -100,7 +102,7 @@ def test_max_attempts_and_give_up(nsqd: Pair, caplog: pytest.LogCaptureFixture) 
         max_in_flight=2,
         max_attempts=3,
         backoff_enabled=False,
-        on_give_up=given_up.append,
+        on_event=lambda event: isinstance(event, GiveUp) and given_up.append(event.message),
     ) as consumer:
         deadline = time.monotonic() + 10
         while not given_up and time.monotonic() < deadline:
@@ -131,7 +133,12 @@ def test_drain_with_messages_in_flight_loses_and_redelivers_nothing(nsqd: Pair) 
         assert all(m is not None for m in held)
         wait_for(lambda: consumer.stats().in_flight == 20, what="20 in flight")
         result: list[bool] = []
-        drainer = threading.Thread(target=lambda: result.append(consumer.drain(timeout=10)))
+
+        def drain() -> None:
+            consumer.drain(timeout=10)
+            result.append(True)
+
+        drainer = threading.Thread(target=drain)
         drainer.start()
         time.sleep(0.3)  # the drain waits for the 3 messages user code holds
         assert drainer.is_alive()
@@ -260,8 +267,8 @@ def test_fetch_batch_expiry_and_no_wait(nsqd: Pair) -> None:
         started = time.monotonic()
         assert c.fetch(5, no_wait=True) == []  # nothing buffered: answers at once
         assert time.monotonic() - started < 1.0
-        with pytest.raises(RuntimeError):
-            iter(c).__next__()
+        with pytest.raises(LocalProtocolError, match="pull consumers use fetch"):
+            iter(c)
     wait_for(
         lambda: (channel_stats(runner, topic, "c") or {}).get("in_flight_count") == 0,
         what="all answered",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nsq_sansio.errors import ServerError
+from nsq_sansio.errors import BadMessage, InvalidName
 from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.sync import Consumer, HTTPProducer, HTTPPublishError, Message, Producer
 
@@ -83,10 +83,12 @@ def test_publish_async_pipelines_many_on_one_connection(nsqd: Pair) -> None:
 def test_refused_publish_raises_the_server_error(nsqd: Pair) -> None:
     server, _ = nsqd
     with Producer(server.tcp_address, max_attempts=5) as producer:
-        with pytest.raises(Exception) as info:
+        with pytest.raises(InvalidName) as info:
             producer.publish("bad topic name!", b"x")
-        # names are checked before anything is sent
+        # names are checked before anything is sent: the documented type, exactly
+        assert type(info.value) is InvalidName
         assert "topic" in str(info.value).lower()
+        assert producer.stats().published == 0
         producer.publish(unique(), b"still usable")
 
 
@@ -142,7 +144,7 @@ def test_run_with_threads_finishes_on_return_and_requeues_on_raise(nsqd: Pair) -
                     ):
                         consumer.start_drain(5.0)
 
-        consumer.run(handler, threads=8)
+        consumer.run(handler, concurrency=8)
         stats = consumer.stats()
     assert set(seen) == {b"%d" % i for i in range(40)}
     assert all(n == (2 if int(b) % 5 == 0 else 1) for b, n in seen.items())
@@ -208,9 +210,9 @@ def test_a_refused_publish_fails_alone_and_the_pipeline_goes_on() -> None:
             futures += [p.publish_async(topic, b"ok %d" % i) for i in range(50, 100)]
             for future in futures:
                 future.result(10)
-            with pytest.raises(ServerError) as info:
+            with pytest.raises(BadMessage) as info:
                 bad.result(10)
-            assert info.value.code == "E_BAD_MESSAGE"
+            assert type(info.value) is BadMessage and info.value.code == "E_BAD_MESSAGE"
         with Consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=100) as consumer:
             bodies = {m.body for m in _consume(consumer, 100)}
     assert bodies == {b"ok %d" % i for i in range(100)}
@@ -229,7 +231,7 @@ def test_publish_future_interface(nsqd: Pair) -> None:
         future.add_done_callback(late.append)  # already done: called at once
         assert late == [future]
         refused = producer.publish_async(unique(), b"x" * (2 * 1024 * 1024))
-        assert isinstance(refused.exception(5), ServerError)
+        assert type(refused.exception(5)) is BadMessage  # over nsqd's max_msg_size
 
 
 def test_host_names_are_resolved_off_the_io_thread(nsqd: Pair) -> None:

@@ -60,9 +60,11 @@ def test_tls_verification_is_on_by_default(
     with running_nsqd(tls_cert=test_ca["cert"], tls_key=test_ca["key"]) as (server, _):
         with (
             Producer(server.tcp_address, tls_v1=True, timeout=1.0) as producer,
-            pytest.raises((NoNSQDAvailable, TimeoutError)),
+            pytest.raises(NoNSQDAvailable) as refused,
         ):
             producer.publish(unique(), b"x")
+        assert type(refused.value) is NoNSQDAvailable  # the connection, never the publish
+        assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
         caplog.set_level(logging.WARNING, logger="nsq_sansio")
         with Consumer(
             unique(),
@@ -87,9 +89,11 @@ def test_wrong_server_name_is_refused(test_ca: dict[str, str]) -> None:
             tls_server_name="not-nsqd.example",
             timeout=1.0,
         ) as producer,
-        pytest.raises((NoNSQDAvailable, TimeoutError)),
+        pytest.raises(NoNSQDAvailable) as refused,
     ):
         producer.publish(unique(), b"x")
+    assert type(refused.value) is NoNSQDAvailable
+    assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)  # the name does not match
 
 
 def _auth(request: AuthRequest) -> AuthState | None:
@@ -147,8 +151,12 @@ def test_client_certificate_required_by_nsqd(test_ca: dict[str, str]) -> None:
         # The same CA but no client certificate: the handshake is refused, nothing flows.
         with (
             Producer(server.tcp_address, tls_ca_file=test_ca["ca"], timeout=2.0) as p,
-            pytest.raises((NoNSQDAvailable, TimeoutError)),
+            pytest.raises(NoNSQDAvailable) as refused,
         ):
             p.publish(topic, b"should not arrive")
+        assert type(refused.value) is NoNSQDAvailable
+        assert str(refused.value).startswith(
+            f"no nsqd could take the publish: {server.tcp_address}"
+        )
         stats = channel_stats(runner, topic, "c")
         assert stats is not None and stats["message_count"] == 1  # only the certified one

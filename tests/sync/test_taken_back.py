@@ -1,4 +1,4 @@
-"""Issue 12.3: a taken-back report applies to the delivery it is about, not to every copy of
+"""A taken-back report applies to the delivery it is about, not to every copy of
 the same message id. Against the embedded broker and the real nsqd (skipped without it)."""
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def test_a_fin_refused_in_a_batch_marks_only_its_own_message() -> None:
             held = [consumer.get(timeout=10) for _ in range(3)]
             assert all(m is not None for m in held)
             first, second, third = held  # type: ignore[misc]
-            answered = consumer._call(
-                lambda: consumer._coordinator.finish(second.delivery, 0.0)
+            answered = consumer._io.call(
+                lambda: consumer._io.coordinator.finish(second.delivery, 0.0)
             ).result(10)
             assert answered  # the core FIN'd it; the transport was not told
             assert first.finish() and second.finish() and third.finish()

@@ -111,7 +111,8 @@ def test_producer_fails_over_to_another_nsqd() -> None:
 
 def test_producer_back_pressure_blocks_instead_of_buffering() -> None:
     """A broker that accepts TCP but never answers: publishes beyond max_pending block and
-    time out; nothing is buffered without bound."""
+    time out; nothing is buffered without bound. The pending ones fail once the handshake is
+    given up (connect_timeout), not at their own later deadline."""
     listener = socket.create_server(("127.0.0.1", 0))
     accepted: list[socket.socket] = []
     stop = threading.Event()
@@ -129,16 +130,17 @@ def test_producer_back_pressure_blocks_instead_of_buffering() -> None:
     thread.start()
     try:
         address = f"127.0.0.1:{listener.getsockname()[1]}"
-        with Producer(address, max_pending=3, timeout=0.5, connect_timeout=0.2) as producer:
-            futures = [producer.publish_async("t", b"x", timeout=2.0) for _ in range(3)]
+        with Producer(address, max_pending=3, timeout=0.5, connect_timeout=1.0) as producer:
+            futures = [producer.publish_async("t", b"x", timeout=5.0) for _ in range(3)]
             started = time.monotonic()
             with pytest.raises(TimeoutError, match="max_pending"):
                 producer.publish_async("t", b"one too many", timeout=0.5)
             assert time.monotonic() - started >= 0.45
             assert producer.stats().pending == 3
             for future in futures:
-                with pytest.raises(NoNSQDAvailable):
+                with pytest.raises(NoNSQDAvailable, match="handshake"):
                     future.result(5)
+            assert time.monotonic() - started < 3.0  # connect_timeout, not the 5 s timeout
             assert producer.stats().pending == 0
             # the silent handshake is abandoned after connect_timeout and retried
             wait_for(lambda: producer.stats().reconnects >= 1, what="handshake retried")

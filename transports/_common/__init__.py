@@ -7,9 +7,14 @@
 * :mod:`.stats`: the :class:`ConsumerStats` / :class:`ProducerStats` /
   :class:`ConnectionStats` snapshots.
 * :mod:`.connection_log`: :class:`ConnectionLogger`, the ``[host:port]`` on every log line.
-* :mod:`.http_publish`: nsqd's HTTP ``/pub`` and ``/mpub`` as bytes in and out over h11.
-* :mod:`.publishing`: :class:`NoNSQDAvailable` (one class for every runtime) and the bounded
-  set of checked topic names.
+* :mod:`.http_publish`: nsqd's HTTP ``/pub`` and ``/mpub`` as bytes in and out (over
+  :class:`~nsq_sansio.http_client.HTTPClient`), and when a request may be sent again.
+* :mod:`.publishing`: the bounded set of checked topic names.
+* :mod:`.failures`: why a connection or a publish failed, in one wording for every runtime.
+* :mod:`.reports`: what the clients log, one level and text per event for every runtime.
+* :mod:`.logs`: :func:`~.logs.fields`, the ``nsq_*`` extra fields every log record carries.
+* :mod:`.message`: what a delivered message is (``MessageBase``), :class:`KeepaliveExpired`.
+* :mod:`.arguments`: the checks of a user's arguments.
 
 This package re-exports their names, so ``from transports._common import TLSOptions`` keeps
 working. Nothing here opens a socket; ``build_ssl_context`` reads certificate files when
@@ -28,27 +33,22 @@ from .addresses import (
     parse_http_url,
 )
 from .connection_log import ConnectionLogger
-from .http_publish import (
-    HTTPPublishClient,
-    HTTPPublishError,
-    PubResponse,
-    build_mpub_request,
-    build_pub_request,
-    parse_pub_response,
-)
+from .http_publish import HTTPPublishClient, HTTPPublishError, PubResponse
 from .options import (
     MAX_CONNECTIONS_PER_NSQD,
     READ_SIZE,
     TransportOptions,
     check_connections_per_nsqd,
     make_config,
+    read_auth_secret,
     split_options,
 )
-from .publishing import TOPICS_REMEMBERED, NoNSQDAvailable, remember_topic
-from .stats import ConnectionStats, ConsumerStats, ProducerStats
+from .publishing import TOPICS_REMEMBERED, remember_topic
+from .stats import CONNECTION_STATES, ConnectionStats, ConsumerStats, ProducerStats
 from .tls import TLSOptions, build_ssl_context
 
 __all__ = [
+    "CONNECTION_STATES",
     "DEFAULT_HTTP_PORT",
     "DEFAULT_LOOKUPD_HTTP_PORT",
     "DEFAULT_TCP_PORT",
@@ -61,20 +61,17 @@ __all__ = [
     "ConsumerStats",
     "HTTPPublishClient",
     "HTTPPublishError",
-    "NoNSQDAvailable",
     "ProducerStats",
     "PubResponse",
     "TLSOptions",
     "TransportOptions",
-    "build_mpub_request",
-    "build_pub_request",
     "build_ssl_context",
     "check_connections_per_nsqd",
     "format_address",
     "make_config",
     "parse_address",
     "parse_http_url",
-    "parse_pub_response",
+    "read_auth_secret",
     "remember_topic",
     "split_options",
 ]

@@ -103,6 +103,11 @@ def parse_http_url(url: str, default_port: int = DEFAULT_LOOKUPD_HTTP_PORT) -> H
     if "://" not in text:
         text = "http://" + text
     parts = urlsplit(text)
+    if "@" in parts.netloc:  # said without the URL: what is before "@" may be a password
+        raise ValueError(
+            "a user or password in an nsqd/nsqlookupd URL is not supported (nsqd's HTTP API "
+            "has no authentication); give scheme://host:port only"
+        )
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"unsupported URL scheme in {url!r} (use http:// or https://)")
     host = parts.hostname or ""

@@ -1,7 +1,8 @@
-"""Logging per connection: :class:`ConnectionLogger` puts the nsqd address in every record.
+"""Logging per connection: :class:`ConnectionLogger` puts the peer's address in every record.
 
 Each line a client logs about a connection starts with ``[host:port]`` and carries
-``record.nsq_address``, so the lines of one nsqd can be told apart and filtered.
+``record.nsq_address`` (``record.nsq_lookupd`` for an nsqlookupd), so the lines of one nsqd can
+be told apart and filtered; fixed facts (a consumer's topic and channel) ride along too.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ __all__ = ["ConnectionLogger"]
 
 
 class ConnectionLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """Prefix every message with ``[address]`` and set ``record.nsq_address``.
+    """Prefix every message with ``[address]`` and set ``record.nsq_address`` (or the
+    attribute ``field`` names), plus the ``extra`` facts given here, on every record.
 
     ``logger.with_address(addr)`` derives an adapter for another connection cheaply.
     """
 
-    def __init__(self, logger: logging.Logger, address: str, **extra: Any) -> None:
-        super().__init__(logger, {"nsq_address": address, **extra})
+    def __init__(
+        self, logger: logging.Logger, address: str, *, field: str = "nsq_address", **extra: Any
+    ) -> None:
+        super().__init__(logger, {field: address, **extra})
         self.address = address
+        self.field = field
 
     def process(
         self, msg: Any, kwargs: MutableMapping[str, Any]
@@ -32,5 +37,5 @@ class ConnectionLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         return f"[{self.address}] {msg}", kwargs
 
     def with_address(self, address: str) -> ConnectionLogger:
-        extra = {k: v for k, v in (self.extra or {}).items() if k != "nsq_address"}
-        return ConnectionLogger(self.logger, address, **extra)
+        extra = {k: v for k, v in (self.extra or {}).items() if k != self.field}
+        return ConnectionLogger(self.logger, address, field=self.field, **extra)

@@ -1,40 +1,44 @@
-"""nsqd's HTTP publish API as bytes in and bytes out: ``/pub``, binary ``/mpub``, ``defer``.
+"""nsqd's HTTP publish API, ``/pub``, binary ``/mpub`` and ``defer``, over the project's one
+HTTP client (:class:`~nsq_sansio.http_client.HTTPClient`, bounded).
 
-:class:`HTTPPublishClient` is a sans-IO keep-alive client over h11 that both HTTP producers
-(anyio and blocking) drive with their own sockets; :class:`PubResponse` is an answer and
-:class:`HTTPPublishError` the error an answer other than 2xx raises. Nothing here opens a
-socket.
+:class:`HTTPPublishClient` is the sans-IO side both HTTP producers (anyio and blocking) drive
+with their own sockets: request bytes out, a :class:`PubResponse` in, the answer read no
+further than :data:`MAX_ANSWER_SIZE`. What the producers share about *when* a request may go
+again is here too: :func:`idle_socket_closed` (a kept-alive connection nsqd closed while it
+sat in the pool: nothing was sent, so a fresh connection is safe) and :func:`lost_after_sending`
+(a request written and then lost may have been stored, so it is never sent again).
 """
 
 from __future__ import annotations
 
 import json
+import select
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-import h11
+from nsq_sansio.errors import ConnectionLost, HTTPPublishError, LocalProtocolError
+from nsq_sansio.http_client import HTTPAnswer, HTTPClient
 
-from nsq_sansio.errors import NSQError
+from .arguments import check_seconds
+from .failures import describe, seconds
 
 __all__ = [
+    "MAX_ANSWER_SIZE",
     "HTTPPublishClient",
     "HTTPPublishError",
     "PubResponse",
-    "build_mpub_request",
-    "build_pub_request",
-    "parse_pub_response",
+    "idle_socket_closed",
+    "lost_after_sending",
+    "not_reached_in_time",
 ]
 
-
-class HTTPPublishError(NSQError):
-    """nsqd's HTTP API refused a publish: ``status`` and nsqd's ``message`` (``INVALID_TOPIC``)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status} {message}".rstrip())
-        self.status = status
-        self.message = message
+#: The largest answer body a publish reads: nsqd answers ``OK`` or a short JSON error, and a
+#: proxy's error page fits; anything longer is a broken answer (RemoteProtocolError).
+MAX_ANSWER_SIZE = 64 * 1024
+#: The largest status line and headers of a publish answer.
+MAX_ANSWER_HEADER_SIZE = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,7 @@ class PubResponse:
     status: int
     body: bytes
     headers: tuple[tuple[bytes, bytes], ...] = field(default=(), compare=False)
+    #: True when the connection may carry the next request.
     keep_alive: bool = True
 
     @property
@@ -68,56 +73,53 @@ class PubResponse:
 
 
 class HTTPPublishClient:
-    """A sans-IO keep-alive HTTP client for nsqd's publish endpoints (one request at a time).
+    """One keep-alive HTTP connection's publishes (one request at a time), sans-IO.
 
     ``pub()`` / ``mpub()`` return the bytes of a request to write; feed what the socket reads
     to ``receive_data()`` (``b""`` at EOF) until it returns a :class:`PubResponse`. When the
-    response says ``keep_alive`` the same client (and socket) can send the next request.
+    response says ``keep_alive`` the same client (and socket) can send the next request. A
+    broken or oversized answer raises :class:`~nsq_sansio.errors.RemoteProtocolError`, an
+    answer cut short :class:`~nsq_sansio.errors.ConnectionLost`; the socket is then closed.
     """
 
-    def __init__(self, host: str, path_prefix: str = "", user_agent: str | None = None) -> None:
-        self._host = host.encode("idna") if not host.isascii() else host.encode()
+    __slots__ = ("_http", "_prefix")
+
+    def __init__(
+        self,
+        host: str,
+        path_prefix: str = "",
+        user_agent: str | None = None,
+        *,
+        max_answer_size: int = MAX_ANSWER_SIZE,
+    ) -> None:
+        self._http = HTTPClient(
+            host,
+            max_body_size=max_answer_size,
+            max_header_size=MAX_ANSWER_HEADER_SIZE,
+            user_agent=user_agent or "nsq-sansio",
+        )
         self._prefix = path_prefix.rstrip("/")
-        self._user_agent = (user_agent or "nsq-sansio").encode()
-        self._conn = h11.Connection(h11.CLIENT)
-        self._status = 0
-        self._headers: tuple[tuple[bytes, bytes], ...] = ()
-        self._body: list[bytes] = []
 
     def _request(self, target: str, body: bytes) -> bytes:
-        if self._conn.our_state is h11.DONE and self._conn.their_state is h11.DONE:
-            self._conn.start_next_cycle()
-        if self._conn.our_state is not h11.IDLE:
-            raise RuntimeError("the previous request has not been answered yet")
-        headers = [
-            (b"Host", self._host),
-            (b"User-Agent", self._user_agent),
-            (b"Content-Length", str(len(body)).encode()),
-            (b"Content-Type", b"application/octet-stream"),
-        ]
-        request = h11.Request(
-            method="POST", target=(self._prefix + target).encode(), headers=headers
+        return self._http.request(
+            "POST",
+            self._prefix + target,
+            body,
+            headers=(("Content-Type", "application/octet-stream"),),
         )
-        data = self._conn.send(request) or b""
-        data += self._conn.send(h11.Data(data=body)) or b""
-        data += self._conn.send(h11.EndOfMessage()) or b""
-        self._status = 0
-        self._body = []
-        return data
 
     def pub(self, topic: str, body: bytes, *, defer: float | None = None) -> bytes:
         """``POST /pub?topic=...[&defer=ms]``."""
         target = f"/pub?topic={quote(topic, safe='')}"
         if defer is not None:
-            if not defer >= 0:
-                raise ValueError(f"defer must be >= 0 seconds, got {defer!r}")
+            check_seconds("DPUB delay", defer)
             target += f"&defer={round(defer * 1000)}"
         return self._request(target, body)
 
     def mpub(self, topic: str, bodies: Sequence[bytes]) -> bytes:
         """``POST /mpub?topic=...&binary=true``: bodies are length-prefixed, so any byte goes."""
         if not bodies:
-            raise ValueError("mpub needs at least one body")
+            raise LocalProtocolError("multi_publish needs at least one message body")
         parts = [struct.pack(">i", len(bodies))]
         for body in bodies:
             parts.append(struct.pack(">i", len(body)))
@@ -125,50 +127,44 @@ class HTTPPublishClient:
         return self._request(f"/mpub?topic={quote(topic, safe='')}&binary=true", b"".join(parts))
 
     def receive_data(self, data: bytes) -> PubResponse | None:
-        """Feed response bytes; returns the response once complete. Raises
-        :class:`~nsq_sansio.errors.RemoteProtocolError` for a broken answer or EOF mid-answer."""
-        from nsq_sansio.errors import ConnectionLost, RemoteProtocolError
-
-        try:
-            self._conn.receive_data(data)
-            while True:
-                event = self._conn.next_event()
-                if event is h11.NEED_DATA:
-                    if not data:
-                        raise ConnectionLost("nsqd closed the HTTP connection mid-answer")
-                    return None
-                if isinstance(event, h11.Response):
-                    self._status = event.status_code
-                    self._headers = tuple((bytes(k), bytes(v)) for k, v in event.headers)
-                elif isinstance(event, h11.Data):
-                    self._body.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    keep = self._conn.our_state is h11.DONE and self._conn.their_state is h11.DONE
-                    return PubResponse(self._status, b"".join(self._body), self._headers, keep)
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise ConnectionLost("nsqd closed the HTTP connection mid-answer")
-        except h11.RemoteProtocolError as exc:
-            if not data:
-                raise ConnectionLost("nsqd closed the HTTP connection mid-answer") from exc
-            raise RemoteProtocolError(f"bad HTTP answer from nsqd: {exc}") from exc
+        """Feed response bytes (``b""`` at EOF); the response once complete, else None."""
+        answer: HTTPAnswer | None = self._http.receive_data(data)
+        if answer is None:
+            return None
+        return PubResponse(answer.status, answer.body, answer.headers, answer.keep_alive)
 
 
-def build_pub_request(
-    host: str, topic: str, body: bytes, *, defer: float | None = None
-) -> tuple[HTTPPublishClient, bytes]:
-    """A fresh client and the bytes of one ``/pub`` request (deferred when ``defer`` is set)."""
-    client = HTTPPublishClient(host)
-    return client, client.pub(topic, body, defer=defer)
+def idle_socket_closed(fileno: int) -> bool:
+    """Whether an idle kept-alive connection is unusable: closed (``fileno`` < 0), or with
+    something to read while no request is outstanding (nsqd's FIN or reset after an idle
+    timeout or a restart, or stray bytes). Checked before a pooled connection carries a
+    request, so that one nsqd closed is dropped before anything is written to it."""
+    if fileno < 0:
+        return True
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fileno, select.POLLIN | select.POLLPRI)
+            return bool(poller.poll(0))
+        readable, _, errored = select.select([fileno], [], [fileno], 0)
+        return bool(readable or errored)
+    except (OSError, ValueError):
+        return True
 
 
-def build_mpub_request(
-    host: str, topic: str, bodies: Sequence[bytes]
-) -> tuple[HTTPPublishClient, bytes]:
-    """A fresh client and the bytes of one binary ``/mpub`` request."""
-    client = HTTPPublishClient(host)
-    return client, client.mpub(topic, bodies)
+def lost_after_sending(kind: str, topic: str, address: str, error: BaseException) -> ConnectionLost:
+    """A request written to ``address`` whose connection failed before the answer: nsqd may
+    have stored it, so it is not sent again (chained to ``error``)."""
+    lost = ConnectionLost(
+        f"{address}: {kind} to {topic!r} was sent, then the connection failed before the "
+        f"answer ({describe(error)}); it may have been stored, so it is not sent again"
+    )
+    lost.__cause__ = error
+    return lost
 
 
-def parse_pub_response(client: HTTPPublishClient, data: bytes) -> PubResponse | None:
-    """Feed ``data`` to ``client``; the response when complete, else None."""
-    return client.receive_data(data)
+def not_reached_in_time(address: str, timeout: float) -> ConnectionLost:
+    """No connection to ``address`` carried the request before the publish's timeout."""
+    return ConnectionLost(
+        f"{address}: not reached within the publish's timeout ({seconds(timeout)})"
+    )

@@ -46,11 +46,14 @@ class MessageBase:
     turns True once ``finish()`` or ``requeue()`` answered it; later answers return False.
     """
 
+    #: True once ``finish()`` or ``requeue()`` answered the message (pynsq's
+    #: ``has_responded()``).
+    answered: bool
+
     __slots__ = ("_consumer", "_delivery", "answered")
 
     _consumer: Any
     _delivery: Deliver
-    answered: bool
 
     def __init__(self, consumer: Any, delivery: Deliver) -> None:
         self._consumer = consumer
@@ -78,12 +81,7 @@ class MessageBase:
 
     @property
     def nsqd_address(self) -> str:
-        """``host:port`` of the nsqd that sent the message."""
-        return str(self._delivery.address)
-
-    @property
-    def address(self) -> str:
-        """Same as :attr:`nsqd_address`."""
+        """``host:port`` of the nsqd that sent the message (go-nsq's ``NSQDAddress``)."""
         return str(self._delivery.address)
 
     @property
@@ -95,11 +93,6 @@ class MessageBase:
     def received_at(self) -> float:
         """``time.monotonic()`` when the message arrived."""
         return self._delivery.received_at
-
-    @property
-    def responded(self) -> bool:
-        """True once finish() or requeue() was called (the same as :attr:`answered`)."""
-        return self.answered
 
     def __repr__(self) -> str:
         return (

@@ -3,15 +3,21 @@
 
 :func:`split_options` is what every consumer and producer calls with its ``**kwargs``:
 ``Config`` field names go to the config (:func:`make_config`), ``connect_timeout`` and the TLS
-options (``tls=TLSOptions(...)`` or the flat ``tls_*`` names) to the transport, and anything
-else is a :class:`~nsq_sansio.errors.ConfigError` that lists what is valid. The transports'
-own constants live here too (:data:`READ_SIZE`, the producer's ``connections_per_nsqd``
-bounds).
+options (``tls=TLSOptions(...)`` or the flat ``tls_*`` names) to the transport,
+``auth_secret_env``/``auth_secret_file`` are read into the config's ``auth_secret``
+(:func:`read_auth_secret`), and anything else is a :class:`~nsq_sansio.errors.ConfigError`
+that lists what is valid. IDENTIFY's ``client_id`` and ``hostname`` left at None get this
+host's names (:func:`host_names`: the core cannot look them up, it does no IO). The
+transports' own constants live here too (:data:`READ_SIZE`, the producer's
+``connections_per_nsqd`` bounds).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +33,9 @@ __all__ = [
     "READ_SIZE",
     "TransportOptions",
     "check_connections_per_nsqd",
+    "host_names",
     "make_config",
+    "read_auth_secret",
     "split_options",
 ]
 
@@ -72,6 +80,80 @@ def make_config(config: Config | None = None, **overrides: Any) -> Config:
     return base.replace(**overrides) if overrides else base
 
 
+@functools.cache
+def host_names() -> tuple[str, str]:
+    """``(client_id, hostname)`` a client sends in IDENTIFY unless told otherwise: the short
+    host name (up to the first dot) and the full one, as go-nsq does. ``gethostname()`` is the
+    kernel's name (no DNS lookup, so it cannot hang); read once per process."""
+    try:
+        full = socket.gethostname()
+    except OSError:
+        full = ""
+    return full.split(".", 1)[0], full
+
+
+def with_host_names(config: Config) -> Config:
+    """``config`` with ``client_id`` / ``hostname`` left at None set to :func:`host_names`."""
+    if config.client_id is not None and config.hostname is not None:
+        return config
+    short, full = host_names()
+    return config.replace(
+        client_id=short if config.client_id is None else config.client_id,
+        hostname=full if config.hostname is None else config.hostname,
+    )
+
+
+#: The most bytes an ``auth_secret_file`` may hold: a secret is short, a larger file is the
+#: wrong one (and is not read whole).
+MAX_AUTH_SECRET_FILE = 64 * 1024
+
+
+def read_auth_secret(
+    *, env: str | None = None, file: str | os.PathLike[str] | None = None
+) -> bytes:
+    """The AUTH secret from the environment variable ``env`` or from the file ``file``.
+
+    Read once, when the client is made: a missing variable, an unreadable, empty or
+    oversized file is a :class:`~nsq_sansio.errors.ConfigError` then (naming the variable or
+    the path, never the content), not a failing connection later. One trailing newline of
+    the file is dropped (``echo secret > file`` writes one).
+    """
+    if (env is None) == (file is None):
+        raise ConfigError("give exactly one of auth_secret_env and auth_secret_file")
+    if env is not None:
+        if not isinstance(env, str) or not env:
+            raise ConfigError(f"auth_secret_env must name an environment variable, got {env!r}")
+        text = os.environ.get(env)
+        if text is None:
+            raise ConfigError(f"auth_secret_env={env!r}: that environment variable is not set")
+        if not text:
+            raise ConfigError(f"auth_secret_env={env!r}: that environment variable is empty")
+        return os.fsencode(text)  # the bytes the environment holds
+    path = os.fspath(file)  # type: ignore[arg-type]
+    try:
+        with open(path, "rb") as handle:
+            value = handle.read(MAX_AUTH_SECRET_FILE + 1)
+    except OSError as exc:
+        raise ConfigError(
+            f"auth_secret_file={path!r}: cannot read it ({exc.strerror or type(exc).__name__})"
+        ) from None
+    if len(value) > MAX_AUTH_SECRET_FILE:
+        raise ConfigError(
+            f"auth_secret_file={path!r} holds more than {MAX_AUTH_SECRET_FILE} bytes: not a secret"
+        )
+    if value.endswith(b"\r\n"):
+        value = value[:-2]
+    elif value.endswith(b"\n"):
+        value = value[:-1]
+    if not value:
+        raise ConfigError(f"auth_secret_file={path!r} is empty")
+    return value
+
+
+#: Where else the AUTH secret may come from (:func:`read_auth_secret`).
+_AUTH_SOURCES = {"auth_secret_env": "env", "auth_secret_file": "file"}
+
+
 _TLS_FLAT = {
     "ssl_context": "ssl_context",
     "tls_ca_file": "ca_file",
@@ -86,9 +168,10 @@ _TLS_FLAT = {
 
 @dataclass(frozen=True)
 class TransportOptions:
-    """What a transport itself needs (the protocol's knobs live in :class:`Config`)."""
+    """What a transport itself needs (the protocol's knobs live in :class:`Config`);
+    ``connect_timeout`` is the config's, copied here by :func:`split_options`."""
 
-    connect_timeout: float = 5.0
+    connect_timeout: float = 10.0
     tls: TLSOptions = field(default_factory=TLSOptions)
     _context: list[ssl.SSLContext] = field(default_factory=list, repr=False, compare=False)
 
@@ -104,22 +187,23 @@ def split_options(
 ) -> tuple[Config, TransportOptions]:
     """Keyword arguments -> (Config, TransportOptions).
 
-    Config field names go to the config; ``connect_timeout``, ``tls=TLSOptions(...)`` or the
+    Config field names go to the config (``client_id`` and ``hostname`` default to this
+    host's names, :func:`with_host_names`); ``connect_timeout``, ``tls=TLSOptions(...)`` or the
     flat ``ssl_context``/``tls_ca_file``/``tls_ca_data``/``tls_cert_file``/``tls_key_file``/
     ``tls_key_password``/``tls_server_name``/``tls_verify`` are transport options. Giving any
     TLS option turns ``tls_v1`` on (verification stays on unless ``tls_verify=False``).
+    ``auth_secret_env="VAR"`` or ``auth_secret_file=path`` read the AUTH secret now (instead
+    of ``auth_secret``; at most one of the three).
     """
     config_changes: dict[str, Any] = {}
     tls_changes: dict[str, Any] = {}
     tls: TLSOptions | None = None
-    connect_timeout = 5.0
+    secret_source: dict[str, Any] = {}
     for name, value in kwargs.items():
-        if name == "connect_timeout":  # both: the TCP connect, and the core's handshake deadline
-            connect_timeout = float(value)
-            if "connect_timeout" in _CONFIG_FIELDS:
-                config_changes[name] = value
-        elif name in _CONFIG_FIELDS:
+        if name in _CONFIG_FIELDS:
             config_changes[name] = value
+        elif name in _AUTH_SOURCES:
+            secret_source[_AUTH_SOURCES[name]] = value
         elif name in _TLS_FLAT:
             tls_changes[_TLS_FLAT[name]] = value
         elif name == "tls":
@@ -134,16 +218,23 @@ def split_options(
         else:
             raise ConfigError(
                 f"unknown option {name!r}: not a Config field nor a transport option "
-                f"(connect_timeout, tls, {', '.join(sorted(_TLS_FLAT))})"
+                f"(connect_timeout, tls, {', '.join(sorted([*_TLS_FLAT, *_AUTH_SOURCES]))})"
             )
-    if not connect_timeout > 0:
-        raise ConfigError(f"connect_timeout={connect_timeout!r} must be > 0 seconds")
+    if secret_source:
+        given = [n for n in ("auth_secret", *_AUTH_SOURCES) if n in kwargs]
+        if len(given) > 1 or (config is not None and config.auth_secret is not None):
+            raise ConfigError(
+                f"the AUTH secret is given more than once ({', '.join(given)}"
+                f"{', config.auth_secret' if config is not None and config.auth_secret else ''})"
+                ": give one"
+            )
+        config_changes["auth_secret"] = read_auth_secret(**secret_source)
     if tls is not None and tls_changes:
         raise ConfigError("give either tls=TLSOptions(...) or the flat tls_* options, not both")
     if tls_changes:
         tls = TLSOptions(**tls_changes)
     if tls is not None:
         config_changes.setdefault("tls_v1", True)
-    return make_config(config, **config_changes), TransportOptions(
-        connect_timeout, tls if tls is not None else TLSOptions()
-    )
+    made = with_host_names(make_config(config, **config_changes))
+    # One dial timeout for every runtime: the config's (the TCP connect and the handshake).
+    return made, TransportOptions(made.connect_timeout, tls if tls is not None else TLSOptions())

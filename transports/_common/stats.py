@@ -1,30 +1,38 @@
 """The stats snapshots every client returns: :class:`ConsumerStats`, :class:`ProducerStats`,
 and one :class:`ConnectionStats` per connection.
 
-Plain frozen dataclasses, the same for every runtime (anyio, trio, blocking), so a metrics
-exporter or a dashboard reads them without knowing which client produced them.
+Plain frozen dataclasses with one vocabulary for every runtime (anyio, trio, blocking), so a
+metrics exporter or a dashboard reads them without knowing which client produced them: a
+connection's ``state`` is one of :data:`CONNECTION_STATES`, ``backoff_phase`` one of
+``"normal"``, ``"waiting"``, ``"testing"`` (:class:`~nsq_sansio.backoff.BackoffPhase`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ConnectionStats", "ConsumerStats", "ProducerStats"]
+__all__ = ["CONNECTION_STATES", "ConnectionStats", "ConsumerStats", "ProducerStats"]
+
+#: What ``ConnectionStats.state`` says, on every runtime: ``"connecting"`` (TCP connect under
+#: way), ``"handshaking"`` (IDENTIFY, TLS, AUTH, SUB), ``"subscribed"`` (a consumer's: messages
+#: flow), ``"ready"`` (a producer's: publishes flow), ``"closing"`` (a consumer's: CLS sent),
+#: ``"closed"`` (not connected: not yet, or lost; ``last_error`` says why).
+CONNECTION_STATES = ("connecting", "handshaking", "subscribed", "ready", "closing", "closed")
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionStats:
-    """One nsqd connection at the moment of the snapshot."""
+    """One nsqd connection at the moment of the snapshot: ``state`` (one of
+    :data:`CONNECTION_STATES`), ``connected`` (subscribed, or ready to publish), the RDY last
+    sent and the messages in flight (a consumer's), the publishes waiting for an answer (a
+    producer's ``in_flight``), how many times this address was connected again, bytes read
+    and written, and the last error (a producer's)."""
 
     address: str
     state: str
     connected: bool
     rdy: int = 0
     in_flight: int = 0
-    received: int = 0
-    finished: int = 0
-    requeued: int = 0
-    touched: int = 0
     reconnects: int = 0
     bytes_received: int = 0
     bytes_sent: int = 0
@@ -53,6 +61,7 @@ class ConsumerStats:
 
     @property
     def connected(self) -> int:
+        """Connections connected now (subscribed, or ready to publish)."""
         return sum(1 for c in self.connections if c.connected)
 
 

@@ -3,17 +3,22 @@
 What a consumer or producer checks of nsqd's certificate and which one it presents: an
 :class:`ssl.SSLContext` with verification on by default, TLS 1.2 at least, a private CA, a
 client certificate and the name to check. It reads certificate files when asked to and opens
-no socket.
+no socket. ``repr()`` and ``str()`` show ``key_password`` and ``ca_data`` as ``'***'``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 from dataclasses import dataclass
 
 from nsq_sansio.errors import ConfigError
 
 __all__ = ["TLSOptions", "build_ssl_context"]
+
+#: Fields never shown by ``repr()``: a key's password, and the CA given inline (which may be a
+#: private CA's, and is long).
+_HIDDEN_FIELDS = frozenset({"key_password", "ca_data"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +27,8 @@ class TLSOptions:
 
     ``verify`` is on by default: the server's chain is checked against the system store (or
     ``ca_file`` / ``ca_data``) and its name against ``server_name`` (default: the host
-    connected to). ``ssl_context`` replaces everything else when given.
+    connected to). ``ssl_context`` replaces everything else when given. ``repr()`` shows
+    ``key_password`` and ``ca_data`` as ``'***'``.
     """
 
     verify: bool = True
@@ -34,7 +40,20 @@ class TLSOptions:
     server_name: str | None = None
     ssl_context: ssl.SSLContext | None = None
 
+    def __repr__(self) -> str:
+        shown = (
+            f"{f.name}='***'"
+            if f.name in _HIDDEN_FIELDS and getattr(self, f.name) is not None
+            else f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+        )
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    __str__ = __repr__
+
     def context(self) -> ssl.SSLContext:
+        """An ``ssl.SSLContext`` built from these options (verification on unless ``verify`` is
+        False)."""
         if self.ssl_context is not None:
             return self.ssl_context
         return build_ssl_context(

@@ -13,29 +13,31 @@
 
 from __future__ import annotations
 
-from transports._common import (
-    ConnectionStats,
-    ConsumerStats,
-    HTTPPublishError,
-    ProducerStats,
-    TLSOptions,
-)
+from nsq_sansio.discovery import allow_nsqd
+from nsq_sansio.errors import HTTPPublishError, NoNSQDAvailable
+from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 
-from .consumer import Consumer, KeepaliveExpired, Message, drain_on_signals
+from .admin import LookupdAdmin, NSQDAdmin
+from .consumer import Consumer, EventCallback, KeepaliveExpired, Message, drain_on_signals
 from .http import HTTPProducer
-from .producer import NoNSQDAvailable, Producer
+from .producer import Producer, PublishObserver
 
 __all__ = [
     "ConnectionStats",
     "Consumer",
     "ConsumerStats",
+    "EventCallback",
     "HTTPProducer",
     "HTTPPublishError",
     "KeepaliveExpired",
+    "LookupdAdmin",
     "Message",
+    "NSQDAdmin",
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",
+    "PublishObserver",
     "TLSOptions",
+    "allow_nsqd",
     "drain_on_signals",
 ]

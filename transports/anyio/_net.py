@@ -13,6 +13,8 @@ import anyio.streams.tls
 from anyio.streams.tls import TLSStream
 
 from nsq_sansio.errors import ConnectionLost
+from transports._common.addresses import format_address
+from transports._common.failures import connect_failed, connect_timed_out, seconds, tls_failed
 
 __all__ = ["SOCKET_ERRORS", "PrefixedStream", "connect", "plain_socket", "start_tls"]
 
@@ -27,14 +29,23 @@ SOCKET_ERRORS = (
 
 
 async def connect(host: str, port: int, timeout: float) -> anyio.abc.SocketStream:
-    """TCP connect (TCP_NODELAY is set by anyio); a timeout or refusal -> ConnectionLost."""
+    """TCP connect (TCP_NODELAY is set by anyio); a timeout or refusal -> ConnectionLost
+    (``host:port: connection refused``, chained to the socket's error)."""
     try:
         with anyio.fail_after(timeout):
             return await anyio.connect_tcp(host, port)
     except TimeoutError:
-        raise ConnectionLost(f"connecting to {host}:{port} timed out after {timeout:g}s") from None
+        raise connect_timed_out(format_address(host, port), timeout) from None
     except OSError as exc:
-        raise ConnectionLost(f"connecting to {host}:{port} failed: {exc}") from exc
+        # anyio raises one OSError for every address it tried, caused by their errors (a
+        # group when there were several): the first says why.
+        cause: BaseException = exc
+        inner = exc.__cause__
+        if isinstance(inner, OSError):
+            cause = inner
+        elif inner is not None and getattr(inner, "exceptions", None):
+            cause = inner.exceptions[0]  # type: ignore[attr-defined]
+        raise connect_failed(format_address(host, port), cause) from cause
 
 
 class PrefixedStream(anyio.abc.ByteStream):
@@ -70,8 +81,11 @@ async def start_tls(
     server_hostname: str | None,
     trailing_data: bytes,
     timeout: float,
+    *,
+    address: str,
 ) -> TLSStream:
-    """Run the client handshake over ``stream`` (after nsqd's IDENTIFY answer)."""
+    """Run the client handshake over ``stream`` (after nsqd's IDENTIFY answer); a failure ->
+    ConnectionLost (``host:port: TLS handshake failed: ...``, chained)."""
     transport: anyio.abc.ByteStream = stream
     if trailing_data:
         transport = PrefixedStream(stream, trailing_data)
@@ -85,9 +99,15 @@ async def start_tls(
                 standard_compatible=False,
             )
     except TimeoutError:
-        raise ConnectionLost(f"TLS handshake timed out after {timeout:g}s") from None
+        raise ConnectionLost(
+            f"{address}: TLS handshake timed out after {seconds(timeout)}"
+        ) from None
     except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-        raise ConnectionLost(f"TLS handshake failed: {exc}") from exc
+        if isinstance(exc, anyio.BrokenResourceError | anyio.EndOfStream):
+            cause: BaseException = ConnectionLost("nsqd closed the connection")
+        else:
+            cause = exc
+        raise tls_failed(address, cause) from exc
 
 
 def plain_socket(stream: anyio.abc.ByteStream) -> tuple[socket.socket | None, bool]:

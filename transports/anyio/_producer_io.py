@@ -36,6 +36,13 @@ from nsq_sansio.events import (
     TLSUpgradeRequired,
 )
 from transports._common import READ_SIZE, ConnectionLogger, TransportOptions, format_address
+from transports._common.failures import at_address, describe, handshake_timed_out
+from transports._common.logs import fields
+from transports._common.reports import (
+    log_coalesced_refused,
+    log_producer_disconnect,
+    log_publish_refused,
+)
 
 from ._net import SOCKET_ERRORS, connect, plain_socket, start_tls
 
@@ -53,8 +60,12 @@ class NotRead(ConnectionLost):
 
 
 def _as_nsq_error(exc: BaseException) -> NSQError:
-    """A socket error as the ``ConnectionLost`` it means; an ``NSQError`` as it is."""
-    return exc if isinstance(exc, NSQError) else ConnectionLost(str(exc))
+    """A socket error as the ``ConnectionLost`` it means (chained); an ``NSQError`` as it is."""
+    if isinstance(exc, NSQError):
+        return exc
+    lost = ConnectionLost(describe(exc))
+    lost.__cause__ = exc
+    return lost
 
 
 class SendAlone(NotRead):
@@ -71,9 +82,20 @@ class Call:
     request, then reported to the observer.
     """
 
-    __slots__ = ("count", "deadline", "done", "orphan", "result", "start", "topic", "waker")
+    __slots__ = (
+        "count",
+        "deadline",
+        "done",
+        "kind",
+        "orphan",
+        "result",
+        "start",
+        "topic",
+        "waker",
+    )
 
-    def __init__(self, topic: str, count: int, start: float, deadline: float) -> None:
+    def __init__(self, kind: str, topic: str, count: int, start: float, deadline: float) -> None:
+        self.kind = kind
         self.topic = topic
         self.count = count
         self.start = start
@@ -103,6 +125,8 @@ class Node:
         self.proto: ClientConnection | None = None
         self.stream: anyio.abc.ByteStream | None = None
         self.ready = False
+        #: The TCP connection is up and the handshake (IDENTIFY, TLS, AUTH) under way.
+        self.handshaking = False
         #: Bumped for every connection attempt: a finished attempt only tears down its own.
         self.generation = 0
         self.down_generation = -1  # the last attempt torn down (teardown happens once)
@@ -119,6 +143,8 @@ class Node:
         self.out = bytearray()
         self.flush_scheduled = False
         self.last_error: str | None = None
+        #: Why the last attempt or connection failed (``last_error`` is its text).
+        self.last_exc: NSQError | None = None
         #: The last attempt's error when it was a configuration error (a refused IDENTIFY).
         self.config_error: IncompatibleNSQD | None = None
         self.down_until = 0.0
@@ -126,6 +152,15 @@ class Node:
         self.published = 0
         self.bytes_in = 0
         self.bytes_out = 0
+
+    @property
+    def state(self) -> str:
+        """The stats' name for where it is (see ``transports._common.stats``)."""
+        if self.ready:
+            return "ready"
+        if self.connecting is not None:
+            return "handshaking" if self.handshaking else "connecting"
+        return "closed"
 
 
 class ProducerConnections:
@@ -167,7 +202,8 @@ class ProducerConnections:
             if not node.ready:
                 if node.config_error is not None:
                     raise node.config_error
-                raise ConnectionLost(f"{node.address}: {node.last_error or 'connect failed'}")
+                error = node.last_exc or ConnectionLost("connection failed")
+                raise at_address(node.address, error)
 
     async def _connection(self, node: Node, generation: int) -> None:
         options = self._options
@@ -176,11 +212,7 @@ class ProducerConnections:
         error: NSQError | None = None
         try:
             with scope:
-                try:
-                    with anyio.fail_after(options.connect_timeout + 5):
-                        stream, proto = await self._handshake(node)
-                except TimeoutError:
-                    raise ConnectionLost("handshake timed out") from None
+                stream, proto = await self._handshake(node, options.connect_timeout)
                 node.stream = stream
                 node.proto = proto
                 node.out.clear()
@@ -199,7 +231,7 @@ class ProducerConnections:
                 node.ready = True
                 node.connects += 1
                 if node.connects > 1:
-                    node.log.info("reconnected")
+                    node.log.info("reconnected", extra=fields(state="ready"))
                 node.last_error = None
                 node.down_until = 0.0
                 if node.connecting is not None:
@@ -224,17 +256,38 @@ class ProducerConnections:
         except (*SOCKET_ERRORS, NSQError) as exc:
             error = _as_nsq_error(exc)
         finally:
-            if error is not None and node.generation == generation:
-                node.log.warning("connection lost: %s", error)
             self._disconnect(node, error or ConnectionLost("connection closed"), generation)
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await anyio.aclose_forcefully(stream)
 
-    async def _handshake(self, node: Node) -> tuple[anyio.abc.ByteStream, ClientConnection]:
+    async def _handshake(
+        self, node: Node, timeout: float
+    ) -> tuple[anyio.abc.ByteStream, ClientConnection]:
+        """Connect and handshake (IDENTIFY, TLS, AUTH), all within ``timeout`` seconds."""
+        deadline = monotonic() + timeout
+        node.handshaking = False
+        stream: anyio.abc.ByteStream = await connect(node.host, node.port, timeout)
+        node.handshaking = True
+        try:
+            with anyio.fail_after(max(deadline - monotonic(), 0)):
+                return await self._identify_on(node, stream, deadline)
+        except TimeoutError:
+            with anyio.CancelScope(shield=True):
+                await anyio.aclose_forcefully(stream)
+            raise handshake_timed_out(node.address, timeout) from None
+        finally:
+            node.handshaking = False
+
+    async def _identify_on(
+        self, node: Node, stream: anyio.abc.ByteStream, deadline: float
+    ) -> tuple[anyio.abc.ByteStream, ClientConnection]:
         options = self._options
-        stream: anyio.abc.ByteStream = await connect(node.host, node.port, options.connect_timeout)
-        proto = ClientConnection(self._identify, auth_secret=self._config.auth_secret)
+        proto = ClientConnection(
+            self._identify,
+            auth_secret=self._config.auth_secret,
+            auth_requires_tls=self._config.auth_requires_tls,
+        )
         try:
             await stream.send(proto.data_to_send())
             while True:
@@ -249,7 +302,8 @@ class ProducerConnections:
                             options.ssl_context(),
                             options.tls.server_hostname(node.host),
                             event.trailing_data,
-                            options.connect_timeout,
+                            max(deadline - monotonic(), 0.001),
+                            address=node.address,
                         )
                         proto.tls_established()
                     elif isinstance(event, ConnectionReady):
@@ -322,8 +376,7 @@ class ProducerConnections:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            node.log.warning("connection lost: %s", exc)
-            self._disconnect(node, ConnectionLost(str(exc)), generation)
+            self._disconnect(node, _as_nsq_error(exc), generation)
             return
         self._feed(node, proto, generation, data)
 
@@ -349,20 +402,15 @@ class ProducerConnections:
                     if error is not refused_group:  # the core makes one error per group
                         refused_group = error
                         send_alone = SendAlone(f"{node.address}: {error}")
-                        node.log.warning(
-                            "coalesced MPUB to %r refused (%s): each PUB goes again alone",
-                            call.topic,
-                            error.error,
-                        )
+                        log_coalesced_refused(node.log, call.topic, error.error)
                     self._resolve(call, send_alone)
                 else:
-                    node.log.warning("publish to %r refused: %s", call.topic, error)
+                    log_publish_refused(node.log, call.kind, call.topic, error)
                     self._resolve(call, error)
             elif isinstance(event, ConnectionClosed):
                 # Mark the node gone before any woken caller runs, so the next publish
                 # reconnects (or fails over) instead of writing to a closed connection.
                 error = event.error or ConnectionLost("nsqd closed the connection")
-                node.log.warning("connection lost: %s", error)
                 self._disconnect(node, error, generation)
                 return True
             elif type(event) is Heartbeat:
@@ -402,7 +450,6 @@ class ProducerConnections:
                 break
             if self._feed(node, proto, generation, data):  # b"" (end of stream) closes it
                 return
-        node.log.warning("connection lost: send failed: %s", error)
         self._disconnect(node, ConnectionLost(f"send failed: {error}"), generation)
 
     async def _write_loop(
@@ -437,6 +484,7 @@ class ProducerConnections:
         if node.generation != generation or node.down_generation == generation:
             return
         node.down_generation = generation
+        was_ready = node.ready
         node.ready = False
         if node.reader_fd is not None:
             self._loop.remove_reader(node.reader_fd)
@@ -459,8 +507,15 @@ class ProducerConnections:
         elif not isinstance(error, ConnectionLost | ServerError):
             error = ConnectionLost(str(error))
         node.last_error = str(error)
+        node.last_exc = error
         if not self._closed:
-            node.down_until = monotonic() + 1.0
+            if not (was_ready and isinstance(error, ServerError)):
+                # Publishes prefer other nsqd for a second; not after nsqd closed a working
+                # connection over a refused publish (it is up: the next publish reconnects).
+                node.down_until = monotonic() + 1.0
+            log_producer_disconnect(
+                node.log, error, was_ready=was_ready, unanswered=len(node.pending)
+            )
         if node.pending:
             lost = (
                 error

@@ -39,7 +39,6 @@ from nsq_sansio.consumer import (
     CloseConnection,
     CloseHTTPRequest,
     Connect,
-    ConnectionUp,
     ConsumerCoordinator,
     ConsumerFailed,
     ConsumerState,
@@ -48,48 +47,39 @@ from nsq_sansio.consumer import (
     DrainComplete,
     FetchEnd,
     FetchResult,
-    GiveUp,
-    LookupdFailed,
     SendHTTPRequest,
     StartTLS,
-    TakenBack,
 )
-from nsq_sansio.discovery import NSQDAddress
-from nsq_sansio.errors import LocalProtocolError, NSQError
-from transports._common import (
-    ConnectionLogger,
-    ConnectionStats,
-    ConsumerStats,
-    split_options,
-)
+from nsq_sansio.discovery import NSQDFilter
+from nsq_sansio.errors import ConfigError, LocalProtocolError
+from transports._common import ConnectionLogger, ConnectionStats, ConsumerStats, split_options
 from transports._common.arguments import check_seconds
+from transports._common.logs import fields
 from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.reports import (
+    EventCallback,
+    log_consumer_report,
+    log_fetch_refused,
+    log_handler_failed,
+    log_signal_drain,
+)
 
 from ._consumer_io import Conn, ConsumerConnections
+from ._groups import sole_error
 from .message import Message
 
-__all__ = ["Consumer", "KeepaliveExpired", "Message", "drain_on_signals"]
+__all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message", "drain_on_signals"]
 
 _log = logging.getLogger("nsq_sansio.anyio.consumer")
 
 _delivery_of = attrgetter("_delivery")
-_conn_id_of = attrgetter("conn_id")
 
 #: How often the pump calls handle_timer while the core reports a deadline already handled.
 _STALE_DEADLINE_POLL = 0.05
 
 
-def _only(raised: BaseException, error: BaseException) -> bool:
-    """``raised`` is ``error``, or (nested) exception groups holding only it."""
-    while raised is not error:
-        inner = getattr(raised, "exceptions", None)  # (Base)ExceptionGroup, also on 3.10
-        if not inner or len(inner) != 1:
-            return False
-        raised = inner[0]
-    return True
-
-
-EventCallback = Callable[[object], None]
+#: How many handlers ``run()`` runs at once by default, at most.
+MAX_DEFAULT_CONCURRENCY = 256
 
 
 class Consumer(ConsumerConnections):
@@ -98,12 +88,17 @@ class Consumer(ConsumerConnections):
     Keyword arguments are :class:`~nsq_sansio.config.Config` fields (``max_in_flight=200``,
     ``max_attempts``, ``snappy=True``, ``auth_secret``, ``heartbeat_interval``...) or transport
     options (``connect_timeout``, ``tls=TLSOptions(...)`` / ``tls_ca_file=...`` etc.).
-    ``pull=True`` makes a pull consumer (:meth:`fetch`). ``on_event`` receives the
-    coordinator's reports (ConnectionUp, Disconnected, GiveUp, TakenBack, LookupdFailed,
-    KeepaliveExpired) synchronously; it must not block.
+    ``pull=True`` makes a pull consumer (:meth:`fetch`). ``nsqd_filter`` decides which nsqd
+    a lookupd lists are connected to (:func:`~nsq_sansio.discovery.allow_nsqd`, or any
+    ``NSQDAddress -> bool``; refused ones are reported once as ``NodeRefused``).
+    ``on_event`` receives every report
+    (see :data:`EventCallback`); ``logger`` replaces ``nsq_sansio.anyio.consumer``;
+    ``close_timeout`` bounds how long leaving the ``async with`` block waits for the quick
+    drain.
 
     Use it as ``async with``; leaving the block drains quickly (messages not answered are
-    requeued), closes every connection and ends every task.
+    requeued), closes every connection and ends every task. An exception raised in the block
+    comes out as itself, never inside an exception group.
     """
 
     def __init__(
@@ -119,8 +114,10 @@ class Consumer(ConsumerConnections):
         logger: logging.Logger | None = None,
         rng: random.Random | None = None,
         close_timeout: float = 10.0,
+        nsqd_filter: NSQDFilter | None = None,
         **options: Any,
     ) -> None:
+        check_seconds("close_timeout", close_timeout, error=ConfigError)
         self._config, self._options = split_options(config, options)
         nsqd_list = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         lookupd_list = [lookupd] if isinstance(lookupd, str) else list(lookupd)
@@ -132,6 +129,7 @@ class Consumer(ConsumerConnections):
             nsqd=nsqd_list,
             lookupd=lookupd_list,
             pull=pull,
+            nsqd_filter=nsqd_filter,
         )
         self.topic = topic
         self.channel = channel
@@ -153,15 +151,18 @@ class Consumer(ConsumerConnections):
         self._drained = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._task_scopes: set[anyio.CancelScope] = set()
-        self._seen: set[NSQDAddress] = set()
+        #: Connections made to each address (reconnects are the ones after the first).
+        self._connects: Counter[str] = Counter()
         self._reconnects = 0
         self._connection_errors = 0
+        self._draining = False
         self._closed = False
         self._in_context = False
         self._exited = False
         #: The error the consumer failed with (ConsumerFailed: nsqd refused the
-        #: configuration); raised by iteration, run(), fetch(), and at exit if never seen.
-        self._failure: NSQError | None = None
+        #: configuration; or a task of ours crashed); raised by iteration, run(), fetch(),
+        #: and at exit if never seen.
+        self._failure: Exception | None = None
         self._failure_raised = False
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -189,34 +190,31 @@ class Consumer(ConsumerConnections):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._exit(exc_type, exc, tb)
+    ) -> None:
+        # The block's exception (or cancellation) is never handed to the task group, which
+        # would wrap it in an exception group: the tasks are stopped, the group is exited
+        # clean, and the exception goes on as itself, its traceback intact.
+        await self._exit()
+        if exc_type is None and self._failure is not None and not self._failure_raised:
+            self._raise_failure()  # the block never waited for a message: say it now
 
-    async def _exit(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def _exit(self) -> None:
         tg = self._tg
         if tg is None or self._exited:
-            return None
+            return
+        self._exited = True
         try:
             await self._shutdown()
         finally:
             self._stop_tasks()
             tg.cancel_scope.cancel()
-            self._exited = True
-        try:
-            suppress = await tg.__aexit__(exc_type, exc, tb)
-        except BaseException as raised:
-            if self._failure is not None and _only(raised, self._failure):
-                # The task group wrapped the failure the block raised: give it back plain.
-                raise self._failure from None
-            raise
-        if exc_type is None and self._failure is not None and not self._failure_raised:
-            self._raise_failure()  # the block never waited for a message: say it now
-        return suppress
+            try:
+                await tg.__aexit__(None, None, None)
+            except BaseException as raised:  # our tasks never raise; a cancellation might
+                error = sole_error(raised)
+                if error is None or error is raised:
+                    raise
+                raise error from None
 
     def _raise_failure(self) -> None:
         assert self._failure is not None
@@ -234,7 +232,7 @@ class Consumer(ConsumerConnections):
         every task. Inside ``async with`` the block's exit finishes the job."""
         if self._tg is not None and not self._in_context:
             # Started with start(): nothing else will exit the task group.
-            await self._exit(None, None, None)
+            await self._exit()
             return
         try:
             await self._shutdown()
@@ -266,28 +264,40 @@ class Consumer(ConsumerConnections):
         self._dispatch()
         self._kick()
 
-    async def drain(self, timeout: float | None = None) -> None:
-        """Graceful shutdown (seeds/003): no new messages (RDY 0), those not yet handed out are
-        requeued, handlers still running may answer for up to ``timeout`` seconds (default
-        ``drain_timeout``); then whatever is left is requeued and every connection closed."""
+    def start_drain(self, timeout: float | None = None) -> None:
+        """Begin a graceful drain and return at once (safe in a handler: see :meth:`drain`).
+
+        RDY 0 everywhere, messages not yet handed to user code are requeued, messages in user
+        code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then CLS.
+        A bad ``timeout`` raises LocalProtocolError here and changes nothing.
+        """
         if timeout is not None:
             check_seconds("drain timeout", timeout)
         if self._tg is None:
-            raise LocalProtocolError("drain() before the consumer was started")
+            raise LocalProtocolError("drain before the consumer was started")
+        self._draining = True
         if self._coord.state is ConsumerState.RUNNING:
             self._start_drain(timeout)
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Graceful shutdown (see :meth:`start_drain`); returns once it is over and every
+        connection is closed. Not from a handler of this consumer (the drain waits for that
+        handler's message): call :meth:`start_drain` there."""
+        self.start_drain(timeout)
         await self._drained.wait()
 
     @property
     def draining(self) -> bool:
-        return self._coord.state is not ConsumerState.RUNNING
-
-    @property
-    def coordinator(self) -> ConsumerCoordinator:
-        return self._coord
+        """True once a drain was asked for, or the consumer closed or failed."""
+        return self._draining or self._coord.state in (
+            ConsumerState.DRAINING,
+            ConsumerState.CLOSED,
+            ConsumerState.FAILED,
+        )
 
     @property
     def config(self) -> Config:
+        """The configuration every connection of this consumer identifies with."""
         return self._coord.config
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
@@ -297,15 +307,15 @@ class Consumer(ConsumerConnections):
         self._kick()
 
     def is_starved(self) -> bool:
+        """Whether some connection has used most of its RDY (NSQ's ``IsStarved``): a batch of
+        messages is waiting for answers."""
         return self._coord.is_starved()
 
     # --- consuming -----------------------------------------------------------------------------
 
     def __aiter__(self) -> Consumer:
         if self._pull:
-            raise LocalProtocolError(
-                "pull consumers use fetch(); `async for` is for push consumers"
-            )
+            raise LocalProtocolError("pull consumers use fetch(); iteration is for push consumers")
         return self
 
     async def __anext__(self) -> Message:
@@ -334,11 +344,11 @@ class Consumer(ConsumerConnections):
                     if inbox and self._waiters:
                         self._wake_one()
                     return Message(self, delivery)
-            if self._closed or coord.state is not ConsumerState.RUNNING:
+            if self._closed or coord.state is not ConsumerState.RUNNING or self._failure:
                 return None
             if self._pull:
                 raise LocalProtocolError(
-                    "pull consumers use fetch(); `async for` is for push consumers"
+                    "pull consumers use fetch(); iteration is for push consumers"
                 )
             # One event per waiter, woken one at a time (_wake_one): never all of them.
             event = anyio.Event()
@@ -364,14 +374,19 @@ class Consumer(ConsumerConnections):
         concurrency: int | None = None,
     ) -> None:
         """Call ``handler(msg)`` for every message with up to ``concurrency`` running at once
-        (default: max_in_flight, at most 256). Returning FINs the message, raising REQs it
-        (with backoff), unless the handler answered it itself. Returns once drained."""
+        (default: ``max_in_flight``, at most 256) until the consumer is drained or closed. A
+        handler that returns FINs the message (unless it answered itself); one that raises
+        REQs it (with backoff)."""
         if self._pull:
             raise LocalProtocolError("run() is for push consumers; this one has pull=True")
         if concurrency is None:
-            concurrency = max(1, min(self._coord.max_in_flight, 256))
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+            concurrency = max(1, min(self._coord.max_in_flight, MAX_DEFAULT_CONCURRENCY))
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise LocalProtocolError(f"run() concurrency must be an int >= 1, got {concurrency!r}")
+        if not callable(handler):
+            raise LocalProtocolError(f"run() handler must be callable, got {handler!r}")
+        if self._tg is None:
+            raise LocalProtocolError("run() before the consumer was started")
         logger = self._logger
 
         inbox = self._inbox
@@ -394,8 +409,13 @@ class Consumer(ConsumerConnections):
                 try:
                     await handler(msg)
                 except Exception:
-                    ConnectionLogger(logger, msg.address).exception(
-                        "handler failed for message %s; requeueing", msg.id.decode()
+                    log_handler_failed(
+                        logger,
+                        msg.nsqd_address,
+                        msg.id,
+                        topic=self.topic,
+                        channel=self.channel,
+                        attempts=msg.attempts,
                     )
                     if not msg.answered:
                         msg.requeue_nowait()
@@ -403,21 +423,37 @@ class Consumer(ConsumerConnections):
                     if not msg.answered:
                         msg.finish_nowait()
 
-        async with anyio.create_task_group() as tg:
-            for _ in range(concurrency):
-                tg.start_soon(worker)
+        try:
+            async with anyio.create_task_group() as tg:
+                for _ in range(concurrency):
+                    tg.start_soon(worker)
+        except BaseException as raised:  # a handler raised a BaseException (KeyboardInterrupt)
+            error = sole_error(raised)
+            if error is None or error is raised:
+                raise
+            raise error from None
         if self._failure is not None:
             self._raise_failure()
 
     async def fetch(
-        self, batch: int, timeout: float | None = None, *, no_wait: bool = False
+        self, batch: int, timeout: float | None = 5.0, *, no_wait: bool = False
     ) -> list[Message]:
-        """Pull mode: wait for up to ``batch`` messages, at most ``timeout`` seconds (then
-        return what arrived, maybe nothing); ``no_wait`` returns at once what is buffered."""
+        """Pull mode: up to ``batch`` messages, waiting at most ``timeout`` seconds for them
+        (then what arrived, maybe nothing; None: until ``batch`` arrived); ``no_wait``: only
+        what is already buffered. RDY follows outstanding fetches, so nsqd never sends more
+        than was asked. Answer each message (FIN after commit)."""
         if not self._pull:
             raise LocalProtocolError("fetch() needs Consumer(..., pull=True)")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise LocalProtocolError(f"fetch batch must be an int >= 1, got {batch!r}")
+        if timeout is not None:
+            check_seconds("fetch timeout", timeout, zero=False)
         if self._tg is None:
             raise LocalProtocolError("fetch() before the consumer was started")
+        if self._failure is not None:
+            self._raise_failure()
+        if self._closed or self.draining:
+            return []
         slot: list[Any] = [anyio.Event(), None]
         request_id = self._coord.fetch(batch, monotonic(), expires=timeout, no_wait=no_wait)
         self._fetches[request_id] = slot
@@ -454,29 +490,25 @@ class Consumer(ConsumerConnections):
     def finish_many_nowait(self, messages: Iterable[Message]) -> int:
         """FIN every message of ``messages`` not answered yet, in order: the same as
         ``finish_nowait()`` on each (answered ones are skipped, one given twice is FIN'd once,
-        one no longer ours is reported as ``TakenBack`` and not sent) in one call to the core,
-        whatever the number of messages and connections. Returns how many were FIN'd (those
-        ``finish_nowait()`` would have returned True for). Every message must come from this
-        consumer: else LocalProtocolError (TypeError for something that is not a message)
-        and nothing is answered."""
+        one that came too late gets :attr:`Message.taken_back` and a ``TakenBack`` report),
+        in one call to the core, whatever the number of messages and connections. Returns how
+        many this call answered (those ``finish_nowait()`` would have returned True for).
+        Every message must come from this consumer: else LocalProtocolError (TypeError for
+        something that is not a message) and nothing is answered."""
         fresh = unanswered_of(self, Message, messages)
         if not fresh:
             return 0
-        deliveries = list(map(_delivery_of, fresh))
         refused: list[Deliver] = []
-        done = self._coord.finish_many(deliveries, monotonic(), refused=refused)
+        self._coord.finish_many(list(map(_delivery_of, fresh)), monotonic(), refused=refused)
         for message in fresh:
             message.answered = True
         self._kick()
         if refused:
             late = set(map(id, refused))
-            deliveries = [d for d in deliveries if id(d) not in late]
-        conns = self._conns
-        for conn_id, count in Counter(map(_conn_id_of, deliveries)).items():
-            conn = conns.get(conn_id)
-            if conn is not None:
-                conn.finished += count
-        return done
+            for message in fresh:
+                if id(message._delivery) in late:
+                    message._late = True
+        return len(fresh)
 
     async def finish_many(self, messages: Iterable[Message]) -> int:
         """FIN many messages at once: see :meth:`finish_many_nowait`."""
@@ -484,27 +516,14 @@ class Consumer(ConsumerConnections):
 
     # --- signals -------------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def drain_on_signals(
-        self, *signals: int, timeout: float | None = None
-    ) -> AsyncIterator[None]:
-        """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start :meth:`drain`."""
-        if timeout is not None:
-            check_seconds("drain timeout", timeout)  # here, not later in the signal task
-        scope = anyio.CancelScope()
-        self._spawn(self._signal_loop, scope, signals or _default_signals(), timeout)
-        try:
-            yield
-        finally:
-            scope.cancel()
-
     async def _signal_loop(
         self, scope: anyio.CancelScope, signals: Sequence[int], timeout: float | None
     ) -> None:
         with scope, anyio.open_signal_receiver(*map(signal.Signals, signals)) as receiver:
             async for signum in receiver:
-                self._logger.warning("signal %s received: draining the consumer", signum)
+                log_signal_drain(self._logger, signum, topic=self.topic, channel=self.channel)
                 if self._coord.state is ConsumerState.RUNNING:
+                    self._draining = True
                     self._start_drain(timeout)
                 return
 
@@ -521,17 +540,18 @@ class Consumer(ConsumerConnections):
         connections = []
         for conn in list(self._conns.values()):  # one C-level copy: the loop may add/remove
             info = coord.link_info(conn.conn_id)
-            phase, rdy, in_flight = info if info is not None else (None, 0, 0)
+            if info is None:
+                continue  # the coordinator is done with it; its task is closing the socket
+            phase, rdy, in_flight = info
+            address = str(conn.address)
             connections.append(
                 ConnectionStats(
-                    address=str(conn.address),
-                    state=phase.value if phase is not None else "closed",
-                    connected=phase is not None and phase.value == "subscribed",
+                    address=address,
+                    state=phase.value,
+                    connected=phase.value == "subscribed",
                     rdy=rdy,
                     in_flight=in_flight,
-                    received=conn.received,
-                    finished=conn.finished,
-                    requeued=conn.requeued,
+                    reconnects=max(self._connects[address] - 1, 0),
                     bytes_received=conn.bytes_in,
                     bytes_sent=conn.bytes_out,
                 )
@@ -565,10 +585,24 @@ class Consumer(ConsumerConnections):
         self._tg.start_soon(self._shielded, func, args)
 
     async def _shielded(self, func: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        """Run a task of ours. It never raises into the task group (which would cancel the
+        user's code and wrap errors in a group): a crash (a bug) is logged and fails the
+        consumer, so the user's next wait raises it, as itself."""
         with anyio.CancelScope(shield=True) as scope:
             self._task_scopes.add(scope)
             try:
                 await func(*args)
+            except Exception as exc:
+                self._logger.exception(
+                    "a task of consumer %s/%s crashed",
+                    self.topic,
+                    self.channel,
+                    extra=fields(topic=self.topic, channel=self.channel, error=exc),
+                )
+                if self._failure is None:
+                    self._failure = exc
+                self._drained.set()
+                self._wake_readers()
             finally:
                 self._task_scopes.discard(scope)
 
@@ -597,10 +631,16 @@ class Consumer(ConsumerConnections):
             try:
                 self._on_event(event)
             except Exception:
-                self._logger.exception("on_event callback failed for %r", event)
+                self._logger.exception(
+                    "on_event callback failed for %r",
+                    event,
+                    extra=fields(topic=self.topic, channel=self.channel),
+                )
 
     def _log_for(self, address: object) -> ConnectionLogger:
-        return ConnectionLogger(self._logger, str(address))
+        return ConnectionLogger(
+            self._logger, str(address), nsq_topic=self.topic, nsq_channel=self.channel
+        )
 
     async def _pump(self) -> None:
         """Timers, and writes decided by user code (FIN/REQ/TOUCH), batched per iteration."""
@@ -704,56 +744,25 @@ class Consumer(ConsumerConnections):
         elif isinstance(action, ConsumerFailed):
             # Terminal: every connection is closed; whoever waits for messages raises it.
             self._failure = action.error
-            self._logger.error(
-                "consumer %s/%s failed, not retrying: %s", self.topic, self.channel, action.error
-            )
-            self._emit(action)
+            self._report(action)
             self._drained.set()
             self._wake_readers()
-        elif isinstance(action, ConnectionUp):
-            self._log_for(action.address).info(
-                "subscribed to %s/%s (max_rdy_count %d, msg_timeout %ds)",
-                self.topic,
-                self.channel,
-                action.settings.max_rdy_count,
-                action.settings.msg_timeout // 1000,
-            )
-            self._emit(action)
         elif isinstance(action, Disconnected):
-            log = self._log_for(action.address)
             if action.error is not None:
                 self._connection_errors += 1
-                retry = (
-                    f"; retrying in {action.reconnect_at - monotonic():.1f}s"
-                    if action.reconnect_at is not None
-                    else ""
-                )
-                log.warning("connection lost: %s%s", action.error, retry)
-            else:
-                log.info("connection closed")
-            self._emit(action)
-        elif isinstance(action, GiveUp):
-            self._log_for(action.address).warning(
-                "giving up on message %s after %d attempts (FIN'd)",
-                action.message.id.decode(),
-                action.message.attempts,
-            )
-            self._emit(action)
-        elif isinstance(action, TakenBack):
-            self._log_for(action.address).warning(
-                "%s for message %s came too late: %s",
-                action.command,
-                action.message_id.decode() if action.message_id else "?",
-                action.error,
-            )
-            self._emit(action)
-        elif isinstance(action, LookupdFailed):
-            self._log_for(action.lookupd).warning("lookupd query failed: %s", action.error)
-            self._emit(action)
-        else:  # pragma: no cover - a new action kind
-            self._emit(action)
+            self._report(action)
+        else:  # ConnectionUp, GiveUp, TakenBack, LookupdFailed: logged and reported
+            self._report(action)
+
+    def _report(self, action: object) -> None:
+        log_consumer_report(
+            self._logger, action, topic=self.topic, channel=self.channel, now=monotonic()
+        )
+        self._emit(action)
 
     def _on_fetch_result(self, result: FetchResult) -> None:
+        if result.reason is FetchEnd.TOO_MANY_WAITING:
+            log_fetch_refused(self._logger, topic=self.topic, channel=self.channel)
         slot = self._fetches.pop(result.request_id, None)
         if slot is None:  # its caller is gone (should not happen: fetch() cancels it)
             self._requeue_all(result.messages)
@@ -777,12 +786,18 @@ def _default_signals() -> tuple[int, ...]:
 async def drain_on_signals(
     consumer: Consumer, *signals: int, timeout: float | None = None
 ) -> AsyncIterator[None]:
-    """Opt-in: while the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) drain ``consumer``.
-
-    ::
+    """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start ``consumer``'s drain
+    (with ``timeout``). A bad ``timeout`` raises LocalProtocolError here, not later in the
+    signal task::
 
         async with Consumer(...) as c, drain_on_signals(c):
             await c.run(handler)        # returns once the drain finished
     """
-    async with consumer.drain_on_signals(*signals, timeout=timeout):
+    if timeout is not None:
+        check_seconds("drain timeout", timeout)
+    scope = anyio.CancelScope()
+    consumer._spawn(consumer._signal_loop, scope, signals or _default_signals(), timeout)
+    try:
         yield
+    finally:
+        scope.cancel()

@@ -3,13 +3,15 @@ plus the answer calls of this runtime.
 
 ``finish``/``requeue`` go straight to the coordinator (no ``await`` on the socket: the FIN is
 written with the next batch by the connection's writer task), ``touch`` too, and
-``keepalive()`` runs a task that TOUCHes until the block ends. What the message needs of its
+``keepalive()`` runs a task that TOUCHes when the core says (half-way to each deadline) until
+the block ends. What the message needs of its
 consumer is spelled out by :class:`MessageOwner`, so this module does not import the consumer.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,34 +19,28 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio
 
 from nsq_sansio.consumer import ConsumerCoordinator, Deliver
-from transports._common import ConnectionLogger
 from transports._common.arguments import check_seconds
 from transports._common.message import KeepaliveExpired, MessageBase
+from transports._common.reports import log_keepalive_expired
 
 __all__ = ["Message", "MessageOwner"]
-
-
-class _AnswerCounts(Protocol):
-    """A connection's counters of answers (``_Conn``)."""
-
-    finished: int
-    requeued: int
 
 
 class MessageOwner(Protocol):
     """What a :class:`Message` uses of the consumer that delivered it."""
 
+    topic: str
+    channel: str
+
     @property
     def _coord(self) -> ConsumerCoordinator: ...
 
     @property
-    def _conns(self) -> Mapping[int, _AnswerCounts]: ...
+    def _logger(self) -> logging.Logger: ...
 
     def _kick(self) -> None: ...
 
     def _spawn(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
-
-    def _log_for(self, address: object) -> ConnectionLogger: ...
 
     def _emit(self, event: object) -> None: ...
 
@@ -52,14 +48,17 @@ class MessageOwner(Protocol):
 class Message(MessageBase):
     """A message handed to user code, and the way to answer it.
 
-    What it is (``id``, ``body``, ``attempts``, ``address``...) is :class:`MessageBase`'s.
-    ``finish()`` / ``requeue(delay=None, backoff=True)`` answer it once (later calls return
-    False); ``touch()`` extends its timeout; ``keepalive()`` touches while a block runs.
-    Answers return False when the message was no longer ours (its connection closed, or nsqd
-    had already taken it back); that is also reported as a ``TakenBack`` event.
+    What it is (``id``, ``body``, ``attempts``, ``nsqd_address``...) is :class:`MessageBase`'s.
+    Answer once with :meth:`finish` or :meth:`requeue`: they return True when this call
+    answered it, False when it had been answered already (``*_nowait``: the same without
+    awaiting). :meth:`touch` asks for more time and :meth:`keepalive` touches for you while a
+    long job runs. An answer that comes too late (the connection closed, or nsqd timed the
+    message out) is never raised: :attr:`taken_back` turns True and a ``TakenBack`` event is
+    reported.
     """
 
-    __slots__ = ()
+    # Set only when they turn True (read with a default): no extra write per message.
+    __slots__ = ("_expiring", "_late")
 
     _consumer: MessageOwner
 
@@ -67,110 +66,108 @@ class Message(MessageBase):
 
         def __init__(self, consumer: MessageOwner, delivery: Deliver) -> None: ...
 
-    @property
-    def deadline(self) -> float | None:
-        """When nsqd times the message out (monotonic seconds), None if no longer ours."""
-        return self._consumer._coord.deadline(self._delivery)
-
     def finish_nowait(self) -> bool:
         """FIN without awaiting (it is queued and written with the next batch)."""
         if self.answered:
             return False
-        consumer = self._consumer
-        delivery = self._delivery
-        ok = consumer._coord.finish(delivery, monotonic())
         self.answered = True
+        consumer = self._consumer
+        if not consumer._coord.finish(self._delivery, monotonic()):
+            self._late = True
         consumer._kick()
-        if ok:
-            conn = consumer._conns.get(delivery.conn_id)
-            if conn is not None:
-                conn.finished += 1
-        return ok
+        return True
 
     async def finish(self) -> bool:
-        """FIN: the message was handled."""
+        """``FIN``: the message was handled and is forgotten by nsqd."""
         return self.finish_nowait()
 
     def requeue_nowait(self, delay: float | None = None, *, backoff: bool = True) -> bool:
-        """REQ without awaiting; see :meth:`requeue`. A bad ``delay`` raises
-        LocalProtocolError and leaves the message unanswered (it can still be answered)."""
+        """REQ without awaiting; see :meth:`requeue`."""
         if delay is not None:
             check_seconds("requeue delay", delay)
         if self.answered:
             return False
-        consumer = self._consumer
-        delivery = self._delivery
-        ok = consumer._coord.requeue(delivery, monotonic(), delay, backoff=backoff)
         self.answered = True
+        consumer = self._consumer
+        if not consumer._coord.requeue(self._delivery, monotonic(), delay, backoff=backoff):
+            self._late = True
         consumer._kick()
-        if ok:
-            conn = consumer._conns.get(delivery.conn_id)
-            if conn is not None:
-                conn.requeued += 1
-        return ok
+        return True
 
     async def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
-        """REQ: deliver again after ``delay`` seconds (default: the config's delay times the
-        attempts, capped). ``backoff=False`` does not slow the consumer down."""
+        """``REQ``: deliver it again after ``delay`` seconds (default: the config's delay
+        times the attempts, capped). ``backoff=False`` keeps this failure from slowing the
+        consumer down. A bad ``delay`` (negative, inf, nan, not a number) raises
+        LocalProtocolError and leaves the message unanswered."""
         return self.requeue_nowait(delay, backoff=backoff)
 
-    async def touch(self) -> float | None:
-        """TOUCH: reset the message's timeout; returns the new deadline (None if gone)."""
+    async def touch(self) -> bool:
+        """``TOUCH``: reset nsqd's timeout for this message (up to its max_msg_timeout).
+        False when the message was answered already (nothing is sent)."""
         if self.answered:
-            return None
+            return False
         consumer = self._consumer
-        deadline = consumer._coord.touch(self._delivery, monotonic())
+        if consumer._coord.touch(self._delivery, monotonic()) is None:
+            self._late = True
         consumer._kick()
-        return deadline
+        return True
 
     @asynccontextmanager
-    async def keepalive(self, fraction: float = 0.5) -> AsyncIterator[Message]:
-        """TOUCH every ``fraction`` of the message timeout while the block runs (seeds/002).
+    async def keepalive(self) -> AsyncIterator[Message]:
+        """TOUCH the message half-way to each deadline while the block runs.
 
-        TOUCH cannot extend a message past the server's ``max_msg_timeout``; when that limit is
-        reached a :class:`KeepaliveExpired` event is reported (and logged) before nsqd takes
-        the message back. Nothing is touched outside such a block.
-        """
-        if (
-            isinstance(fraction, bool)
-            or not isinstance(fraction, int | float)
-            or not 0 < fraction < 1
-        ):
-            raise ValueError(f"keepalive fraction must be between 0 and 1, got {fraction!r}")
+        nsqd never extends a message past its ``max_msg_timeout``: once TOUCH cannot extend
+        it any more, a warning is logged, a :class:`KeepaliveExpired` event reported and
+        :attr:`keepalive_expiring` turns True. Nothing is touched outside such a block."""
         scope = anyio.CancelScope()
-        self._consumer._spawn(self._keepalive, scope, fraction)
+        self._consumer._spawn(self._keepalive, scope)
         try:
             yield self
         finally:
             scope.cancel()
 
-    async def _keepalive(self, scope: anyio.CancelScope, fraction: float) -> None:
+    @property
+    def taken_back(self) -> bool:
+        """nsqd no longer holds this copy for us (it timed out and was delivered again, the
+        connection was lost, or an answer came too late): answering it now does nothing,
+        another consumer may get the message."""
+        late: bool = getattr(self, "_late", False)
+        if late or self.answered:
+            return late
+        return self._consumer._coord.deadline(self._delivery) is None
+
+    @property
+    def keepalive_expiring(self) -> bool:
+        """``keepalive()`` reached nsqd's max_msg_timeout: nsqd will take the message back."""
+        return getattr(self, "_expiring", False)
+
+    async def _keepalive(self, scope: anyio.CancelScope) -> None:
         consumer = self._consumer
         coord = consumer._coord
         delivery = self._delivery
-        timeout = max(delivery.deadline - delivery.received_at, 0.01)
         with scope:
             while not self.answered:
-                deadline = coord.deadline(delivery)
                 limit = coord.max_deadline(delivery)
-                if deadline is None or limit is None:
+                if limit is None:
+                    return  # no longer ours
+                touch_at = coord.next_touch(delivery)
+                if touch_at is None:
+                    # TOUCH cannot extend it any more: say so now, while there is time.
+                    if not getattr(self, "_expiring", False):
+                        self._expiring = True
+                        event = KeepaliveExpired(delivery.id, delivery.address, limit)
+                        log_keepalive_expired(
+                            consumer._logger,
+                            event,
+                            monotonic(),
+                            topic=consumer.topic,
+                            channel=consumer.channel,
+                        )
+                        consumer._emit(event)
                     return
-                # Touch when `fraction` of the timeout is left... of the window since the last
-                # TOUCH: i.e. at deadline - (1 - fraction) * timeout.
-                await anyio.sleep(max(deadline - (1 - fraction) * timeout - monotonic(), 0))
+                await anyio.sleep(max(touch_at - monotonic(), 0))
                 if self.answered:
                     return
-                new = coord.touch(delivery, monotonic())
+                if coord.touch(delivery, monotonic()) is None:
+                    return
                 consumer._kick()
-                if new is None:
-                    return
-                if new >= limit:
-                    event = KeepaliveExpired(delivery.id, delivery.address, new)
-                    consumer._log_for(delivery.address).warning(
-                        "message %s: keepalive reached nsqd's max_msg_timeout; it will be taken "
-                        "back in %.1fs unless answered",
-                        delivery.id.decode(),
-                        new - monotonic(),
-                    )
-                    consumer._emit(event)
-                    return

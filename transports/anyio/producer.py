@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from time import monotonic
 from types import TracebackType
 from typing import Any
@@ -41,37 +41,41 @@ from nsq_sansio.errors import (
     ConnectionLost,
     IncompatibleNSQD,
     LocalProtocolError,
+    NoNSQDAvailable,
     NSQError,
     ServerError,
 )
-from nsq_sansio.events import (
-    ConnectionClosed,
-)
-from nsq_sansio.names import validate_topic
+from nsq_sansio.events import ConnectionClosed
 from transports._common import (
     DEFAULT_TCP_PORT,
     ConnectionLogger,
     ConnectionStats,
-    NoNSQDAvailable,
     ProducerStats,
     check_connections_per_nsqd,
     format_address,
     parse_address,
-    remember_topic,
     split_options,
 )
+from transports._common.arguments import check_seconds
+from transports._common.failures import at_address, no_answer, no_slot, seconds
+from transports._common.logs import fields
+from transports._common.publishing import (
+    PublishObserver,
+    check_batch,
+    check_deferred,
+    check_publish,
+)
 
+from ._groups import sole_error
 from ._producer_io import Call, Node, NotRead, ProducerConnections, SendAlone
 
 __all__ = ["NoNSQDAvailable", "Producer", "PublishObserver"]
 
 _log = logging.getLogger("nsq_sansio.anyio.producer")
 
-#: ``publish_observer(topic, messages, seconds, error)``: called once per PUB/MPUB/DPUB when it
-#: completes (``error`` is None on success).
-PublishObserver = Callable[[str, int, float, "BaseException | None"], None]
 
 _PUB, _MPUB, _DPUB = 0, 1, 2
+_KINDS = ("PUB", "MPUB", "DPUB")
 #: ``errors`` of a publish until it has one (no list per publish); never appended to.
 _NO_ERRORS: list[BaseException] = []
 
@@ -81,7 +85,9 @@ class Producer(ProducerConnections):
 
     Keyword arguments are Config fields (``snappy``, ``deflate``, ``auth_secret``,
     ``heartbeat_interval``...) or transport options (``connect_timeout``, ``tls=...``,
-    ``tls_ca_file=...``). ``timeout`` bounds one publish (waiting for the answer included).
+    ``tls_ca_file=...``). ``timeout`` bounds one publish (waiting for the answer included);
+    when no nsqd can be connected, a publish fails within ``connect_timeout`` instead
+    (:class:`~nsq_sansio.errors.NoNSQDAvailable`), and :meth:`connect` checks that at start-up.
     ``publish_observer(topic, messages, seconds, error)``, if given, is called once per
     PUB/MPUB/DPUB when it completes (for metrics; it must not block).
     ``connections_per_nsqd`` opens that many connections to each nsqd and spreads the
@@ -106,11 +112,10 @@ class Producer(ProducerConnections):
     ) -> None:
         addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         if not addresses:
-            raise ValueError("Producer needs at least one nsqd address")
-        if max_pending < 1:
-            raise ValueError(f"max_pending={max_pending!r} must be >= 1")
-        if not timeout > 0 or timeout == float("inf"):
-            raise ValueError(f"timeout={timeout!r} must be a finite number of seconds > 0")
+            raise ConfigError("Producer needs at least one nsqd address")
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ConfigError(f"max_pending={max_pending!r} must be an int >= 1")
+        check_seconds("Producer timeout", timeout, zero=False, error=ConfigError)
         check_connections_per_nsqd(connections_per_nsqd)
         if not isinstance(coalesce, bool):
             raise ConfigError(f"coalesce={coalesce!r} must be True or False")
@@ -145,6 +150,7 @@ class Producer(ProducerConnections):
         self._reschedule: Any = None
         self._value: Any = None
         self._closed = False
+        self._exited = False
         self._published = 0
         self._failed = 0
         self._retried = 0
@@ -179,18 +185,86 @@ class Producer(ProducerConnections):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
+    ) -> None:
+        # The block's exception (or cancellation) is never handed to the task group, which
+        # would wrap it in an exception group: it goes on as itself, its traceback intact.
         tg = self._tg
-        if tg is None:
-            return None
+        if tg is None or self._exited:
+            return
+        self._exited = True
         try:
             await self.close()
         finally:
             tg.cancel_scope.cancel()
-        return await tg.__aexit__(exc_type, exc, tb)
+            try:
+                await tg.__aexit__(None, None, None)
+            except BaseException as raised:  # our tasks never raise; a cancellation might
+                error = sole_error(raised)
+                if error is None or error is raised:
+                    raise
+                raise error from None
 
-    async def close(self, timeout: float | None = 5.0) -> None:
+    async def connect(self, timeout: float | None = None) -> None:
+        """Connect to every nsqd of the pool now, and return once one is ready (the others go
+        on connecting); raise :class:`~nsq_sansio.errors.NoNSQDAvailable` (each address's
+        cause) when none could be connected within ``timeout`` (default ``connect_timeout``),
+        or the configuration's error when an nsqd refused it. For a service that must not
+        start without nsqd; publishing connects by itself otherwise."""
+        if timeout is not None:
+            check_seconds("connect timeout", timeout, zero=False)
+        self._check_open()
+        limit = self._options.connect_timeout if timeout is None else timeout
+        wait = float("inf") if timeout is None else timeout  # attempts end by connect_timeout
+        nodes = self._candidates()
+        errors: dict[str, BaseException] = {}
+        ready = anyio.Event()
+
+        async def attempt(node: Node) -> None:
+            try:
+                await self._ensure(node)
+            except IncompatibleNSQD as exc:
+                errors[node.address] = exc
+            except (NSQError, OSError) as exc:
+                errors[node.address] = exc
+            else:
+                ready.set()
+                return
+            if len(errors) == len(nodes):
+                ready.set()
+
+        async with anyio.create_task_group() as tg:
+            for node in nodes:
+                tg.start_soon(attempt, node)
+            with anyio.move_on_after(wait):
+                await ready.wait()
+            tg.cancel_scope.cancel()
+        if any(node.ready for node in self._nodes):
+            return
+        for error in errors.values():
+            if isinstance(error, IncompatibleNSQD):
+                raise error
+        for node in nodes:
+            if node.address not in errors:
+                errors[node.address] = ConnectionLost(
+                    f"{node.address}: not connected within {seconds(limit)}"
+                )
+        raise NoNSQDAvailable(list(errors.values()), what="a connection")
+
+    def _check_open(self) -> None:
+        if self._tg is None:
+            raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
+        if self._closed:
+            raise LocalProtocolError("the producer is closed")
+
+    @property
+    def config(self) -> Config:
+        """The configuration every connection of this producer identifies with."""
+        return self._config
+
+    async def close(self, timeout: float | None = 10.0) -> None:
         """Wait (up to ``timeout``) for publishes in flight, then close every connection."""
+        if timeout is not None:
+            check_seconds("close timeout", timeout)
         self._closed = True
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(timeout if timeout is not None else float("inf")):
@@ -203,29 +277,19 @@ class Producer(ProducerConnections):
 
     async def publish(self, topic: str, body: bytes) -> None:
         """``PUB``: returns once nsqd confirmed it."""
-        if topic not in self._valid_topics:
-            self._remember_topic(topic)
+        if topic not in self._valid_topics or type(body) is not bytes or not body:
+            check_publish(self._valid_topics, topic, body)
         await self._request(_PUB, topic, body, 1)
 
     async def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
         """``MPUB``: all or nothing, one answer."""
-        if topic not in self._valid_topics:
-            self._remember_topic(topic)
-        if not bodies:
-            raise ValueError("multi_publish needs at least one body")
-        await self._request(_MPUB, topic, bodies, len(bodies))
+        batch = check_batch(self._valid_topics, topic, bodies)
+        await self._request(_MPUB, topic, batch, len(batch))
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """``DPUB``: deliverable after ``delay`` seconds."""
-        if topic not in self._valid_topics:
-            self._remember_topic(topic)
-        if not delay >= 0:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        check_deferred(self._valid_topics, topic, body, delay)
         await self._request(_DPUB, topic, (body, delay), 1)
-
-    def _remember_topic(self, topic: str) -> None:
-        validate_topic(topic)
-        remember_topic(self._valid_topics, topic)
 
     def _candidates(self) -> list[Node]:
         """One connection per nsqd (a connected one first), starting at the next in turn:
@@ -252,31 +316,33 @@ class Producer(ProducerConnections):
     async def _request(self, kind: int, topic: str, payload: Any, count: int) -> None:
         """Send the request, failing over to other nodes while connections break, and wait
         for its answer (one coroutine: this is the hot path of every publish)."""
-        if self._tg is None:
-            raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
-        if self._closed:
-            raise LocalProtocolError("the producer is closed")
+        if self._tg is None or self._closed:
+            self._check_open()
         start = monotonic()
         # Back-pressure without a checkpoint per publish while slots are free.
         if self._free > 0:
             self._free -= 1
         else:
             try:
-                with anyio.fail_after(self._timeout):  # the call's deadline covers the wait
+                got = False
+                with anyio.move_on_after(self._timeout):  # the call's deadline covers the wait
                     await self._wait_for_slot()
+                    got = True
+                if not got:
+                    raise no_slot(self._max_pending, self._timeout)
             except BaseException as exc:
                 observer = self.publish_observer
                 if observer is not None:
                     self._observe(observer, topic, count, start, exc)
                 raise
-        call = Call(topic, count, start, start + self._timeout)
+        call = Call(_KINDS[kind], topic, count, start, start + self._timeout)
         try:
             nodes = self._nodes
             node = nodes[0] if len(nodes) == 1 else nodes[next(self._rr) % len(nodes)]
-            if node.ready or (node.connects == 0 and node.down_until <= start):
-                candidates = [node]  # up, or never tried: connect it (a pool spreads out)
-            else:
-                candidates = self._candidates()
+            # Up, or not known to be down (never tried, or nsqd closed it over a refused
+            # publish): it takes the publish in its turn (connected first), so a pool spreads
+            # out again; else one connection of each nsqd, those not known to be down first.
+            candidates = [node] if node.ready or node.down_until <= start else self._candidates()
             errors: list[BaseException] = _NO_ERRORS  # a list of its own on the first one
             sent = 0
             coalesce = self._coalesce
@@ -289,15 +355,23 @@ class Producer(ProducerConnections):
                 proto = node.proto
                 if not node.ready or proto is None:
                     try:
-                        with anyio.fail_after(max(call.deadline - monotonic(), 0)):
+                        # A connection attempt ends within connect_timeout; the publish's own
+                        # deadline may come first.
+                        proto = None
+                        with anyio.move_on_after(max(call.deadline - monotonic(), 0)):
                             proto = await self._ensure(node)
+                        if proto is None:
+                            raise ConnectionLost(
+                                f"{node.address}: not connected when the publish timed out "
+                                f"after {seconds(self._timeout)}"
+                            )
                     except IncompatibleNSQD:
                         self._failed += 1
                         raise  # the configuration's fault: no other node will take it either
-                    except (NSQError, TimeoutError) as exc:
+                    except NSQError as exc:
                         if errors is _NO_ERRORS:
                             errors = []
-                        errors.append(exc)
+                        errors.append(at_address(node.address, exc))
                         if len(candidates) == 1 and self._nsqd_count > 1:
                             candidates = [node, *self._others(node)]
                         continue
@@ -358,7 +432,7 @@ class Producer(ProducerConnections):
                     continue
                 if errors is _NO_ERRORS:
                     errors = []
-                errors.append(error)
+                errors.append(at_address(node.address, error))
                 if len(candidates) == 1 and self._nsqd_count > 1:
                     candidates = [node, *self._others(node)]
                 if i >= len(candidates) and sent <= self._nsqd_count:
@@ -392,7 +466,7 @@ class Producer(ProducerConnections):
         try:
             observer(topic, count, monotonic() - start, error)
         except Exception:
-            self._logger.exception("publish_observer failed")
+            self._logger.exception("publish_observer failed", extra=fields(topic=topic))
 
     def _resolve(self, call: Call, error: BaseException | None) -> None:
         """Hand ``call`` its outcome (None: nsqd said OK) and wake its caller."""
@@ -491,15 +565,15 @@ class Producer(ProducerConnections):
                         for event in proto.handle_timer(now):
                             if isinstance(event, ConnectionClosed):
                                 error = event.error or ConnectionLost("heartbeats stopped")
-                                node.log.warning("connection lost: %s", error)
                                 self._disconnect(node, error, node.generation)
                 if not node.pending:
                     continue
                 expired = [rid for rid, call in node.pending.items() if now >= call.deadline]
                 for request_id in expired:
                     call = node.pending.pop(request_id)
-                    message = f"no answer from {node.address} after {self._timeout:g}s"
-                    self._resolve(call, TimeoutError(message))
+                    self._resolve(
+                        call, no_answer(call.kind, call.topic, node.address, self._timeout)
+                    )
 
     # --- stats ---------------------------------------------------------------------------------
 
@@ -514,8 +588,9 @@ class Producer(ProducerConnections):
             connections=tuple(
                 ConnectionStats(
                     address=n.address,
-                    state="ready" if n.ready else "down" if n.last_error else "idle",
+                    state=n.state,
                     connected=n.ready,
+                    in_flight=len(n.pending),
                     reconnects=max(n.connects - 1, 0),
                     bytes_received=n.bytes_in,
                     bytes_sent=n.bytes_out,

@@ -14,7 +14,8 @@
 They work against any nsqd / nsqlookupd, embedded or real. Flag names follow NSQ's own tools
 (``--nsqd-tcp-address``, ``--lookupd-http-address``, ``--topic``, ``--channel``,
 ``--max-in-flight``); Go's single-dash spelling (``-topic``) is accepted too. Errors print one
-line (``nsq-sansio tail: ...``) and exit non-zero; usage errors exit 2.
+line (``nsq-sansio tail: ...``): exit code 2 for a wrong command line, 1 when the command
+cannot start or go on.
 
 One module per command (``tail``, ``pub``, ``stat``, ``to_file`` with ``archive``, ``servers``
 for ``nsqd``/``lookupd``, the ``demo`` package), ``common`` for what they share, ``main`` for

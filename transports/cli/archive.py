@@ -2,27 +2,67 @@
 (``<TOPIC>.<HOST><REV>.<DATETIME>.log``), rolls them by size or time, gzips them (one member per
 sync, so a crash leaves only whole members: :func:`whole_gzip_members`) and fsyncs before the
 messages are FIN'd.
+
+File names are predictable, so every file is opened as nsqd opens its own: never through a
+symbolic link (``O_NOFOLLOW``), only a regular file this user owns, created ``FILE_MODE``
+(0640, narrower with the umask).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
+import stat
 import time
 import zlib
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import IO
 
-from .common import (
-    CLIError,
-)
+from .common import CLIError, UsageError
 
-__all__ = ["DEFAULT_FILENAME_FORMAT", "FileArchive", "whole_gzip_members"]
+__all__ = [
+    "DEFAULT_FILENAME_FORMAT",
+    "FILE_MODE",
+    "FileArchive",
+    "open_private",
+    "whole_gzip_members",
+]
 
 
 DEFAULT_FILENAME_FORMAT = "<TOPIC>.<HOST><REV>.<DATETIME>.log"
+#: Archive files: owner read-write, group read, others nothing (the umask can narrow it).
+FILE_MODE = 0o640
+#: Directories the file name format creates (``<TOPIC>/...``).
+DIRECTORY_MODE = 0o750
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_private(path: str, flags: int) -> int:
+    """``os.open`` of an archive file: not through a symbolic link, a regular file owned by
+    this user, its mode narrowed to :data:`FILE_MODE`; anything else is a :class:`CLIError`
+    (a planted link or file in a shared directory is refused, never followed or appended to)."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW, FILE_MODE)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK) or os.path.islink(path):
+            raise CLIError(f"refusing to open {path}: it is a symbolic link") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CLIError(f"refusing to open {path}: not a regular file")
+        if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+            raise CLIError(f"refusing to open {path}: owned by another user (uid {info.st_uid})")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & ~FILE_MODE and hasattr(os, "fchmod"):
+            os.fchmod(fd, mode & FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class FileArchive:
@@ -68,7 +108,7 @@ class FileArchive:
             or os.path.abspath(self.work_dir) != os.path.abspath(output_dir)
         )
         if needs_rev and "<REV>" not in filename_format:
-            raise CLIError(
+            raise UsageError(
                 "--filename-format needs <REV> with --gzip, rotation or a separate --work-dir"
             )
         if not needs_rev:
@@ -132,16 +172,16 @@ class FileArchive:
         while True:
             filename = self._with_rev(name, self.rev)
             path = os.path.join(self.work_dir, filename)
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            os.makedirs(os.path.dirname(path) or ".", DIRECTORY_MODE, exist_ok=True)
             if separate:
                 final = os.path.join(self.output_dir, filename)
-                os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
-                if os.path.exists(final):
+                os.makedirs(os.path.dirname(final) or ".", DIRECTORY_MODE, exist_ok=True)
+                if os.path.lexists(final):
                     self.rev += 1
                     continue
             flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_APPEND)
             try:
-                fd = os.open(path, flags, 0o666)
+                fd = open_private(path, flags)
             except FileExistsError:
                 self.rev += 1
                 continue
@@ -194,7 +234,7 @@ class FileArchive:
         target = os.path.join(self.output_dir, relative)
         while True:
             try:
-                os.link(path, target)
+                os.link(path, target, follow_symlinks=False)
             except FileExistsError:
                 rev += 1
                 target = os.path.join(
@@ -216,21 +256,36 @@ class FileArchive:
         moved = []
         for entry in sorted(os.listdir(self.work_dir)):
             path = os.path.join(self.work_dir, entry)
-            if not os.path.isfile(path) or not pattern.match(entry):
-                continue
+            if not pattern.match(entry) or not _own_regular_file(path):
+                continue  # not left by this archiver: a link, a directory, another user's
             if self.gzip_level is not None:
-                good = whole_gzip_members(path)
-                if good < os.path.getsize(path):
-                    os.truncate(path, good)
+                fd = open_private(path, os.O_RDWR)
+                try:
+                    with os.fdopen(os.dup(fd), "rb") as f:
+                        data = f.read()
+                    good = _whole_gzip_prefix(data)
+                    if good < len(data):
+                        os.ftruncate(fd, good)
+                finally:
+                    os.close(fd)
             rev_name = re.sub(r"-\d{6}(?=[^/]*$)", "<REV>", entry, count=1)
             moved.append(self._finish(path, rev_name, 0))
         return moved
 
 
+def _own_regular_file(path: str) -> bool:
+    info = os.lstat(path)
+    owned = not hasattr(os, "geteuid") or info.st_uid == os.geteuid()
+    return stat.S_ISREG(info.st_mode) and owned
+
+
 def whole_gzip_members(path: str) -> int:
     """The length of the longest prefix of ``path`` made of complete gzip members."""
-    with open(path, "rb") as f:
-        data = f.read()
+    with os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW), "rb") as f:
+        return _whole_gzip_prefix(f.read())
+
+
+def _whole_gzip_prefix(data: bytes) -> int:
     end = 0
     while end < len(data):
         member = zlib.decompressobj(31)

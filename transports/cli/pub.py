@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -13,22 +14,29 @@ from typing import IO
 
 from .common import (
     CLIError,
+    CommandParser,
+    UsageError,
     add_client,
     add_metrics_flag,
+    check_metrics_address,
     client_options,
     flag,
     lookupd_nsqd_addresses,
     lookupd_urls,
+    non_negative,
+    positive,
     probe_tcp,
+    reports_errors,
     serving_metrics,
     valid_topic,
 )
 
-__all__ = ["pub_main"]
+__all__ = ["build_parser", "pub_main"]
 
 
-def _pub_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    """``nsq-sansio pub``'s flags."""
+    p = CommandParser(
         prog="nsq-sansio pub",
         description="publish lines of stdin (or --file) to a topic, in MPUB batches",
     )
@@ -51,12 +59,40 @@ def _pub_parser() -> argparse.ArgumentParser:
         "have the topic, else to every nsqd registered",
     )
     flag(p, "file", default=None, help="read this file instead of stdin")
-    flag(p, "delimiter", default="\\n", help="message delimiter (default: newline)")
-    flag(p, "batch-size", type=int, default=100, help="messages per MPUB (1: PUB)")
-    flag(p, "rate", type=float, default=0.0, help="at most this many messages/s (0: no limit)")
+    flag(
+        p,
+        "delimiter",
+        default="\\n",
+        help="message delimiter; escapes such as \\t or \\0 work (default: newline)",
+    )
+    flag(
+        p,
+        "batch-size",
+        type=positive(int),
+        default=100,
+        help="messages per MPUB (1: PUB; default %(default)s)",
+    )
+    flag(
+        p,
+        "rate",
+        type=non_negative(float),
+        default=0.0,
+        help="at most this many messages/s (0: no limit)",
+    )
     add_metrics_flag(p)
     add_client(p)
     return p
+
+
+def _delimiter(text: str) -> bytes:
+    """``--delimiter`` with its backslash escapes resolved; empty or malformed is refused."""
+    try:
+        delimiter = text.encode().decode("unicode_escape").encode("latin-1")
+    except (UnicodeError, ValueError) as err:
+        raise UsageError(f"bad --delimiter {text!r}: {err}") from None
+    if not delimiter:
+        raise UsageError("--delimiter must not be empty")
+    return delimiter
 
 
 def _read_messages(stream: IO[bytes], delimiter: bytes) -> Iterator[bytes]:
@@ -76,19 +112,22 @@ def _read_messages(stream: IO[bytes], delimiter: bytes) -> Iterator[bytes]:
         yield pending.rstrip(b"\r") if delimiter == b"\n" else pending
 
 
+@reports_errors("pub")
 def pub_main(argv: Sequence[str]) -> int:
+    """``nsq-sansio pub [flags]``: publish stdin (or ``--file``), exit once nsqd confirmed all."""
     from transports.sync import Producer, PublishFuture
 
-    args = _pub_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     topic = valid_topic(args.topic)
     nsqd = list(args.nsqd_tcp_address)
     lookupd = lookupd_urls(args.lookupd_http_address)
     if not nsqd and not lookupd:
-        raise CLIError("give --nsqd-tcp-address or --lookupd-http-address")
-    if args.batch_size < 1:
-        raise CLIError("--batch-size must be >= 1")
-    if args.rate < 0:
-        raise CLIError("--rate must be >= 0")
+        raise UsageError("give --nsqd-tcp-address or --lookupd-http-address")
+    delimiter = _delimiter(args.delimiter)
+    options = client_options(args)
+    check_metrics_address(args.metrics_address)
+    if args.file is not None and (not os.path.exists(args.file) or os.path.isdir(args.file)):
+        raise CLIError(f"--file {args.file!r}: no such file")
     for address in nsqd:
         probe_tcp(address, "nsqd", args.connect_timeout)
     if lookupd:
@@ -98,9 +137,6 @@ def pub_main(argv: Sequence[str]) -> int:
         if not nsqd and not found:
             raise CLIError(f"no nsqd registered with {', '.join(lookupd)}")
         nsqd += found
-    delimiter = args.delimiter.encode().decode("unicode_escape").encode("latin-1")
-    if not delimiter:
-        raise CLIError("--delimiter must not be empty")
     batch_size = args.batch_size
     if args.rate:
         batch_size = max(1, min(batch_size, int(args.rate / 10) or 1))
@@ -119,7 +155,7 @@ def pub_main(argv: Sequence[str]) -> int:
         stream: IO[bytes] = (
             stack.enter_context(open(args.file, "rb")) if args.file else sys.stdin.buffer
         )
-        producer = stack.enter_context(Producer(nsqd, **client_options(args)))
+        producer = stack.enter_context(Producer(nsqd, **options))
         stack.enter_context(serving_metrics(args.metrics_address, producer))
         # round robin goes over the connected nsqd: let every one connect first (or time
         # out, then failover covers it), so a short input is spread over all of them

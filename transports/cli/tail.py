@@ -13,30 +13,50 @@ from collections.abc import Sequence
 from typing import Any
 
 from .common import (
+    CommandParser,
     add_client,
     add_metrics_flag,
     add_progress_flag,
     add_sources,
+    check_metrics_address,
     check_sources,
     client_options,
     flag,
+    non_negative,
+    positive,
+    reports_errors,
     serving_metrics,
     stop_on_signals,
     valid_channel,
     valid_topic,
 )
 
-__all__ = ["tail_main"]
+__all__ = ["build_parser", "tail_main"]
 
 
-def _tail_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nsq-sansio tail", description="print a topic's messages")
+def build_parser() -> argparse.ArgumentParser:
+    """``nsq-sansio tail``'s flags."""
+    p = CommandParser(prog="nsq-sansio tail", description="print a topic's messages")
     flag(p, "topic", required=True, help="NSQ topic")
-    flag(p, "channel", default=None, help="NSQ channel (default: an ephemeral one)")
+    flag(p, "channel", default=None, help="NSQ channel (default: a new ephemeral one)")
     add_sources(p)
-    flag(p, "max-in-flight", type=int, default=200, help="max messages in flight")
-    p.add_argument("-n", "--n", type=int, default=0, help="stop after N messages (0: never)")
-    flag(p, "format", choices=("raw", "json"), default="raw", help="output format")
+    flag(
+        p,
+        "max-in-flight",
+        type=positive(int),
+        default=200,
+        help="messages nsqd may send before they are printed (default %(default)s)",
+    )
+    p.add_argument(
+        "-n", "--n", type=non_negative(int), default=0, help="stop after N messages (0: never)"
+    )
+    flag(
+        p,
+        "format",
+        choices=("raw", "json"),
+        default="raw",
+        help="raw: each body on its line; json: one object per message (default %(default)s)",
+    )
     add_progress_flag(p)
     add_metrics_flag(p)
     add_client(p)
@@ -51,7 +71,7 @@ def _message_json(msg: Any, topic: str, channel: str) -> str:
         "channel": channel,
         "timestamp": msg.timestamp,
         "attempts": msg.attempts,
-        "nsqd": msg.address,
+        "nsqd": msg.nsqd_address,
     }
     try:
         record["body"] = body.decode("utf-8")
@@ -60,15 +80,19 @@ def _message_json(msg: Any, topic: str, channel: str) -> str:
     return json.dumps(record, ensure_ascii=False)
 
 
+@reports_errors("tail")
 def tail_main(argv: Sequence[str]) -> int:
+    """``nsq-sansio tail [flags]``: print messages until ``-n`` or SIGINT/SIGTERM."""
     from transports.sync import Consumer
 
     from .progress import ProgressDisplay, Stage
 
-    args = _tail_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     topic = valid_topic(args.topic)
     channel = args.channel or f"tail{random.randrange(10**6):06d}#ephemeral"
     valid_channel(channel)
+    options = client_options(args)
+    check_metrics_address(args.metrics_address)
     nsqd, lookupd = check_sources(args, args.connect_timeout)
     out = sys.stdout.buffer
     shown = 0
@@ -86,8 +110,8 @@ def tail_main(argv: Sequence[str]) -> int:
             channel,
             nsqd=nsqd,
             lookupd=lookupd,
-            max_in_flight=max(1, min(args.max_in_flight, limit) if limit else args.max_in_flight),
-            **client_options(args),
+            max_in_flight=min(args.max_in_flight, limit) if limit else args.max_in_flight,
+            **options,
         ) as consumer,
         serving_metrics(args.metrics_address, consumer),
     ):

@@ -5,13 +5,17 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
+from .errors import ListenError
+
 __all__ = [
     "IO_ERRORS",
+    "abandon_task_group",
     "aclose_quietly",
     "bind",
     "format_address",
@@ -49,12 +53,23 @@ def format_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-async def bind(address: str) -> anyio.abc.SocketListener:
-    """Listen on exactly one TCP socket (port 0 picks a free port)."""
+async def bind(address: str, option: str) -> anyio.abc.SocketListener:
+    """Listen on exactly one TCP socket (port 0 picks a free port). A failure is one
+    :class:`~transports.embedded.errors.ListenError` naming ``address`` and the ``option``
+    that gave it (``tcp_address``...), whatever anyio raised (a group when it tried several
+    addresses)."""
     host, port = parse_address(address)
-    listener = await anyio.create_tcp_listener(
-        local_host=host, local_port=port, reuse_port=False, family=socket.AF_UNSPEC
-    )
+    try:
+        listener = await anyio.create_tcp_listener(
+            local_host=host, local_port=port, reuse_port=False, family=socket.AF_UNSPEC
+        )
+    except OSError as exc:
+        raise ListenError(address, option, exc) from exc
+    except Exception as exc:  # a group of one error per address tried (3.10: the backport's)
+        cause = _first_os_error(exc)
+        if cause is None:
+            raise
+        raise ListenError(address, option, cause) from exc
     listeners = listener.listeners
     for extra in listeners[1:]:  # "localhost" may resolve to two families; keep the first
         await extra.aclose()
@@ -62,6 +77,17 @@ async def bind(address: str) -> anyio.abc.SocketListener:
     if not isinstance(first, anyio.abc.SocketListener):
         raise TypeError(f"unexpected listener type {type(first).__name__}")
     return first
+
+
+def _first_os_error(exc: BaseException) -> OSError | None:
+    """The first ``OSError`` in (nested) exception groups, or None."""
+    if isinstance(exc, OSError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _first_os_error(inner)
+        if found is not None:
+            return found
+    return None
 
 
 def local_port(listener: anyio.abc.SocketListener) -> int:
@@ -129,6 +155,23 @@ IO_ERRORS = (
     OSError,
     ssl.SSLError,
 )
+
+
+async def abandon_task_group(
+    task_group: anyio.abc.TaskGroup, cleanup: Callable[[], Awaitable[None]]
+) -> None:
+    """Undo a start that failed inside ``task_group`` (already entered): cancel what it
+    started, wait for it, then ``cleanup()``. The caller re-raises its own error alone:
+    what the cancelled tasks raise on the way out (a listener closed under ``accept``) is a
+    consequence of the failure, not news, and is not wrapped around it in a group."""
+    task_group.cancel_scope.cancel()
+    try:
+        await task_group.__aexit__(None, None, None)
+    except Exception:  # consequences of the failure being raised
+        pass
+    finally:
+        with anyio.CancelScope(shield=True):
+            await cleanup()
 
 
 async def aclose_quietly(stream: anyio.abc.AsyncResource) -> None:

@@ -9,6 +9,10 @@ import anyio
 import anyio.abc
 from anyio.streams.tls import TLSStream
 
+from nsq_sansio.errors import ConfigError
+
+from .errors import TLSFileError
+
 __all__ = ["PrefixedStream", "server_ssl_context", "start_server_tls"]
 
 
@@ -45,21 +49,29 @@ def server_ssl_context(
     """A TLS server context from PEM files (TLS 1.2+).
 
     ``client_auth_policy="require-verify"`` (nsqd's flag value) asks every client for a
-    certificate signed by ``root_ca_file`` and refuses the handshake otherwise.
+    certificate signed by ``root_ca_file`` (by the system's CAs without one, as nsqd does)
+    and refuses the handshake otherwise. A file that cannot be loaded is one
+    :class:`~transports.embedded.errors.TLSFileError` naming it (``ssl`` names none).
     """
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ValueError) as exc:
+        raise TLSFileError(f"tls_cert {cert!r} / tls_key {key!r}", exc) from exc
+    if root_ca_file is not None:
+        try:
+            ctx.load_verify_locations(root_ca_file)
+        except (OSError, ValueError) as exc:
+            raise TLSFileError(f"tls_root_ca_file {root_ca_file!r}", exc) from exc
     if client_auth_policy is not None:
         if client_auth_policy != "require-verify":
-            raise ValueError(
-                f"tls_client_auth_policy {client_auth_policy!r} is not supported here "
-                "(only 'require-verify')"
+            raise ConfigError(
+                f"tls_client_auth_policy {client_auth_policy!r} is not supported here (only "
+                "'require-verify': Python's ssl cannot ask for a client certificate without "
+                "verifying it)"
             )
-        if root_ca_file is None:
-            raise ValueError("tls_client_auth_policy 'require-verify' needs tls_root_ca_file")
         ctx.verify_mode = ssl.CERT_REQUIRED
-        ctx.load_verify_locations(root_ca_file)
     return ctx
 
 

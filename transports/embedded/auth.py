@@ -10,8 +10,11 @@ answer is JSON::
 An address is ``host:port`` (then ``http://host:port/auth`` is asked, as nsqd does) or a full
 ``http://`` / ``https://`` URL (asked as given, with the parameters appended). Several
 addresses are tried in turn from a random one, like nsqd's ``QueryAnyAuthd``; when none
-answers 200 with a valid document the client gets ``E_AUTH_FAILED``. HTTP is spoken with
-h11 over anyio sockets, one short-lived connection per query.
+answers 200 with a valid document the client gets ``E_AUTH_FAILED``: any failure of the
+exchange (no answer, a timeout, garbage, JSON nested too deeply, an answer over
+:data:`MAX_ANSWER` bytes) is logged without the secret and refused, never raised. HTTP is
+spoken with h11 over anyio sockets, one short-lived connection per query, the whole of it
+within the timeout.
 """
 
 from __future__ import annotations
@@ -21,21 +24,28 @@ import logging
 import random
 import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, quote_plus, urlencode, urlsplit
 
 import anyio
 import anyio.abc
 import h11
 
-from nsq_sansio.server.options import Authorization, AuthRequest, AuthState
+from nsq_sansio.server.options import (
+    MAX_PATTERN_LENGTH,
+    Authorization,
+    AuthRequest,
+    AuthState,
+    grant_pattern,
+)
+from transports._common.logs import fields
 
 from ._net import format_address, parse_address
 
 __all__ = ["AuthServerError", "AuthURL", "parse_auth_address", "parse_auth_state", "query_auth"]
 
-_log = logging.getLogger("nsq_sansio.embedded")
+_log = logging.getLogger("nsq_sansio.embedded.nsqd")
 
 #: An auth server's answer is small; a bigger one is refused.
 MAX_ANSWER = 1 << 20
@@ -61,34 +71,52 @@ _QUERY_ERRORS = (
 
 @dataclass(frozen=True, slots=True)
 class AuthURL:
+    """Where to ask: the query of ``target`` (a token, maybe) is left out of ``repr``."""
+
     scheme: str
     host: str
     port: int
-    target: str  # path and query, parameters are appended
+    target: str = field(repr=False)  # path and query, parameters are appended
 
     @property
     def netloc(self) -> str:
         return format_address(self.host, self.port)
 
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.netloc}{self.target.split('?', 1)[0]}"
+
 
 def parse_auth_address(address: str) -> AuthURL:
-    """``host:port`` or ``http(s)://host[:port][/path]`` -> :class:`AuthURL`."""
+    """``host:port`` or ``http(s)://host[:port][/path]`` -> :class:`AuthURL`. An error names
+    the address without its credentials and query."""
     if "://" not in address:
-        host, port = parse_address(address)
+        try:
+            host, port = parse_address(address)
+        except ValueError:
+            raise ValueError(f"auth HTTP address {_shown(address)!r}: invalid port") from None
         if not port:
-            raise ValueError(f"auth HTTP address {address!r} needs a port")
+            raise ValueError(f"auth HTTP address {_shown(address)!r} needs a port")
         return AuthURL("http", host, port, "/auth")
     parts = urlsplit(address)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"auth HTTP address {address!r}: expected http(s)://host[:port]/path")
+        raise ValueError(
+            f"auth HTTP address {_shown(address)!r}: expected http(s)://host[:port]/path"
+        )
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
-        raise ValueError(f"auth HTTP address {address!r}: {exc}") from None
+        raise ValueError(f"auth HTTP address {_shown(address)!r}: {exc}") from None
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
     return AuthURL(parts.scheme, parts.hostname, port, target)
+
+
+def _shown(address: str) -> str:
+    """An address as errors show it: no ``user:password@``, no query, no fragment."""
+    address = address.split("?", 1)[0].split("#", 1)[0]
+    scheme, sep, rest = address.rpartition("://")
+    return scheme + sep + rest.rpartition("@")[2]
 
 
 def parse_auth_state(document: Any) -> AuthState:
@@ -143,9 +171,23 @@ async def query_auth(
         url = urls[(start + i) % len(urls)]
         try:
             return await _query_one(url, request, timeout, connect_timeout)
-        except _QUERY_ERRORS as exc:
-            _log.warning("nsqd: auth server %s: %s", url.netloc, str(exc) or type(exc).__name__)
+        except Exception as exc:  # any failure of the exchange: E_AUTH_FAILED, never a crash
+            text = _describe(exc, request.secret)
+            _log.warning("nsqd: auth server %s: %s", url.netloc, text, extra=fields(error=text))
     return None
+
+
+def _describe(exc: BaseException, secret: str) -> str:
+    """An error for the log: short, and without the secret (an auth server may echo it)."""
+    if isinstance(exc, _QUERY_ERRORS):
+        text = str(exc) or type(exc).__name__
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = text[:300]
+    if secret:
+        for form in {secret, quote(secret, safe=""), quote_plus(secret)}:
+            text = text.replace(form, "<secret>")
+    return text
 
 
 async def _query_one(
@@ -186,7 +228,20 @@ async def _query_one(
         document = json.loads(body)
     except ValueError as exc:
         raise AuthServerError(f"answer is not JSON: {exc}") from None
-    return parse_auth_state(document)
+    except RecursionError:
+        raise AuthServerError("answer is JSON nested too deeply") from None
+    state = parse_auth_state(document)
+    for grant in state.authorizations:
+        for pattern in (grant.topic, *grant.channels):
+            if grant_pattern(pattern) is None:
+                _log.warning(
+                    "nsqd: auth server %s: pattern %.80r is not used (invalid, longer than "
+                    "%d characters, or it could backtrack without end; see grant_pattern)",
+                    url.netloc,
+                    pattern,
+                    MAX_PATTERN_LENGTH,
+                )
+    return state
 
 
 async def _read_response(stream: anyio.abc.ByteStream, conn: h11.Connection) -> tuple[int, bytes]:

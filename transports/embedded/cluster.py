@@ -14,6 +14,7 @@ import anyio.abc
 
 from nsq_sansio.server.lookupd import LookupdAPIError
 
+from ._net import abandon_task_group
 from .lookupd import EmbeddedLookupd
 from .nsqd import EmbeddedNSQD
 
@@ -50,10 +51,12 @@ class Cluster:
 
     @property
     def lookupd_http_urls(self) -> list[str]:
+        """``http://host:port`` of the nsqlookupd HTTP API (empty without a lookupd)."""
         return [self.lookupd.http_url] if self.lookupd is not None else []
 
     @property
     def nsqd_tcp_addresses(self) -> list[str]:
+        """``host:port`` of every nsqd's TCP listener, in start order."""
         return [n.tcp_address for n in self.nsqds]
 
     async def wait_registered(self, topic: str, timeout: float = 5.0) -> None:
@@ -110,6 +113,9 @@ class Cluster:
             time.sleep(0.01)
 
     async def __aenter__(self) -> Cluster:
+        """Start the lookupd and the nsqds; if one cannot start, what it raised is raised
+        alone (a :class:`~transports.embedded.errors.ListenError` for a port in use) and
+        those already started are stopped."""
         self._task_group = tg = anyio.create_task_group()
         await tg.__aenter__()
         try:
@@ -123,10 +129,9 @@ class Cluster:
                 nsqd = EmbeddedNSQD(**options)
                 await nsqd.start(tg)
                 self.nsqds.append(nsqd)
-        except BaseException as exc:
-            tg.cancel_scope.cancel()
-            await self._shutdown()
-            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+        except BaseException:
+            self._task_group = None
+            await abandon_task_group(tg, self._shutdown)
             raise
         return self
 

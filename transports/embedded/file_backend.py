@@ -9,6 +9,10 @@ at-least-once), but none is lost. A record torn by a crash mid-append is cut off
 The file is truncated whenever it has been read to the end, and rewritten once the part already
 read grows past ``compact_bytes`` and half the file.
 
+Files are created ``0600`` (as nsqd's diskqueue does; existing ones are narrowed to it when
+opened), the data folder ``0700`` when it is created here, and every file is opened with
+``O_NOFOLLOW``: a symbolic link planted where a queue's file goes is refused, not followed.
+
 Use it through :class:`FileBackendFactory` as ``NSQD(..., backend_factory=...)``, and keep the
 topic/channel list with :func:`save_metadata` / :func:`load_metadata` (nsqd's ``nsqd.dat``).
 """
@@ -37,9 +41,40 @@ def _safe_name(name: str) -> str:
     return name.replace(":", "~").replace("/", "_")
 
 
+#: Files hold messages: readable by nsqd's user only, as nsqd writes them.
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_private(path: Path, mode: str) -> BinaryIO:
+    """Open ``path`` ("rb", "ab", "wb" or "r+b") without following a symbolic link, creating
+    it ``0600`` for writing modes and narrowing an existing file to ``0600``."""
+    flags = {
+        "rb": os.O_RDONLY,
+        "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+        "r+b": os.O_RDWR,
+    }[mode]
+    fd = os.open(path, flags | _NOFOLLOW, FILE_MODE)
+    try:
+        if mode != "rb" and hasattr(os, "fchmod"):
+            os.fchmod(fd, FILE_MODE)
+        handle: BinaryIO = os.fdopen(fd, mode)  # type: ignore[assignment]
+        return handle
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _make_directory(path: Path) -> None:
+    """Create the data folder (and parents) ``0700``; an existing one is left as it is."""
+    path.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
+
+
 def _atomic_write(path: Path, data: bytes, fsync: bool) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
+    with _open_private(tmp, "wb") as handle:
         handle.write(data)
         if fsync:
             handle.flush()
@@ -64,7 +99,7 @@ class FileBackend:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self.name = name
         self.directory = Path(data_path)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        _make_directory(self.directory)
         base = _safe_name(name)
         self.data_file = self.directory / f"{base}.diskqueue.dat"
         self.meta_file = self.directory / f"{base}.diskqueue.meta.json"
@@ -79,8 +114,8 @@ class FileBackend:
         self.discarded_bytes = 0
         self._read_pos, saved_depth, saved_end = self._load_position()
         self._depth, self._end = self._scan(saved_depth, saved_end)
-        self._writer: BinaryIO = open(self.data_file, "ab")  # noqa: SIM115 - kept open
-        self._reader: BinaryIO = open(self.data_file, "rb")  # noqa: SIM115 - kept open
+        self._writer: BinaryIO = _open_private(self.data_file, "ab")
+        self._reader: BinaryIO = _open_private(self.data_file, "rb")
         self._reader.seek(self._read_pos)
 
     # -- opening ------------------------------------------------------------------------------
@@ -89,7 +124,8 @@ class FileBackend:
         """The read position, and the depth and write position saved with it (-1 when the
         meta file does not have them: a file from an older version, or none at all)."""
         try:
-            meta = json.loads(self.meta_file.read_bytes())
+            with _open_private(self.meta_file, "rb") as handle:
+                meta = json.loads(handle.read())
             position = max(int(meta["read_pos"]), 0)
         except (OSError, ValueError, KeyError, TypeError):
             return 0, -1, -1
@@ -105,8 +141,7 @@ class FileBackend:
         Records up to the write position saved in the meta file are counted already (its
         depth): only what was appended since is read, so reopening a large queue that was
         closed cleanly costs nothing, as nsqd's diskqueue metadata does."""
-        if not self.data_file.exists():
-            self.data_file.touch()
+        _open_private(self.data_file, "ab").close()  # created 0600, never through a link
         size = self.data_file.stat().st_size
         if self._read_pos > size:
             self._read_pos = 0
@@ -115,7 +150,7 @@ class FileBackend:
         pos = self._read_pos
         if saved_depth >= 0 and self._read_pos <= saved_end <= size:
             depth, pos = saved_depth, saved_end
-        with open(self.data_file, "rb") as handle:
+        with _open_private(self.data_file, "rb") as handle:
             handle.seek(pos)
             while True:
                 header = handle.read(4)
@@ -129,7 +164,7 @@ class FileBackend:
                 depth += 1
         if pos < size:
             self.discarded_bytes = size - pos
-            with open(self.data_file, "r+b") as handle:
+            with _open_private(self.data_file, "r+b") as handle:
                 handle.truncate(pos)
         return depth, pos
 
@@ -220,7 +255,7 @@ class FileBackend:
         self._writer.truncate(0)
         # A buffered reader may serve a seek from its buffer: reopen it over the new file.
         self._reader.close()
-        self._reader = open(self.data_file, "rb")  # noqa: SIM115 - kept open
+        self._reader = _open_private(self.data_file, "rb")
         self._read_pos = 0
         self._end = 0
         self._depth = 0
@@ -232,7 +267,7 @@ class FileBackend:
             return
         self._writer.flush()
         tmp = self.data_file.with_name(self.data_file.name + ".compact")
-        with open(tmp, "wb") as out:
+        with _open_private(tmp, "wb") as out:
             self._reader.seek(self._read_pos)
             while chunk := self._reader.read(1 << 20):
                 out.write(chunk)
@@ -241,8 +276,8 @@ class FileBackend:
         os.replace(tmp, self.data_file)
         self._end -= self._read_pos
         self._read_pos = 0
-        self._writer = open(self.data_file, "ab")  # noqa: SIM115 - kept open
-        self._reader = open(self.data_file, "rb")  # noqa: SIM115 - kept open
+        self._writer = _open_private(self.data_file, "ab")
+        self._reader = _open_private(self.data_file, "rb")
 
 
 class FileBackendFactory:
@@ -260,14 +295,15 @@ class FileBackendFactory:
 def save_metadata(data_path: str | os.PathLike[str], metadata: dict[str, Any]) -> None:
     """Write ``NSQD.metadata()`` to ``<data_path>/nsqd.dat`` atomically."""
     directory = Path(data_path)
-    directory.mkdir(parents=True, exist_ok=True)
+    _make_directory(directory)
     _atomic_write(directory / _METADATA_FILE, json.dumps(metadata).encode(), fsync=False)
 
 
 def load_metadata(data_path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Read what :func:`save_metadata` wrote, or ``None`` when there is none (or it is bad)."""
     try:
-        data = json.loads((Path(data_path) / _METADATA_FILE).read_bytes())
+        with _open_private(Path(data_path) / _METADATA_FILE, "rb") as handle:
+            data = json.loads(handle.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

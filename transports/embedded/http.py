@@ -2,7 +2,11 @@
 
 One coroutine per connection: parse a request with h11, read the body up to a limit (never
 more), call the handler, write its answer, and keep the connection alive when both sides
-allow it. Answers follow modern nsqd (v1.x): the JSON document itself, without the old
+allow it. Framing is h11's (0.16 or later: earlier ones accepted malformed chunk endings,
+CVE-2025-43859): a request h11 cannot frame exactly is refused and the connection closed,
+as is one framed by both Transfer-Encoding and Content-Length once answered. The limits a
+listener shares (connections, a whole-request deadline, request bodies held at once) are
+:class:`HTTPLimits`. Answers follow modern nsqd (v1.x): the JSON document itself, without the old
 ``{"status_code":..,"status_txt":..,"data":..}`` envelope; errors are
 ``{"message": "TOPIC_NOT_FOUND"}`` with the matching status code.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -22,6 +27,7 @@ import anyio.abc
 import h11
 
 __all__ = [
+    "HTTPLimits",
     "HTTPRequest",
     "HTTPResponse",
     "Handler",
@@ -77,8 +83,9 @@ Handler = Callable[[HTTPRequest], Awaitable[HTTPResponse]]
 
 
 def json_response(data: Any, status: int = 200) -> HTTPResponse:
-    """A JSON document, as nsqd's ``RespondV1`` writes it."""
-    body = json.dumps(data, separators=(",", ":")).encode()
+    """A JSON document, as nsqd's ``RespondV1`` writes it (``bytes`` are sent as they are:
+    a document nsqd writes by hand)."""
+    body = data if isinstance(data, bytes) else json.dumps(data, separators=(",", ":")).encode()
     return HTTPResponse(status, body, b"application/json; charset=utf-8", [_NSQ_CONTENT_TYPE])
 
 
@@ -159,6 +166,49 @@ async def _respond(
     await _send(stream, conn, h11.EndOfMessage())
 
 
+class HTTPLimits:
+    """What one HTTP listener lets its clients hold, shared by all its connections.
+
+    nsqd's HTTP server (Go's net/http as nsqd configures it) has no limits of its own; this
+    server runs on one event loop, so it keeps a few: ``max_connections`` open at once (the
+    next one is answered 503 and closed), ``request_timeout`` seconds from a request's first
+    byte to the end of its body (a client trickling a byte every few seconds is cut off,
+    whatever the idle timeout per read), and ``max_body_bytes`` of request bodies being read
+    at once across connections (a request that would pass it is answered 503 and closed), so
+    stalled uploads cannot pile up ``max_connections`` times the largest body in memory.
+    """
+
+    __slots__ = (
+        "body_bytes",
+        "connections",
+        "max_body_bytes",
+        "max_connections",
+        "request_timeout",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 256,
+        request_timeout: float = 30.0,
+        max_body_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        if max_connections < 1 or request_timeout <= 0 or max_body_bytes < 1:
+            raise ValueError("HTTPLimits: every limit must be positive")
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
+        self.max_body_bytes = max_body_bytes
+        self.connections = 0
+        self.body_bytes = 0
+
+
+class _BodyBudgetExceeded(Exception):
+    """The bodies being read on this listener would pass ``HTTPLimits.max_body_bytes``."""
+
+
+_BUSY = error_response(503, "TOO_MANY_REQUESTS")
+
+
 async def serve_http_connection(
     stream: anyio.abc.ByteStream,
     handler: Handler,
@@ -166,17 +216,31 @@ async def serve_http_connection(
     max_body: int,
     max_header_size: int = 64 * 1024,
     idle_timeout: float = 60.0,
+    limits: HTTPLimits | None = None,
 ) -> None:
-    """Serve requests on one connection until the peer or an error closes it."""
+    """Serve requests on one connection until the peer or an error closes it (or a limit of
+    ``limits`` does: a fresh :class:`HTTPLimits` when none is shared)."""
+    limits = limits if limits is not None else HTTPLimits()
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_header_size)
+    if limits.connections >= limits.max_connections:
+        with contextlib.suppress(Exception):
+            with anyio.move_on_after(1.0):
+                await _respond(stream, conn, _BUSY, True)
+        await _aclose_quietly(stream)
+        return
+    limits.connections += 1
     try:
         while True:
             try:
-                request = await _read_request(stream, conn, max_body, idle_timeout)
+                request = await _read_request(stream, conn, max_body, idle_timeout, limits)
             except h11.RemoteProtocolError as err:
                 if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                     status = err.error_status_hint
                     await _respond(stream, conn, error_response(status, "INVALID_REQUEST"), True)
+                return
+            except _BodyBudgetExceeded:
+                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                    await _respond(stream, conn, _BUSY, True)
                 return
             if request is None:
                 return
@@ -184,9 +248,21 @@ async def serve_http_connection(
                 response = await handler(request)
             except Exception:  # a handler bug must not kill the server
                 response = error_response(500, "INTERNAL_ERROR")
-            close = request.body_too_large or conn.their_state is not h11.DONE
-            await _respond(stream, conn, response, close, request.method == "HEAD")
-            if close or conn.our_state is h11.MUST_CLOSE:
+            # A body framed by both Transfer-Encoding and Content-Length is read as chunked (h11,
+            # as RFC 9112 says) and the connection closed after the answer, since a proxy in
+            # front may have framed it the other way: what follows could be smuggled.
+            close = (
+                request.body_too_large
+                or conn.their_state is not h11.DONE
+                or (
+                    request.header(b"transfer-encoding") is not None
+                    and request.header(b"content-length") is not None
+                )
+            )
+            # a client that does not read its answer is not waited for without end either
+            with anyio.move_on_after(limits.request_timeout) as sending:
+                await _respond(stream, conn, response, close, request.method == "HEAD")
+            if sending.cancelled_caught or close or conn.our_state is h11.MUST_CLOSE:
                 return
             conn.start_next_cycle()
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError):
@@ -194,6 +270,7 @@ async def serve_http_connection(
     except h11.LocalProtocolError:
         return
     finally:
+        limits.connections -= 1
         await _aclose_quietly(stream)
 
 
@@ -204,38 +281,64 @@ async def _aclose_quietly(stream: anyio.abc.ByteStream) -> None:
 
 
 async def _read_request(
-    stream: anyio.abc.ByteStream, conn: h11.Connection, max_body: int, idle_timeout: float
+    stream: anyio.abc.ByteStream,
+    conn: h11.Connection,
+    max_body: int,
+    idle_timeout: float,
+    limits: HTTPLimits,
 ) -> HTTPRequest | None:
+    """The next request, body read up to ``max_body`` (never more): ``None`` when the peer
+    closed, stayed idle ``idle_timeout`` between reads, or took longer than the whole-request
+    deadline from its first byte."""
     head: h11.Request | None = None
     body = bytearray()
     too_large = False
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            with anyio.move_on_after(idle_timeout):
-                try:
-                    data = await stream.receive(65536)
-                except anyio.EndOfStream:
-                    data = b""
-                conn.receive_data(data)
-                continue
-            return None  # idle for too long
-        if isinstance(event, h11.ConnectionClosed):
-            return None
-        if isinstance(event, h11.Request):
-            head = event
-            if conn.they_are_waiting_for_100_continue:  # curl -d @file sends Expect
-                await _send(stream, conn, h11.InformationalResponse(status_code=100, headers=[]))
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > max_body:
-                too_large = True
-                del body[max_body + 1 :]
+    deadline = math.inf  # set when the request's first byte is here
+    if conn.trailing_data[0]:
+        deadline = anyio.current_time() + limits.request_timeout
+    reserved = 0
+    try:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                now = anyio.current_time()
+                if now >= deadline:
+                    return None  # the whole request took too long
+                with anyio.move_on_after(min(idle_timeout, deadline - now)):
+                    try:
+                        data = await stream.receive(65536)
+                    except anyio.EndOfStream:
+                        data = b""
+                    if data and deadline == math.inf:
+                        deadline = anyio.current_time() + limits.request_timeout
+                    conn.receive_data(data)
+                    continue
+                return None  # idle for too long, or past the deadline
+            if isinstance(event, h11.ConnectionClosed):
+                return None
+            if isinstance(event, h11.Request):
+                head = event
+                if conn.they_are_waiting_for_100_continue:  # curl -d @file sends Expect
+                    await _send(
+                        stream, conn, h11.InformationalResponse(status_code=100, headers=[])
+                    )
+            elif isinstance(event, h11.Data):
+                kept = min(len(event.data), max_body + 1 - len(body))
+                if limits.body_bytes + kept > limits.max_body_bytes:
+                    raise _BodyBudgetExceeded
+                limits.body_bytes += kept
+                reserved += kept
+                body += event.data[:kept]
+                if len(body) > max_body:
+                    too_large = True
+                    del body[max_body + 1 :]
+                    break
+            elif isinstance(event, h11.EndOfMessage):
                 break
-        elif isinstance(event, h11.EndOfMessage):
-            break
-        elif event is h11.PAUSED:
-            return None
+            elif event is h11.PAUSED:
+                return None
+    finally:
+        limits.body_bytes -= reserved
     if head is None:  # h11 always yields Request first; be defensive anyway
         return None
     target = head.target.decode("latin-1")

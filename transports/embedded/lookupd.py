@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from nsq_sansio.server.lookupd import (
     ClientClosed,
@@ -26,16 +27,19 @@ from nsq_sansio.server.lookupd import (
     LookupdAPIError,
     LookupdOptions,
 )
+from transports._common.logs import fields
 
 from ._clock import LoopClock
 from ._net import (
     ListenerAddresses,
+    abandon_task_group,
     bind,
     local_port,
     parse_address,
     remote_address,
 )
 from .http import (
+    HTTPLimits,
     HTTPRequest,
     HTTPResponse,
     empty_response,
@@ -46,7 +50,14 @@ from .http import (
     serve_http_connection,
 )
 
+_log = logging.getLogger("nsq_sansio.embedded.lookupd")
+
 __all__ = ["EmbeddedLookupd"]
+
+#: Commands of one TCP connection run per step (64 KiB of PINGs is 13,000 commands, about 60 ms
+#: of work; 256 take about a millisecond): other connections and the HTTP API are served
+#: between steps. An nsqd sends a few commands at a time.
+STEP_COMMANDS = 256
 
 
 class EmbeddedLookupd(ListenerAddresses):
@@ -76,6 +87,7 @@ class EmbeddedLookupd(ListenerAddresses):
         self._http_port = 0
         self._host = "127.0.0.1"
         self._clock = LoopClock()
+        self._http_limits = HTTPLimits()
 
     # -- addresses ------------------------------------------------------------------------------
 
@@ -95,9 +107,9 @@ class EmbeddedLookupd(ListenerAddresses):
 
     async def start(self, task_group: anyio.abc.TaskGroup) -> None:
         """Bind both ports and serve in ``task_group`` (which owns the server's lifetime)."""
-        self._tcp_listener = await bind(self._tcp_address)
+        self._tcp_listener = await bind(self._tcp_address, "tcp_address")
         try:
-            self._http_listener = await bind(self._http_address)
+            self._http_listener = await bind(self._http_address, "http_address")
         except BaseException:
             await self._tcp_listener.aclose()
             raise
@@ -113,6 +125,7 @@ class EmbeddedLookupd(ListenerAddresses):
                 http_port=self._http_port,
                 inactive_producer_timeout=self._inactive_producer_timeout,
                 tombstone_lifetime=self._tombstone_lifetime,
+                max_commands_per_step=STEP_COMMANDS,
             )
         )
         task_group.start_soon(self._tcp_listener.serve, self._handle_tcp)
@@ -126,13 +139,15 @@ class EmbeddedLookupd(ListenerAddresses):
                     await listener.aclose()
 
     async def __aenter__(self) -> EmbeddedLookupd:
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
+        """Start serving; a failure to start is one plain exception (a
+        :class:`~transports.embedded.errors.ListenError` for a port in use), not a group."""
+        self._task_group = tg = anyio.create_task_group()
+        await tg.__aenter__()
         try:
-            await self.start(self._task_group)
-        except BaseException as exc:
-            self._task_group.cancel_scope.cancel()
-            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            await self.start(tg)
+        except BaseException:
+            self._task_group = None
+            await abandon_task_group(tg, self.aclose)
             raise
         return self
 
@@ -163,17 +178,22 @@ class EmbeddedLookupd(ListenerAddresses):
                 except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                     data = b""
                 events = core.receive_data(handle, data, anyio.current_time())
-                out = core.data_to_send(handle)
-                if out:
-                    await stream.send(out)
-                if any(isinstance(e, ClientClosed) for e in events):
-                    break
+                while True:
+                    out = core.data_to_send(handle)
+                    if out:
+                        await stream.send(out)
+                    if any(isinstance(e, ClientClosed) for e in events):
+                        return
+                    if not core.input_pending(handle):
+                        break
+                    # a bounded step at a time: every other connection is served between
+                    # steps, and this one is not read again until its input is done
+                    await anyio.lowlevel.checkpoint()
+                    events = core.continue_input(handle, anyio.current_time())
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         except Exception:  # a bug must cost one connection, never the server
-            logging.getLogger("nsq_sansio.embedded").exception(
-                "nsqlookupd: connection %d failed", handle
-            )
+            _log.exception("nsqlookupd: connection %d failed", handle, extra=fields(conn_id=handle))
         finally:
             core.release(handle)
             with anyio.CancelScope(shield=True):
@@ -183,7 +203,9 @@ class EmbeddedLookupd(ListenerAddresses):
     # -- HTTP -----------------------------------------------------------------------------------
 
     async def _handle_http(self, stream: anyio.abc.SocketStream) -> None:
-        await serve_http_connection(stream, self._route, max_body=1024 * 1024)
+        await serve_http_connection(
+            stream, self._route, max_body=1024 * 1024, limits=self._http_limits
+        )
 
     async def _route(self, request: HTTPRequest) -> HTTPResponse:
         now = anyio.current_time()

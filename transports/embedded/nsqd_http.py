@@ -94,6 +94,9 @@ CONFIG_DURATIONS = {
     "max_output_buffer_timeout",
     "min_output_buffer_timeout",
     "output_buffer_timeout",
+    "http_client_connect_timeout",
+    "http_client_request_timeout",
+    "e2e_processing_latency_window_time",
 }
 # nsqd's log levels (lg.LogLevel) and the Python logging level each sets on this module's
 # logger, which every embedded nsqd of the process shares.
@@ -118,6 +121,7 @@ def route_nsqd(
     if refused is not None:
         return refused, []
     opts = core.options
+    events: list[ServerEvent]
     if path == "/ping":
         health = core.health
         return plain_text_response(health, 200 if health == "OK" else 500), []
@@ -147,8 +151,10 @@ def route_nsqd(
             raise AdminError(413, "MSG_TOO_BIG")
         if not request.body:
             raise AdminError(400, "MSG_EMPTY")
-        core.publish(_required_topic(request), request.body, now, defer_ms=_defer_ms(request))
-        return text_response("OK"), []
+        events = core.publish(
+            _required_topic(request), request.body, now, defer_ms=_defer_ms(request)
+        )
+        return text_response("OK"), events
     if path == "/mpub":
         if request.body_too_large:
             raise AdminError(413, "BODY_TOO_BIG")
@@ -160,11 +166,9 @@ def route_nsqd(
             bodies = [line for line in request.body.split(b"\n") if line]
             if any(len(b) > opts.max_msg_size for b in bodies):
                 raise AdminError(413, "MSG_TOO_BIG")
-        if bodies:
-            core.multi_publish(topic, bodies, now)
-        else:
-            core.create_topic(topic, now)
-        return text_response("OK"), []
+        # no message: nsqd only makes the topic
+        events = core.multi_publish(topic, bodies, now) if bodies else core.create_topic(topic, now)
+        return text_response("OK"), events
     topic = _required_topic(request)
     channel = request.arg("channel")
     if path.startswith("/channel/") and channel is None:
@@ -173,9 +177,9 @@ def route_nsqd(
         except InvalidName:
             raise AdminError(400, "INVALID_ARG_TOPIC") from None
         raise AdminError(400, "MISSING_ARG_CHANNEL")
-    events: list[ServerEvent] = []
+    events = []
     if path == "/topic/create":
-        core.create_topic(topic, now)
+        events = core.create_topic(topic, now)
     elif path == "/topic/delete":
         events = core.delete_topic(topic, now)
     elif path == "/topic/empty":
@@ -270,7 +274,8 @@ def _stats_text(stats: dict[str, Any], uptime: float) -> str:
         paused = "*P " if topic["paused"] else "   "
         out.append(
             f"\n{paused}[{topic['topic_name']:<15}] depth: {topic['depth']:<5} "
-            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8} e2e%: \n"
+            f"be-depth: {topic['backend_depth']:<5} msgs: {topic['message_count']:<8} "
+            f"e2e%: {_e2e_text(topic['e2e_processing_latency'])}\n"
         )
         for ch in topic["channels"]:
             paused = "   *P " if ch["paused"] else "      "
@@ -278,13 +283,27 @@ def _stats_text(stats: dict[str, Any], uptime: float) -> str:
                 f"{paused}[{ch['channel_name']:<25}] depth: {ch['depth']:<5} "
                 f"be-depth: {ch['backend_depth']:<5} inflt: {ch['in_flight_count']:<4} "
                 f"def: {ch['deferred_count']:<4} re-q: {ch['requeue_count']:<5} "
-                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8} e2e%: \n"
+                f"timeout: {ch['timeout_count']:<5} msgs: {ch['message_count']:<8} "
+                f"e2e%: {_e2e_text(ch['e2e_processing_latency'])}\n"
             )
             out.extend(f"        {_client_text(c)}\n" for c in ch["clients"] or ())
     producers = stats["producers"] or []
     out.append("\nProducers:\n" if producers else "\nProducers: None\n")
     out.extend(f"   {_client_text(client)}\n" for client in producers)
     return "".join(out)
+
+
+def _e2e_text(latency: dict[str, Any]) -> str:
+    """The percentiles of an ``e2e_processing_latency`` as nsqd's text /stats prints them
+    (``1.9s, 12.5ms``; nothing when they are not tracked)."""
+    return ", ".join(_nanoseconds_text(p["value"]) for p in latency["percentiles"] or ())
+
+
+def _nanoseconds_text(value: float) -> str:
+    for scale, suffix in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
+        if value > scale:
+            return f"{value / scale:.1f}{suffix}"
+    return f"{value:.1f}ns"
 
 
 def _client_text(client: dict[str, Any]) -> str:

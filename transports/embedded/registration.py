@@ -2,6 +2,9 @@
 :class:`~nsq_sansio.server.lookupd_client.LookupPeer` says), announce every topic and channel,
 then write what the peer queues (REGISTER, UNREGISTER, PING) and read its answers until the
 connection or the peer is closed.
+
+And nsqd's one HTTP request to nsqlookupd: :func:`query_lookupd_channels`, the channels of a
+topic it creates (``GET /channels?topic=``, h11 over anyio, bounded in time and size).
 """
 
 from __future__ import annotations
@@ -10,22 +13,36 @@ from collections.abc import Callable
 
 import anyio
 import anyio.abc
+import h11
 
-from nsq_sansio.server.lookupd_client import LookupPeer, LookupPeerState, sync_registrations
+from nsq_sansio.server.lookupd_client import (
+    LookupPeer,
+    LookupPeerIdentified,
+    LookupPeerState,
+    channels_request_target,
+    parse_channels_answer,
+    sync_registrations,
+)
 
-from ._net import IO_ERRORS, aclose_quietly, parse_address
+from ._net import IO_ERRORS, aclose_quietly, format_address, parse_address
 
-__all__ = ["serve_lookupd_peer"]
+__all__ = ["MAX_CHANNELS_ANSWER", "query_lookupd_channels", "serve_lookupd_peer"]
+
+#: The largest answer to ``GET /channels`` read (thousands of channel names fit in far less).
+MAX_CHANNELS_ANSWER = 1 << 20
 
 
 async def serve_lookupd_peer(
     peer: LookupPeer,
     wake: list[anyio.Event],
     registrations: Callable[[], list[tuple[str, list[str]]]],
+    identified: Callable[[], None] = lambda: None,
 ) -> None:
     """Keep ``peer`` connected until it is closed. ``wake[0]`` is set when the peer has
     something to send (it is replaced after each wait); ``registrations()`` lists the node's
-    topics with their channels, announced on every (re)connection."""
+    topics with their channels, announced on every (re)connection; ``identified()`` is
+    called when nsqlookupd answered IDENTIFY (``peer.info`` then says where its HTTP API
+    is)."""
     host, port = parse_address(peer.address, 4160)
     while peer.state is not LookupPeerState.CLOSED:
         now = anyio.current_time()
@@ -44,7 +61,7 @@ async def serve_lookupd_peer(
         peer.connection_made(anyio.current_time(), sync_registrations(registrations()))
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_read, peer, stream, tg.cancel_scope, wake)
+                tg.start_soon(_read, peer, stream, tg.cancel_scope, wake, identified)
                 await _write(peer, stream, wake)
                 tg.cancel_scope.cancel()
         finally:
@@ -58,13 +75,16 @@ async def _read(
     stream: anyio.abc.SocketStream,
     scope: anyio.CancelScope,
     wake: list[anyio.Event],
+    identified: Callable[[], None],
 ) -> None:
     while peer.state is LookupPeerState.CONNECTED:
         try:
             data = await stream.receive(65536)
         except IO_ERRORS:
             data = b""
-        peer.receive_data(data, anyio.current_time())
+        events = peer.receive_data(data, anyio.current_time())
+        if any(isinstance(event, LookupPeerIdentified) for event in events):
+            identified()
         wake[0].set()
     scope.cancel()
 
@@ -86,3 +106,55 @@ async def _write(peer: LookupPeer, stream: anyio.abc.SocketStream, wake: list[an
         with anyio.move_on_after((deadline or now + 1.0) - now):
             await wake[0].wait()
         wake[0] = anyio.Event()
+
+
+async def query_lookupd_channels(
+    address: str, topic: str, *, connect_timeout: float, timeout: float
+) -> list[str]:
+    """Ask one nsqlookupd (its HTTP ``host:port``) for the channels of ``topic``, as nsqd
+    does when it creates a topic: ``timeout`` bounds the whole request (``connect_timeout``
+    the connection), as nsqd's HTTP client. Raises on any failure (``TimeoutError``,
+    ``OSError``, an answer that is not a ``200`` with a channel list...)."""
+    host, port = parse_address(address, 4161)
+    with anyio.fail_after(timeout):
+        with anyio.fail_after(connect_timeout):
+            stream = await anyio.connect_tcp(host, port)
+        async with stream:
+            conn = h11.Connection(h11.CLIENT)
+            headers = [
+                ("Host", format_address(host, port)),
+                ("Accept", "application/vnd.nsq; version=1.0"),
+                ("User-Agent", "nsq-sansio-embedded-nsqd"),
+                ("Connection", "close"),
+            ]
+            request = h11.Request(
+                method="GET", target=channels_request_target(topic), headers=headers
+            )
+            await stream.send((conn.send(request) or b"") + (conn.send(h11.EndOfMessage()) or b""))
+            status, body = await _read_answer(stream, conn)
+    if status != 200:
+        raise ValueError(f"answered HTTP {status}")
+    return parse_channels_answer(body)
+
+
+async def _read_answer(stream: anyio.abc.ByteStream, conn: h11.Connection) -> tuple[int, bytes]:
+    status = 0
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            try:
+                chunk = await stream.receive(65536)
+            except anyio.EndOfStream:
+                chunk = b""
+            conn.receive_data(chunk)
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_CHANNELS_ANSWER:
+                raise ValueError(f"answer larger than {MAX_CHANNELS_ANSWER} bytes")
+        elif isinstance(event, h11.EndOfMessage):
+            return status, bytes(body)
+        elif isinstance(event, h11.ConnectionClosed):
+            raise ValueError("connection closed before the answer ended")

@@ -37,6 +37,8 @@ class ServerThread(Generic[T]):
 
     @property
     def portal(self) -> BlockingPortal:
+        """The blocking portal into the server's event loop (to call its async methods from this
+        thread)."""
         if self._portal is None:
             raise RuntimeError("ServerThread is not running")
         return self._portal

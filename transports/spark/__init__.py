@@ -17,12 +17,13 @@ from typing import Any
 
 from ._options import NSQOptionError, ReadOptions, WriteOptions
 from .datasource import NSQDataSource
-from .reader import SOURCE_SCHEMA, NSQStreamReader
+from .reader import SOURCE_SCHEMA, NSQDataLossError, NSQStreamReader
 from .writer import NSQCommitMessage, NSQPublishError
 
 __all__ = [
     "SOURCE_SCHEMA",
     "NSQCommitMessage",
+    "NSQDataLossError",
     "NSQDataSource",
     "NSQOptionError",
     "NSQPublishError",

@@ -33,6 +33,7 @@ from operator import attrgetter
 
 from nsq_sansio.consumer import ConnectionUp, Disconnected, LookupdFailed
 from nsq_sansio.errors import NSQError
+from transports._common.logs import fields
 from transports.sync import Consumer, Message
 
 from . import _collector
@@ -40,7 +41,7 @@ from ._options import ReadOptions
 
 __all__ = ["MAX_CONSUMERS", "SourceConsumer", "consumers_needed"]
 
-_log = logging.getLogger("transports.spark.source")
+_log = logging.getLogger("nsq_sansio.spark.source")
 
 #: Most consumers (so connections per nsqd) one source runs; with nsqd's default
 #: ``--max-rdy-count`` of 2500 that bounds a micro-batch at 160,000 messages per nsqd.
@@ -72,8 +73,12 @@ class SourceConsumer:
     Thread-safe for one caller (Spark calls the source from one thread) plus the toucher.
     """
 
-    def __init__(self, options: ReadOptions) -> None:
+    def __init__(self, options: ReadOptions, reserve: int = 0) -> None:
         self.options = options
+        #: Messages the consumers may hold at once: ``max_in_flight``, plus ``reserve`` for the
+        #: redeliveries of a committed batch a restarted source sets aside until they can be
+        #: matched (so that they never starve the batches).
+        self.capacity = options.max_in_flight + max(0, reserve)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._consumers: list[Consumer] = []
@@ -102,7 +107,7 @@ class SourceConsumer:
         options = self.options
         if not self._collector_raised:  # see _collector: batches held in flight
             self._collector_raised = _collector.raise_threshold(options.gc_threshold)
-        self._consumers.append(self._new_consumer(0, options.max_in_flight))
+        self._consumers.append(self._new_consumer(0, self.capacity))
         deadline = time.monotonic() + options.connect_timeout
         with self._changed:
             while not self._up:
@@ -125,6 +130,7 @@ class SourceConsumer:
                 options.topic,
                 options.channel,
                 f" ({details})" if details else "",
+                extra=fields(topic=self.options.topic, channel=self.options.channel),
             )
         self._scale()
         self._toucher = threading.Thread(target=self._touch_loop, name="nsq-spark-touch")
@@ -239,6 +245,12 @@ class SourceConsumer:
             return sorted(set(self._up.values()))
 
     @property
+    def max_msg_timeout(self) -> float:
+        """Seconds nsqd keeps a message for a consumer at most, TOUCH or not (its
+        ``--max-msg-timeout``, as IDENTIFY announced; 15 minutes until then)."""
+        return self._max_msg_timeout
+
+    @property
     def consumer_count(self) -> int:
         return len(self._consumers)
 
@@ -299,10 +311,10 @@ class SourceConsumer:
         if self._scaled or self._max_rdy is None or self._stop.is_set():
             return
         self._scaled = True
-        wanted = consumers_needed(self.options.max_in_flight, self._max_rdy)
+        wanted = consumers_needed(self.capacity, self._max_rdy)
         if wanted == 1:
             return
-        shares = _shares(self.options.max_in_flight, wanted)
+        shares = _shares(self.capacity, wanted)
         self._consumers[0].set_max_in_flight(shares[0])
         for index in range(1, wanted):
             self._consumers.append(self._new_consumer(index, shares[index]))
@@ -312,8 +324,9 @@ class SourceConsumer:
             wanted,
             self.options.topic,
             self.options.channel,
-            self.options.max_in_flight,
+            self.capacity,
             self._max_rdy,
+            extra=fields(topic=self.options.topic, channel=self.options.channel),
         )
 
     def _fetch_all(self, count: int, wait: float) -> list[Message]:

@@ -35,7 +35,9 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from nsq_sansio.discovery import LookupdAddress, parse_lookup_response
 from nsq_sansio.errors import NSQError
+from transports._common.logs import fields
 
+from ._nsqd_http import read_capped
 from ._options import NSQOptionError, WriteOptions
 
 __all__ = [
@@ -48,7 +50,7 @@ __all__ = [
     "check_write_schema",
 ]
 
-_log = logging.getLogger("transports.spark.writer")
+_log = logging.getLogger("nsq_sansio.spark.writer")
 
 #: Bytes MPUB adds per message (its 4-byte size), used for the batch_bytes bound.
 _PER_MESSAGE_OVERHEAD = 4
@@ -98,9 +100,10 @@ def check_write_schema(schema: StructType, serialization: str) -> None:
 def lookup_nodes(
     lookupd: Sequence[str], timeout: float, context: ssl.SSLContext | None = None
 ) -> list[str]:
-    """Every nsqd TCP address the lookupd know (``GET /nodes``, answers parsed by the core),
-    unioned. Raises :class:`NSQError` when no lookupd answered; an empty list means they
-    answered with no nsqd. Called once per write, on the driver."""
+    """Every nsqd TCP address the lookupd know (``GET /nodes``, answers parsed by the core,
+    read up to 4 MiB as the core's own lookupd client does), unioned. Raises
+    :class:`NSQError` when no lookupd answered; an empty list means they answered with no
+    nsqd. Called once per write, on the driver."""
     found: dict[str, None] = {}
     errors: list[str] = []
     for text in lookupd:
@@ -109,10 +112,16 @@ def lookup_nodes(
             with urllib.request.urlopen(
                 f"{address}/nodes", timeout=timeout, context=context
             ) as response:
-                status, body = response.status, response.read()
+                status, body = response.status, read_capped(response, f"{address}/nodes")
         except urllib.error.HTTPError as exc:
-            status, body = exc.code, exc.read()
-        except OSError as exc:
+            try:
+                status, body = exc.code, read_capped(exc, f"{address}/nodes")
+            except (OSError, ValueError) as error:
+                errors.append(f"{address}: {error}")
+                continue
+            finally:
+                exc.close()
+        except (OSError, ValueError) as exc:  # ValueError: an answer over the size limit
             errors.append(f"{address}: {exc}")
             continue
         answer = parse_lookup_response(address, status, body)
@@ -126,22 +135,12 @@ def lookup_nodes(
     return list(found)
 
 
-def _https_context(options: WriteOptions) -> ssl.SSLContext | None:
-    """The TLS options' context for https:// lookupd (None: urllib's default)."""
-    if not options.tls_kwargs:
-        return None
-    from transports._common import split_options
-
-    _, transport = split_options(options.config(), dict(options.tls_kwargs))
-    return transport.ssl_context()
-
-
 def resolve_nsqd(options: WriteOptions) -> tuple[str, ...]:
     """The nsqd to publish to: the given ones, plus every nsqd the lookupd know."""
     addresses = list(options.nsqd)
     if options.lookupd:
         try:
-            found = lookup_nodes(options.lookupd, options.connect_timeout, _https_context(options))
+            found = lookup_nodes(options.lookupd, options.connect_timeout, options.https_context())
         except Exception as exc:
             if not addresses:
                 raise NSQPublishError(f"nsq sink: {exc}") from exc
@@ -301,6 +300,7 @@ def _report(topic: str, messages: Sequence[WriterCommitMessage | None], what: st
         f"; {failed} partitions failed (what they published before failing stays published)"
         if failed
         else "",
+        extra=fields(topic=topic, count=total),
     )
     return total
 

@@ -10,7 +10,7 @@ Consume (push mode)::
             handle(msg.body)
             msg.finish()                    # msg.requeue(delay=..., backoff=...), msg.touch()
 
-    c.run(handler, threads=8)               # handler returns -> FIN, raises -> REQ (+ backoff)
+    c.run(handler, concurrency=8)           # handler returns -> FIN, raises -> REQ (+ backoff)
     c.drain(timeout=30)                     # graceful stop, see below
 
 Consume (pull mode, JetStream-style; what the Spark source builds on)::
@@ -63,25 +63,34 @@ Threads and guarantees:
   counted in :meth:`Consumer.stats` and reported to ``on_event``. Reconnection and lookupd
   polling are decided by the core's coordinator.
 * Nothing is TOUCHed unless asked: ``msg.touch()``, or ``with msg.keepalive():`` which touches
-  half-way to each deadline (the core's ``next_touch``) and stops before nsqd's
-  ``max_msg_timeout`` with a warning and a :class:`KeepaliveExpired` event
-  (``msg.keepalive_expiring`` turns True).
+  half-way to each deadline (the core's ``next_touch``); once TOUCH cannot extend the message
+  past nsqd's ``max_msg_timeout`` it says so with a warning and a :class:`KeepaliveExpired`
+  event (``msg.keepalive_expiring`` turns True).
+* Answers never raise: ``finish()``/``requeue()`` return True when this call answered the
+  message; one that came too late sets ``msg.taken_back``. A misuse raises the same exception
+  as on the async runtime (``LocalProtocolError``...), see ``docs/transports.md``.
 * ``drain()`` / ``start_drain()`` / :func:`drain_on_signals`: RDY 0 everywhere, messages not yet
   handed to user code are requeued at once, messages in user code get ``timeout`` seconds to be
   answered, then CLS and close. Leaving the ``with`` block does the same with no grace: every
   unanswered message is requeued, and every thread of ours is joined.
 * Producer: many publishes in flight per connection, answers matched in order; ``max_pending``
   bounds unanswered publishes (a call beyond it blocks, then raises ``TimeoutError``); a
-  publish whose connection died is sent again (another nsqd first), until its ``timeout``.
+  publish whose connection died is sent again (another nsqd first), until its ``timeout``;
+  when no nsqd can be connected it raises ``NoNSQDAvailable`` within ``connect_timeout``
+  (``p.connect()`` checks that at start-up).
 """
 
 from __future__ import annotations
 
+from nsq_sansio.discovery import allow_nsqd
+from nsq_sansio.errors import HTTPPublishError, NoNSQDAvailable
 from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
 
+from .admin import LookupdAdmin, NSQDAdmin
 from .consumer import Consumer, EventCallback, KeepaliveExpired, Message
-from .http import HTTPProducer, HTTPPublishError
-from .producer import NoNSQDAvailable, Producer, PublishFuture
+from .http import HTTPProducer
+from .producer import Producer, PublishFuture
+from .publish_future import PublishObserver
 from .signals import drain_on_signals
 
 __all__ = [
@@ -92,11 +101,15 @@ __all__ = [
     "HTTPProducer",
     "HTTPPublishError",
     "KeepaliveExpired",
+    "LookupdAdmin",
     "Message",
+    "NSQDAdmin",
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",
     "PublishFuture",
+    "PublishObserver",
     "TLSOptions",
+    "allow_nsqd",
     "drain_on_signals",
 ]

@@ -1,12 +1,15 @@
-"""The blocking consumer's IO thread: what it does with sockets, answers and actions.
+"""The blocking consumer's IO side: the object its IO thread drives, and what it shares with
+the user threads.
 
-:class:`ConsumerIOThread` is a part of :class:`~transports.sync.consumer.Consumer` (its base
-class) and everything in it runs on the IO thread: the :class:`~transports.sync._loop.IOLoop`
-callbacks (connected, data, errors, timers, writes), carrying out the answers user threads
-posted (runs of FINs in one coordinator call), keepalive TOUCHes, and the coordinator's
-actions (connections, lookupd requests, deliveries handed to user threads, fetch results,
-logs and events). The user-facing side (iteration, ``get``, ``run``, ``fetch``, drain, close,
-stats) is in ``consumer.py``.
+:class:`ConsumerIO` is owned by :class:`~transports.sync.consumer.Consumer` (composition: the
+consumer's public surface is only what user code calls). It is the
+:class:`~transports.sync._loop.IOLoop`'s owner, so everything in its ``on_*``, ``handle_timer``
+and ``write_pending`` methods runs on the IO thread: connections, reads, timers, carrying out
+the answers user threads posted (runs of FINs in one coordinator call), keepalive TOUCHes, and
+the coordinator's actions (connections, lookupd requests, deliveries handed to user threads,
+fetch results, logs and events), and pausing the reads of a connection while more messages
+wait for user threads than ``max_in_flight``. What user threads touch is named below: the
+``ready`` queue and its condition, the ``posted`` answers, the ``drained`` event, ``failure``.
 """
 
 from __future__ import annotations
@@ -14,22 +17,20 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import ssl
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from itertools import repeat
 from operator import attrgetter, is_
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from nsq_sansio.config import Config
 from nsq_sansio.consumer import (
     CloseConnection,
     CloseHTTPRequest,
     Connect,
-    ConnectionUp,
     ConsumerCoordinator,
     ConsumerFailed,
     Deliver,
@@ -37,17 +38,20 @@ from nsq_sansio.consumer import (
     DrainComplete,
     FetchEnd,
     FetchResult,
-    GiveUp,
-    LookupdFailed,
     SendHTTPRequest,
     StartTLS,
     TakenBack,
 )
 from nsq_sansio.discovery import LookupdAddress
 from nsq_sansio.errors import NSQError
-from nsq_sansio.events import Message as CoreMessage
-from transports._common import ConnectionLogger, TransportOptions
-from transports._common.message import KeepaliveExpired
+from transports._common import ConnectionStats, ConsumerStats, TransportOptions
+from transports._common.logs import fields
+from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.reports import (
+    log_consumer_report,
+    log_fetch_refused,
+    log_keepalive_expired,
+)
 
 from ._loop import IOLoop, Link
 from .message import (
@@ -59,13 +63,14 @@ from .message import (
     Message,
 )
 
-__all__ = ["KEEPALIVE_WARNING", "ConsumerIOThread"]
+__all__ = ["ConsumerIO"]
 
-_log = logging.getLogger("nsq_sansio.sync.consumer")
+_T = TypeVar("_T")
 
-#: keepalive() warns this long (at most) before max_msg_timeout takes the message back.
-KEEPALIVE_WARNING = 5.0
-
+#: While a connection's reads are paused, how often the IO thread looks whether user threads
+#: took enough messages to read it again (their answers wake it at once; taking a message
+#: does not, so that the per-message path does not pay for the pause).
+_RESUME_POLL = 0.02
 _popleft = deque.popleft
 _delivery_of = attrgetter("_delivery")
 
@@ -91,124 +96,219 @@ class Keepalive:
         self.active = True
 
 
-class ConsumerIOThread:
-    """The consumer's IO-thread side (a base class of ``Consumer``)."""
+class ConsumerIO:
+    """The IO thread's side of one blocking consumer (and the queues it shares with user
+    threads). Not thread-safe except where a method says so: it runs on the IO thread."""
 
-    # What it shares with the user-facing side (set by Consumer.__init__):
-    topic: str
-    channel: str
-    _config: Config
-    _options: TransportOptions
-    _coordinator: ConsumerCoordinator
-    _ssl_context: ssl.SSLContext | None
-    _loop: IOLoop
-    _links: dict[int, Link]
-    _http: dict[int, Link]
-    _loggers: dict[int, ConnectionLogger]
-    _ready: deque[Message]
-    _cond: threading.Condition
-    _sleepers: int
-    _posted: deque[Message | tuple[int, Message, Any]]
-    _unanswered: set[Message]
-    _keepalives: list[tuple[float, int, Keepalive]]
-    _keepalive_of: dict[Message, Keepalive]
-    _seq: itertools.count[int]
-    _fetches: dict[int, Future[list[Message]]]
-    _draining: bool
-    _drained: threading.Event
-    _counters: dict[str, int]
-    _failure: NSQError | None
-    _on_give_up: Callable[[CoreMessage], None] | None
-    _on_event: Callable[[object], None] | None
+    def __init__(
+        self,
+        coordinator: ConsumerCoordinator,
+        config: Config,
+        options: TransportOptions,
+        *,
+        logger: logging.Logger,
+        on_event: Callable[[object], None] | None,
+    ) -> None:
+        self.coordinator = coordinator
+        self.topic = coordinator.topic
+        self.channel = coordinator.channel
+        self.config = config
+        self.options = options
+        self.logger = logger
+        self.on_event = on_event
+        self.ssl_context = options.ssl_context() if config.tls_v1 else None
+        self.loop = IOLoop(self, name=f"nsq-sync-consumer-{self.topic}/{self.channel}")
+        self.links: dict[int, Link] = {}  # by conn_id
+        self.http: dict[int, Link] = {}  # lookupd requests, by request_id
+        #: Deliveries waiting for user code, and the condition user threads sleep on.
+        self.ready: deque[Message] = deque()
+        self.cond = threading.Condition(threading.Lock())
+        self.sleepers = 0
+        #: Answers from user code, taken by the IO thread: a Message is its FIN, anything
+        #: else an (op, message, argument) tuple.
+        self.posted: deque[Message | tuple[int, Message, Any]] = deque()
+        #: Messages handed to user code and not answered yet (IO thread only).
+        self.unanswered: set[Message] = set()
+        self.keepalives: list[tuple[float, int, Keepalive]] = []
+        self.keepalive_of: dict[Message, Keepalive] = {}
+        self.seq = itertools.count()
+        self.fetches: dict[int, Future[list[Message]]] = {}
+        self.draining = False
+        self.drained = threading.Event()
+        #: Connections made to each address (reconnects are the ones after the first).
+        self.connects: Counter[str] = Counter()
+        #: Connections whose reads are paused, and when each must be read again at the latest.
+        self.paused: dict[Link, float] = {}
+        self.resume_check_at = 0.0
+        self.reconnects = 0
+        self.connection_errors = 0
+        #: The error the consumer failed with (ConsumerFailed: nsqd refused the
+        #: configuration); raised by iteration, get(), run(), fetch(), and at exit if unseen.
+        self.failure: NSQError | None = None
 
-    if TYPE_CHECKING:
+    # --- any thread ----------------------------------------------------------------------------
 
-        def _wake_users(self) -> None: ...
+    def call(self, fn: Callable[[], _T]) -> Future[_T]:
+        """Run ``fn()`` on the IO thread; its result or exception goes to the future (an
+        exception is also logged): an action asked by user code never kills the IO thread."""
+        future: Future[_T] = Future()
 
-        def _post(self, op: int, message: Message, arg: Any) -> None: ...
+        def run() -> None:
+            try:
+                result = fn()
+            except Exception as exc:
+                self.logger.exception(
+                    "consumer action %r failed on the IO thread",
+                    fn,
+                    extra=fields(topic=self.topic, channel=self.channel, error=exc),
+                )
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
-    # --- LoopOwner -----------------------------------------------------------------
+        self.loop.call_soon(run)
+        return future
+
+    def post(self, op: int, message: Message, arg: Any) -> None:
+        """An answer other than FIN, from a user thread (thread-safe)."""
+        self.posted.append((op, message, arg))
+        self.loop.wake()
+
+    def wake_users(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def finish_many(self, messages: Iterable[Message]) -> int:
+        """:meth:`Consumer.finish_many <transports.sync.consumer.Consumer.finish_many>`, from a
+        user thread: the batch is posted in one step, with one wake-up."""
+        fresh = unanswered_of(self, Message, messages)
+        if not fresh:
+            return 0
+        for message in fresh:
+            message.answered = True
+        self.posted.extend(fresh)  # bare messages are FINs (see message.py)
+        loop = self.loop
+        if not loop._wake_pending:
+            loop.wake()
+        return len(fresh)
+
+    # --- the IO loop's callbacks ------------------------------------------------------------
 
     def on_connected(self, link: Link, now: float) -> None:
         key = link.key
         if isinstance(key, int):
-            self._coordinator.connection_made(key, now)
+            self.coordinator.connection_made(key, now)
         elif isinstance(key, HTTPKey):
             if key.lookupd.tls:
-                context = self._ssl_context or self._options.ssl_context()
-                hostname = self._options.tls.server_hostname(key.lookupd.host)
-                self._loop.start_tls(link, context, hostname, b"")
-            self._loop.write(link, key.data)
+                context = self.ssl_context or self.options.ssl_context()
+                hostname = self.options.tls.server_hostname(key.lookupd.host)
+                self.loop.start_tls(link, context, hostname, b"")
+            self.loop.write(link, key.data)
 
     def on_data(self, link: Link, data: bytes, now: float) -> None:
         key = link.key
         if isinstance(key, int):
-            if self._posted:
+            if self.posted:
                 # FINs user code gave since the last write go out before this read is
                 # decoded: nsqd holds at most max_in_flight un-FIN'd messages, so every FIN
                 # sent sooner is a message it can send sooner.
                 self.write_pending()
-            self._coordinator.receive_data(key, data, now)
-        elif isinstance(key, HTTPKey):
-            self._coordinator.http_data(key.request_id, data, now)
-        self._pump(now)
+            self.coordinator.receive_data(key, data, now)
+            self.pump(now)
+            if len(self.ready) > self.coordinator.max_in_flight and data:
+                self.pause_reading(link, key, now)
+            return
+        if isinstance(key, HTTPKey):
+            self.coordinator.http_data(key.request_id, data, now)
+        self.pump(now)
+
+    def pause_reading(self, link: Link, conn_id: int, now: float) -> None:
+        """More messages wait for user threads than ``max_in_flight``: stop reading ``link``
+        until they are no more than that, or until the core's ``read_pause_limit`` passed
+        (heartbeats must be answered), whichever comes first (:meth:`check_paused`). Checked
+        once per read: a peer that ignores RDY is read no faster than user code takes
+        messages, but for one read (within the RDY bound) per pause."""
+        limit = self.coordinator.read_pause_limit(conn_id)
+        if limit is None or link.closed:  # not subscribed: a handshake is never held up
+            return
+        self.loop.pause_reading(link)
+        self.paused[link] = now + limit
+        self.resume_check_at = now + _RESUME_POLL
+
+    def check_paused(self, now: float | None) -> None:
+        """Read the paused connections again where the pause is over (``now`` None: only
+        if the messages waiting dropped)."""
+        room = len(self.ready) <= self.coordinator.max_in_flight
+        if not room and now is None:
+            return
+        for link, resume_at in list(self.paused.items()):
+            if room or link.closed or (now is not None and now >= resume_at):
+                del self.paused[link]
+                self.loop.resume_reading(link)
+        if now is not None:
+            self.resume_check_at = now + _RESUME_POLL
 
     def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
         key = link.key
         if isinstance(key, int):
-            self._counters["connection_errors"] += 1
-            self._coordinator.connection_failed(key, error, now)
+            self.coordinator.connection_failed(key, error, now)
         elif isinstance(key, HTTPKey):
-            self._http.pop(key.request_id, None)
-            self._coordinator.http_failed(key.request_id, error, now)
-        self._pump(now)
+            self.http.pop(key.request_id, None)
+            self.coordinator.http_failed(key.request_id, error, now)
+        self.pump(now)
 
     def on_tls_established(self, link: Link, now: float) -> None:
         if isinstance(link.key, int):
-            self._coordinator.tls_established(link.key, now)
+            self.coordinator.tls_established(link.key, now)
 
     def next_deadline(self) -> float | None:
-        deadline = self._coordinator.next_deadline()
-        if self._keepalives:
-            first = self._keepalives[0][0]
+        deadline = self.coordinator.next_deadline()
+        if self.keepalives:
+            first = self.keepalives[0][0]
             deadline = first if deadline is None else min(deadline, first)
+        if self.paused:
+            check = self.resume_check_at
+            deadline = check if deadline is None else min(deadline, check)
         return deadline
 
     def handle_timer(self, now: float) -> None:
-        coordinator = self._coordinator
+        coordinator = self.coordinator
         deadline = coordinator.next_deadline()
         if deadline is not None and now >= deadline:
             coordinator.handle_timer(now)
-        heap = self._keepalives
+        heap = self.keepalives
         while heap and heap[0][0] <= now:
             _, _, entry = heapq.heappop(heap)
             if entry.active:
-                self._keepalive_tick(entry, now)
-        self._pump(now)
+                self.keepalive_tick(entry, now)
+        if self.paused and now >= self.resume_check_at:
+            self.check_paused(now)
+        self.pump(now)
 
     def write_pending(self) -> None:
-        posted = self._posted
-        if posted:
-            self._take_answers(time.monotonic())
-        self._pump(None)
-        links = self._links
-        loop = self._loop
-        for conn_id, data in self._coordinator.pending_data():
+        if self.posted:
+            self.take_answers(time.monotonic())
+        self.pump(None)
+        if self.paused:
+            self.check_paused(None)
+        links = self.links
+        loop = self.loop
+        for conn_id, data in self.coordinator.pending_data():
             link = links.get(conn_id)
             if link is not None:
                 loop.write(link, data)
 
-    # --- internals -----------------------------------------------------------------
+    # --- answers from user code ------------------------------------------------------------
 
-    def _take_answers(self, now: float) -> None:
+    def take_answers(self, now: float) -> None:
         """Carry out the answers user code posted, in order; runs of FINs in one
         :meth:`ConsumerCoordinator.finish_many` call."""
-        posted = self._posted
+        posted = self.posted
         while posted:
             # Only this thread pops, so len() items are there: taken without a Python loop.
             items = list(map(_popleft, repeat(posted, len(posted))))
             if all(map(is_, map(type, items), repeat(Message))):  # FINs only: the hot path
-                self._finish_batch(items, now)  # type: ignore[arg-type]
+                self.finish_batch(items, now)  # type: ignore[arg-type]
                 continue
             run: list[Message] = []
             for item in items:
@@ -216,149 +316,197 @@ class ConsumerIOThread:
                     run.append(item)
                     continue
                 if run:
-                    self._finish_batch(run, now)
+                    self.finish_batch(run, now)
                     run = []
                 op, message, arg = item  # type: ignore[misc]
                 try:
-                    self._answer(op, message, arg, now)
+                    self.answer(op, message, arg, now)
                 except Exception:  # never fatal to the IO thread; the next answers still go
-                    self._answer_failed(op, message)
+                    self.answer_failed(op, message)
             if run:
-                self._finish_batch(run, now)
+                self.finish_batch(run, now)
 
-    def _finish_batch(self, messages: list[Message], now: float) -> None:
+    def finish_batch(self, messages: list[Message], now: float) -> None:
         """FIN ``messages`` (answered by user code, in that order) in one coordinator call;
         those no longer ours are marked taken back (the coordinator reported them)."""
         refused: list[Deliver] = []
         try:
-            self._coordinator.finish_many(list(map(_delivery_of, messages)), now, refused=refused)
-        except Exception:  # a bug: never fatal to the IO thread (see _answer_failed)
-            _log.exception("FIN of %d messages failed on the IO thread", len(messages))
-            deadline = self._coordinator.deadline
+            self.coordinator.finish_many(list(map(_delivery_of, messages)), now, refused=refused)
+        except Exception:  # a bug: never fatal to the IO thread (see answer_failed)
+            self.logger.exception(
+                "FIN of %d messages failed on the IO thread",
+                len(messages),
+                extra=fields(topic=self.topic, channel=self.channel, count=len(messages)),
+            )
+            deadline = self.coordinator.deadline
             for message in messages:
                 if deadline(message._delivery) is not None:  # still ours: may be answered again
                     message.answered = False
                 else:
-                    self._unanswered.discard(message)
+                    self.unanswered.discard(message)
             return
-        self._unanswered.difference_update(messages)
+        self.unanswered.difference_update(messages)
         if refused:
             late = set(map(id, refused))
             for message in messages:
                 if id(message._delivery) in late:
-                    message.taken_back = True
-        if self._keepalive_of:
+                    message._taken_back = True
+        if self.keepalive_of:
             for message in messages:
-                self._stop_keepalive(message)
+                self.stop_keepalive(message)
 
-    def _answer(self, op: int, message: Message, arg: Any, now: float) -> None:
+    def answer(self, op: int, message: Message, arg: Any, now: float) -> None:
         """One answer other than FIN (REQ, TOUCH, keepalive on/off)."""
-        coordinator = self._coordinator
+        coordinator = self.coordinator
         delivery = message._delivery
         if op == OP_REQ:
-            self._unanswered.discard(message)
+            self.unanswered.discard(message)
             delay, backoff = arg
             if not coordinator.requeue(delivery, now, delay, backoff=backoff):
-                message.taken_back = True
-            self._stop_keepalive(message)
+                message._taken_back = True
+            self.stop_keepalive(message)
         elif op == OP_TOUCH:
             if coordinator.touch(delivery, now) is None:
-                message.taken_back = True
+                message._taken_back = True
         elif op == OP_KEEPALIVE_ON:
-            if message not in self._keepalive_of and not message.answered:
+            if message not in self.keepalive_of and not message.answered:
                 entry = Keepalive(message)
-                self._keepalive_of[message] = entry
-                self._keepalive_tick(entry, now)
+                self.keepalive_of[message] = entry
+                self.keepalive_tick(entry, now)
         elif op == OP_KEEPALIVE_OFF:
-            self._stop_keepalive(message)
+            self.stop_keepalive(message)
 
-    def _answer_failed(self, op: int, message: Message | None) -> None:
+    def answer_failed(self, op: int, message: Message | None) -> None:
         """An answer from user code raised on the IO thread (arguments are checked in the
         caller, so this is a bug): log it; a message still ours can be answered again."""
-        _log.exception("answer %d for %r failed on the IO thread", op, message)
+        self.logger.exception(
+            "answer %d for %r failed on the IO thread",
+            op,
+            message,
+            extra=fields(
+                topic=self.topic,
+                channel=self.channel,
+                message_id=None if message is None else message.id,
+            ),
+        )
         if message is None or op not in (OP_FIN, OP_REQ):
             return
-        if self._coordinator.deadline(message._delivery) is not None:
+        if self.coordinator.deadline(message._delivery) is not None:
             message.answered = False
-            self._unanswered.add(message)
+            self.unanswered.add(message)
 
-    def _stop_keepalive(self, message: Message) -> None:
-        entry = self._keepalive_of.pop(message, None)
+    def stop_keepalive(self, message: Message) -> None:
+        entry = self.keepalive_of.pop(message, None)
         if entry is not None:
             entry.active = False
 
-    def _keepalive_tick(self, entry: Keepalive, now: float) -> None:
+    def keepalive_tick(self, entry: Keepalive, now: float) -> None:
         """TOUCH when the core says (:meth:`ConsumerCoordinator.next_touch`, half-way to the
-        deadline) and plan the next tick; warn shortly before max_msg_timeout."""
+        deadline) and plan the next tick; once TOUCH cannot extend it, say so and stop."""
         message = entry.message
         delivery = message._delivery
-        coordinator = self._coordinator
+        coordinator = self.coordinator
         limit = coordinator.max_deadline(delivery)
         if limit is None:
-            message.taken_back = True
-            self._stop_keepalive(message)
+            message._taken_back = True
+            self.stop_keepalive(message)
             return
         touch_at = coordinator.next_touch(delivery)
         if touch_at is not None and now >= touch_at:
             if coordinator.touch(delivery, now) is None:
-                message.taken_back = True
-                self._stop_keepalive(message)
+                message._taken_back = True
+                self.stop_keepalive(message)
                 return
             touch_at = coordinator.next_touch(delivery)
         if touch_at is not None:
-            heapq.heappush(self._keepalives, (touch_at, next(self._seq), entry))
+            heapq.heappush(self.keepalives, (touch_at, next(self.seq), entry))
             return
-        # TOUCH cannot extend it any more: say so shortly before nsqd takes it back.
-        msg_timeout = delivery.deadline - delivery.received_at
-        warn_at = max(limit - min(KEEPALIVE_WARNING, msg_timeout * 0.25), now)
-        if now < warn_at:
-            heapq.heappush(self._keepalives, (warn_at, next(self._seq), entry))
-            return
-        if not message._keepalive_warned:
-            message._keepalive_warned = True
-            self._emit(KeepaliveExpired(delivery.id, delivery.address, limit))
-            self._logger(delivery.conn_id, str(delivery.address)).warning(
-                "keepalive: message %s reaches nsqd's max_msg_timeout in %.1fs; nsqd "
-                "will take it back and redeliver it (TOUCH cannot extend it further)",
-                delivery.id.decode(errors="replace"),
-                max(limit - now, 0.0),
-            )
-        self._stop_keepalive(message)
+        # TOUCH cannot extend it any more: say so now, while there is time to answer it.
+        if not message._expiring:
+            message._expiring = True
+            event = KeepaliveExpired(delivery.id, delivery.address, limit)
+            log_keepalive_expired(self.logger, event, now, topic=self.topic, channel=self.channel)
+            self.emit(event)
+        self.stop_keepalive(message)
 
-    def _begin_drain(self, timeout: float | None) -> None:
+    # --- drain ------------------------------------------------------------------------------
+
+    def begin_drain(self, timeout: float | None) -> None:
         now = time.monotonic()
-        if self._posted:  # answers given before the drain was asked go first
-            self._take_answers(now)
+        if self.posted:  # answers given before the drain was asked go first
+            self.take_answers(now)
         # Messages still queued for user code were never seen: drain requeues them at once.
         # Those user code took (popped concurrently included) get until the deadline.
         popped: list[Message] = []
-        ready = self._ready
+        ready = self.ready
         while ready:
             try:
                 message = ready.popleft()
             except IndexError:
                 break
-            self._unanswered.discard(message)
+            self.unanswered.discard(message)
             popped.append(message)
         try:
-            self._coordinator.drain(now, timeout, unseen=[m._delivery for m in popped])
+            self.coordinator.drain(now, timeout, unseen=[m._delivery for m in popped])
         except Exception:  # refused (the caller checked the timeout): nothing was drained
-            self._unanswered.update(popped)
-            with self._cond:
+            self.unanswered.update(popped)
+            with self.cond:
                 ready.extendleft(reversed(popped))
-            self._draining = False
+            self.draining = False
             raise
-        self._pump(now)
+        self.pump(now)
 
-    def _logger(self, conn_id: int, address: str) -> ConnectionLogger:
-        logger = self._loggers.get(conn_id)
-        if logger is None:
-            logger = self._loggers[conn_id] = ConnectionLogger(_log, address)
-        return logger
+    # --- stats ----------------------------------------------------------------------------------
 
-    def _pump(self, now: float | None) -> None:
+    def snapshot(self) -> ConsumerStats:
+        """The consumer's figures (on the IO thread: from one instant; elsewhere each figure
+        is read in one step, so it never raises)."""
+        if self.loop.in_loop_thread() and self.posted:
+            self.take_answers(time.monotonic())
+        coordinator = self.coordinator
+        connections = []
+        for conn_id in coordinator.connection_ids():
+            info = coordinator.link_info(conn_id)
+            link = self.links.get(conn_id)
+            if info is None or link is None:
+                continue
+            phase, rdy, in_flight = info
+            connections.append(
+                ConnectionStats(
+                    address=link.address,
+                    state=phase.value,
+                    connected=phase.value == "subscribed",
+                    rdy=rdy,
+                    in_flight=in_flight,
+                    reconnects=max(self.connects[link.address] - 1, 0),
+                    bytes_received=link.bytes_in,
+                    bytes_sent=link.bytes_out,
+                )
+            )
+        stats = coordinator.stats
+        return ConsumerStats(
+            topic=self.topic,
+            channel=self.channel,
+            received=stats["received"],
+            finished=stats["finished"],
+            requeued=stats["requeued"],
+            given_up=stats["given_up"],
+            taken_back=stats["taken_back"],
+            in_flight=coordinator.in_flight_count(),
+            rdy=coordinator.total_rdy,
+            max_in_flight=coordinator.max_in_flight,
+            backoff_level=coordinator.backoff_level,
+            backoff_phase=coordinator.backoff_phase.value,
+            reconnects=self.reconnects,
+            connection_errors=self.connection_errors,
+            connections=tuple(connections),
+        )
+
+    # --- the coordinator's actions ------------------------------------------------------------
+
+    def pump(self, now: float | None) -> None:
         """Carry out everything the coordinator decided."""
-        actions = self._coordinator.take_actions()
+        actions = self.coordinator.take_actions()
         if not actions:
             return
         delivered: list[Message]
@@ -370,53 +518,54 @@ class ConsumerIOThread:
                 if type(action) is Deliver:
                     delivered.append(Message(self, action))
                 else:
-                    self._act(action, delivered)
+                    self.act(action)
         if delivered:
-            self._unanswered.update(delivered)
+            self.unanswered.update(delivered)
             # Under the lock a user thread checks the queue with before it sleeps: no lost
             # wake-up (one lock per batch read from the socket, not per message).
-            with self._cond:
-                self._ready.extend(delivered)
-                if self._sleepers:
-                    self._cond.notify(len(delivered))
+            with self.cond:
+                self.ready.extend(delivered)
+                if self.sleepers:
+                    self.cond.notify(len(delivered))
 
-    def _emit(self, event: object) -> None:
-        if self._on_event is not None:
+    def emit(self, event: object) -> None:
+        if self.on_event is not None:
             try:
-                self._on_event(event)
+                self.on_event(event)
             except Exception:
-                _log.exception("on_event callback failed for %r", event)
+                self.logger.exception(
+                    "on_event callback failed for %r",
+                    event,
+                    extra=fields(topic=self.topic, channel=self.channel),
+                )
 
-    def _act(self, action: object, delivered: list[Message]) -> None:
-        if self._on_event is not None and not isinstance(
-            action,
-            (Connect, StartTLS, CloseConnection, SendHTTPRequest, CloseHTTPRequest, FetchResult),
-        ):
-            self._emit(action)
-        loop = self._loop
+    def act(self, action: object) -> None:
+        loop = self.loop
         if isinstance(action, Connect):
-            self._counters["connects"] += 1
+            address = str(action.address)
+            if self.connects[address]:
+                self.reconnects += 1
+            self.connects[address] += 1
             new_link = loop.connect(
                 action.conn_id,
                 action.address.host,
                 action.address.port,
-                self._config.connect_timeout,
+                self.config.connect_timeout,
             )
             if not new_link.closed:
-                self._links[action.conn_id] = new_link
+                self.links[action.conn_id] = new_link
         elif isinstance(action, StartTLS):
-            link = self._links.get(action.conn_id)
+            link = self.links.get(action.conn_id)
             if link is not None:
-                context = self._ssl_context or self._options.ssl_context()
+                context = self.ssl_context or self.options.ssl_context()
                 loop.start_tls(
                     link,
                     context,
-                    self._options.tls.server_hostname(link.host),
+                    self.options.tls.server_hostname(link.host),
                     action.trailing_data,
                 )
         elif isinstance(action, CloseConnection):
-            link = self._links.pop(action.conn_id, None)
-            self._loggers.pop(action.conn_id, None)
+            link = self.links.pop(action.conn_id, None)
             if link is not None:
                 if action.final_data:
                     loop.write(link, action.final_data)
@@ -424,116 +573,100 @@ class ConsumerIOThread:
         elif isinstance(action, SendHTTPRequest):
             key = HTTPKey(action.request_id, action.lookupd, action.data)
             started = loop.connect(
-                key, action.lookupd.host, action.lookupd.port, self._config.connect_timeout
+                key, action.lookupd.host, action.lookupd.port, self.config.connect_timeout
             )
             if not started.closed:
-                self._http[action.request_id] = started
+                self.http[action.request_id] = started
         elif isinstance(action, CloseHTTPRequest):
-            http_link = self._http.pop(action.request_id, None)
+            http_link = self.http.pop(action.request_id, None)
             if http_link is not None:
                 loop.close_link(http_link)
         elif isinstance(action, FetchResult):
-            if action.reason is FetchEnd.FAILED and self._failure is None:
-                self._failure = self._coordinator.failure  # before the caller wakes up
-            future = self._fetches.pop(action.request_id, None)
-            messages = list(map(Message, repeat(self), action.messages))
-            self._unanswered.update(messages)
-            if future is not None and not future.done():
-                future.set_result(messages)
-            else:  # nobody waits any more (timed out): give them back
-                for message in messages:
-                    self._unanswered.discard(message)
-                    self._coordinator.requeue(
-                        message._delivery, time.monotonic(), 0.0, backoff=False
-                    )
-            if action.reason is FetchEnd.TOO_MANY_WAITING:
-                _log.warning("fetch refused: max_waiting_fetches requests already wait")
-        elif isinstance(action, GiveUp):
-            self._logger(action.conn_id, str(action.address)).warning(
-                "giving up on message %s after %d attempts (max_attempts=%d); it was FIN'd",
-                action.message.id.decode(errors="replace"),
-                action.message.attempts,
-                self._config.max_attempts,
-            )
-            if self._on_give_up is not None:
-                try:
-                    self._on_give_up(action.message)
-                except Exception:
-                    _log.exception("on_give_up callback failed")
+            self.fetch_result(action)
         elif isinstance(action, TakenBack):
-            self._logger(action.conn_id, str(action.address)).info(
-                "%s for message %s came too late: %s",
-                action.command,
-                (action.message_id or b"?").decode(errors="replace"),
-                action.error,
-            )
+            self.report(action)
             # Only the copy the report is about: nsqd may have sent the same id again, and
-            # the newer copy is still ours (issue 12.3). A late answer's own handle was marked
-            # when the answer was refused; a FIN/REQ nsqd refused names no handle still held.
+            # the newer copy is still ours. A late answer's own handle was marked when the
+            # answer was refused; a FIN/REQ nsqd refused names no handle still held.
             delivery = action.delivery
             if delivery is not None:
-                for message in self._unanswered:
+                for message in self.unanswered:
                     if message._delivery is delivery:
-                        message.taken_back = True
+                        message._taken_back = True
                         break
-        elif isinstance(action, ConnectionUp):
-            self._logger(action.conn_id, str(action.address)).info(
-                "subscribed to %s/%s (nsqd %s, msg_timeout %ss, max_rdy %d)",
-                self.topic,
-                self.channel,
-                action.settings.version or "?",
-                action.settings.msg_timeout / 1000,
-                action.settings.max_rdy_count,
-            )
         elif isinstance(action, Disconnected):
-            self._counters["disconnects"] += 1
-            link = self._links.pop(action.conn_id, None)
+            if action.error is not None:
+                self.connection_errors += 1
+            link = self.links.pop(action.conn_id, None)
             if link is not None:
                 loop.close_link(link)
-            logger = self._logger(action.conn_id, str(action.address))
-            self._loggers.pop(action.conn_id, None)
-            gone = action.unanswered
-            if gone:
-                for message in list(self._unanswered):
+            if action.unanswered:
+                for message in list(self.unanswered):
                     if message._delivery.conn_id == action.conn_id:
-                        message.taken_back = True
-                        self._unanswered.discard(message)
-            retry = (
-                f"; reconnecting in {action.reconnect_at - time.monotonic():.1f}s"
-                if action.reconnect_at is not None
-                else ""
-            )
-            if action.error is not None:
-                logger.warning(
-                    "disconnected: %s (%d messages left unanswered%s)",
-                    action.error,
-                    len(gone),
-                    retry,
-                )
-            else:
-                logger.info("closed")
-        elif isinstance(action, LookupdFailed):
-            ConnectionLogger(_log, str(action.lookupd)).warning(
-                "lookupd query failed: %s", action.error
-            )
+                        message._taken_back = True
+                        self.unanswered.discard(message)
+            if self.ready:
+                self.forget_waiting(action.conn_id)
+            self.report(action)
         elif isinstance(action, ConsumerFailed):
             # Terminal: every connection is closed; whoever waits for messages raises it.
-            self._failure = action.error
-            _log.error(
-                "consumer %s/%s failed, not retrying: %s", self.topic, self.channel, action.error
-            )
-            self._draining = True
-            self._drained.set()
-            for future in self._fetches.values():
-                if not future.done():
-                    future.set_result([])
-            self._fetches.clear()
-            self._wake_users()
+            self.failure = action.error
+            self.report(action)
+            self.finish_waits()
         elif isinstance(action, DrainComplete):
-            self._draining = True
-            self._drained.set()
-            for future in self._fetches.values():
-                if not future.done():
-                    future.set_result([])
-            self._fetches.clear()
-            self._wake_users()
+            self.finish_waits()
+        else:  # ConnectionUp, GiveUp, LookupdFailed: logged and reported
+            self.report(action)
+
+    def forget_waiting(self, conn_id: int) -> None:
+        """A closed connection's messages not yet taken by user threads are dropped (nsqd
+        requeues them; a user thread would only find them taken back), so that a peer
+        refused and reconnected again and again cannot pile them up while user code takes
+        none. User threads may pop meanwhile: each message goes to one taker only."""
+        ready = self.ready
+        if not any(message._delivery.conn_id == conn_id for message in list(ready)):
+            return
+        kept: list[Message] = []
+        while ready:
+            try:
+                message = ready.popleft()
+            except IndexError:
+                break
+            if message._delivery.conn_id != conn_id:
+                kept.append(message)
+        if kept:
+            with self.cond:
+                ready.extendleft(reversed(kept))
+                if self.sleepers:
+                    self.cond.notify(len(kept))
+
+    def report(self, action: object) -> None:
+        log_consumer_report(
+            self.logger, action, topic=self.topic, channel=self.channel, now=time.monotonic()
+        )
+        self.emit(action)
+
+    def fetch_result(self, action: FetchResult) -> None:
+        if action.reason is FetchEnd.FAILED and self.failure is None:
+            self.failure = self.coordinator.failure  # before the caller wakes up
+        future = self.fetches.pop(action.request_id, None)
+        messages = list(map(Message, repeat(self), action.messages))
+        self.unanswered.update(messages)
+        if future is not None and not future.done():
+            future.set_result(messages)
+        else:  # nobody waits any more (timed out): give them back
+            for message in messages:
+                self.unanswered.discard(message)
+                self.coordinator.requeue(message._delivery, time.monotonic(), 0.0, backoff=False)
+        if action.reason is FetchEnd.TOO_MANY_WAITING:
+            log_fetch_refused(self.logger, topic=self.topic, channel=self.channel)
+
+    def finish_waits(self) -> None:
+        """The consumer is done (drained or failed): wake every waiting user call."""
+        self.draining = True
+        self.drained.set()
+        for future in self.fetches.values():
+            if not future.done():
+                future.set_result([])
+        self.fetches.clear()
+        self.wake_users()

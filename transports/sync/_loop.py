@@ -29,35 +29,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["IOLoop", "Link", "LoopOwner", "parse_host_port"]
+__all__ = ["IOLoop", "Link", "LoopCallbacks", "LoopOwner"]
 
-_log = logging.getLogger("nsq_sansio.sync")
+_log = logging.getLogger("nsq_sansio.sync.loop")
 
 #: Bytes asked of the kernel per recv(); large reads batch many messages per wake-up.
 _RECV_SIZE = 256 * 1024
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
-
-
-def parse_host_port(address: str, default_port: int) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or ``host`` -> (host, port)."""
-    address = address.strip()
-    if "://" in address:
-        address = address.split("://", 1)[1].split("/", 1)[0]
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif address.count(":") == 1:
-        host, _, port_text = address.partition(":")
-    else:
-        host, port_text = address, ""
-    try:
-        port = int(port_text) if port_text else default_port
-    except ValueError:
-        raise ValueError(f"invalid port in address {address!r}") from None
-    if not host or not 0 < port <= 65535:
-        raise ValueError(f"invalid address {address!r} (expected host:port)")
-    return host, port
 
 
 class LoopOwner(Protocol):
@@ -81,12 +60,47 @@ class LoopOwner(Protocol):
     def handle_timer(self, now: float) -> None: ...
 
 
+class LoopCallbacks:
+    """A :class:`LoopOwner` made of functions, so that the object they belong to keeps them
+    private (its public surface is what its users call, not what the loop calls)."""
+
+    __slots__ = (
+        "handle_timer",
+        "next_deadline",
+        "on_connected",
+        "on_data",
+        "on_link_error",
+        "on_tls_established",
+        "write_pending",
+    )
+
+    def __init__(
+        self,
+        *,
+        on_connected: Callable[[Link, float], None],
+        on_data: Callable[[Link, bytes, float], None],
+        on_link_error: Callable[[Link, BaseException, float], None],
+        on_tls_established: Callable[[Link, float], None],
+        write_pending: Callable[[], None],
+        next_deadline: Callable[[], float | None],
+        handle_timer: Callable[[float], None],
+    ) -> None:
+        self.on_connected = on_connected
+        self.on_data = on_data
+        self.on_link_error = on_link_error
+        self.on_tls_established = on_tls_established
+        self.write_pending = write_pending
+        self.next_deadline = next_deadline
+        self.handle_timer = handle_timer
+
+
 class Link:
     """One TCP connection handled by the loop. ``key`` is the owner's name for it."""
 
     __slots__ = (
         "_close_when_flushed",
         "_connect_deadline",
+        "_connect_timeout",
         "_connecting",
         "_handshaking",
         "_incoming",
@@ -120,6 +134,7 @@ class Link:
         self._connecting = True
         self._close_when_flushed = False
         self._connect_deadline = 0.0
+        self._connect_timeout = 0.0
         self._handshaking = False
         self._ssl: ssl.SSLObject | None = None
         self._incoming: ssl.MemoryBIO | None = None
@@ -158,7 +173,7 @@ class Link:
 class IOLoop:
     """A selectors loop on a dedicated thread, driving one owner (a consumer or a producer)."""
 
-    def __init__(self, owner: LoopOwner, *, name: str = "nsq-sync-io") -> None:
+    def __init__(self, owner: LoopOwner | LoopCallbacks, *, name: str = "nsq-sync-io") -> None:
         self._owner = owner
         self._name = name
         self._selector = selectors.DefaultSelector()
@@ -226,6 +241,7 @@ class IOLoop:
         at once. ``timeout`` covers the name resolution and the TCP handshake.
         """
         link = Link(key, host, port)
+        link._connect_timeout = timeout
         link._connect_deadline = time.monotonic() + timeout
         try:
             infos = socket.getaddrinfo(
@@ -441,7 +457,12 @@ class IOLoop:
         for link in list(self._connecting):
             if now >= link._connect_deadline:
                 self.close_link(link)
-                self._deliver_error(link, TimeoutError(f"connect to {link.address} timed out"))
+                self._deliver_error(
+                    link,
+                    TimeoutError(
+                        errno.ETIMEDOUT, f"connect timed out after {link._connect_timeout:g} s"
+                    ),
+                )
 
     def _set_interest(self, link: Link, interest: int) -> None:
         if link._reads_paused:

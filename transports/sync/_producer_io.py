@@ -4,12 +4,12 @@
 class) and runs on the IO thread, under the producer's ``_io_lock``: a connection made, data
 read (answers matched to their publishes), TLS established, a connection lost (its unanswered
 publishes sent again elsewhere), the writes that wait, and the timers (reconnects, publishes
-past their deadline, connections callers read).
+past their deadline, connections callers read). The loop calls them through
+:meth:`ProducerIOThread._loop_callbacks` (private methods: they are not the producer's API).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import socket
@@ -25,7 +25,7 @@ from nsq_sansio.errors import (
     CoalescedPublishRefused,
     ConnectionLost,
     IncompatibleNSQD,
-    NSQError,
+    NoNSQDAvailable,
     ServerError,
 )
 from nsq_sansio.events import (
@@ -36,14 +36,18 @@ from nsq_sansio.events import (
     TLSUpgradeRequired,
 )
 from transports._common import READ_SIZE, TransportOptions
+from transports._common.failures import at_address, handshake_timed_out, no_answer, seconds
+from transports._common.logs import fields
+from transports._common.reports import (
+    log_coalesced_refused,
+    log_producer_disconnect,
+    log_publish_refused,
+)
 
-from ._loop import IOLoop, Link
+from ._loop import IOLoop, Link, LoopCallbacks
 from ._producer_records import Node, Request, Wire
-from .publish_future import NoNSQDAvailable
 
 __all__ = ["ProducerIOThread"]
-
-_log = logging.getLogger("nsq_sansio.sync.producer")
 
 
 class ProducerIOThread:
@@ -64,6 +68,7 @@ class ProducerIOThread:
     _expiry_check: float | None
     _expiry_tick: float
     _direct_check: float | None
+    _timeout: float
 
     if TYPE_CHECKING:
 
@@ -81,6 +86,18 @@ class ProducerIOThread:
 
         def _check_direct(self, now: float) -> None: ...
 
+    def _loop_callbacks(self) -> LoopCallbacks:
+        """What the IO loop calls (on its thread)."""
+        return LoopCallbacks(
+            on_connected=self._io_connected,
+            on_data=self._io_data,
+            on_link_error=self._io_link_error,
+            on_tls_established=self._io_tls_established,
+            write_pending=self._io_write_pending,
+            next_deadline=self._io_next_deadline,
+            handle_timer=self._io_timer,
+        )
+
     def _refused(self, node: Node, event: PublishFailed) -> None:
         """nsqd refused a publish (lock held): it fails with nsqd's error. A PUB refused as a
         member of a coalesced MPUB was not stored and may not be at fault: it stays in
@@ -93,17 +110,13 @@ class ProducerIOThread:
             if request is not None:
                 if error is not node.last_refused:  # one error object per refused group
                     node.last_refused = error
-                    node.log.warning(
-                        "coalesced MPUB to %r refused (%s): each PUB goes again alone",
-                        request.topic,
-                        error.error,
-                    )
+                    log_coalesced_refused(node.log, request.topic, error.error)
                 request.alone = True
             return
         request = inflight.pop(event.request_id, None)
         node.failed += 1
         if request is not None:
-            node.log.warning("%s to %r refused: %s", request.kind, request.topic, error)
+            log_publish_refused(node.log, request.kind, request.topic, error)
             self._fail_request(request, error)
 
     def _node_of(self, link: Link) -> Node:
@@ -111,10 +124,10 @@ class ProducerIOThread:
         assert isinstance(node, Node)
         return node
 
-    def on_connected(self, link: Link, now: float) -> None:
+    def _io_connected(self, link: Link, now: float) -> None:
         pass  # the connection's magic and IDENTIFY are flushed by the loop
 
-    def on_data(self, link: Link, data: bytes, now: float) -> None:
+    def _io_data(self, link: Link, data: bytes, now: float) -> None:
         with self._io_lock:
             self._on_data(link, data, now)
 
@@ -136,7 +149,11 @@ class ProducerIOThread:
                 node.ready_by = None
                 node.failures = 0
                 node.last_error = None
-                node.log.debug("connected")
+                node.last_exc = None
+                if node.connects > 1:
+                    node.log.info("reconnected", extra=fields(state="ready"))
+                else:
+                    node.log.debug("connected", extra=fields(state="ready"))
                 if not link.tls:
                     node.wire = self._make_wire(link)
                 self._drain_waiting()
@@ -166,7 +183,7 @@ class ProducerIOThread:
         dup.setblocking(False)
         return Wire(dup)
 
-    def on_tls_established(self, link: Link, now: float) -> None:
+    def _io_tls_established(self, link: Link, now: float) -> None:
         with self._io_lock:
             self._on_tls_established(link, now)
 
@@ -175,7 +192,7 @@ class ProducerIOThread:
         if node.conn is not None and node.link is link:
             node.conn.tls_established()
 
-    def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+    def _io_link_error(self, link: Link, error: BaseException, now: float) -> None:
         with self._io_lock:
             self._on_link_error(link, error, now)
 
@@ -198,13 +215,14 @@ class ProducerIOThread:
             self._read_leftovers(node, wire, link, now)
             if node.link is not link:
                 return  # what was read closed it (nsqd's error frame)
+        lost = at_address(node.address, error)
         if node.conn is not None and node.conn.state is not ConnectionState.CLOSED:
             # The socket failed under the connection: let the core report what was pending.
             for event in node.conn.receive_data(b"", now):
                 if isinstance(event, ConnectionClosed):
-                    self._on_closed(node, ConnectionLost(f"{type(error).__name__}: {error}"), now)
+                    self._on_closed(node, lost, now)
                     return
-        self._on_closed(node, ConnectionLost(f"{type(error).__name__}: {error}"), now)
+        self._on_closed(node, lost, now)
 
     def _read_leftovers(self, node: Node, wire: Wire, link: Link, now: float) -> None:
         """IO thread: feed what is left in the socket's receive buffer to the core."""
@@ -217,7 +235,10 @@ class ProducerIOThread:
                 return
             self._on_data(link, data, now)
 
-    def _on_closed(self, node: Node, error: NSQError | None, now: float) -> None:
+    def _on_closed(self, node: Node, error: BaseException | None, now: float) -> None:
+        # Opened: the handshake ended (``ready_by`` is cleared then), even if ``ready`` was
+        # already dropped by a caller's failed read or write.
+        opened = node.ready_by is None
         if node.wire is not None:
             self._retire(node.wire)  # wakes a caller reading or writing it
             node.wire = None
@@ -234,8 +255,9 @@ class ProducerIOThread:
             # Publishes waiting for a connection fail with it; a later publish tries again.
             node.config_error = error
             node.last_error = str(error)
+            node.last_exc = error
             node.retry_at = float("inf")
-            node.log.error("%s", error)
+            log_producer_disconnect(node.log, error, was_ready=opened, unanswered=0)
             waiting, self._waiting = self._waiting, deque()
             for request in waiting:
                 self._fail_request(request, error)
@@ -244,21 +266,26 @@ class ProducerIOThread:
             for request in orphans:
                 self._fail_request(request, error)
             return
-        node.failures += 1
-        node.last_error = str(error) if error is not None else "closed"
-        node.retry_at = now + reconnect_delay(
-            node.failures,
-            self._config.reconnect_delay,
-            self._config.max_reconnect_delay,
-            self._config.reconnect_jitter,
-            self._rng,
-        )
-        node.log.warning(
-            "connection lost (%s); %d publishes to retry elsewhere; reconnect in %.1fs",
-            node.last_error,
-            len(node.inflight),
-            node.retry_at - now,
-        )
+        lost = at_address(node.address, error or ConnectionLost("nsqd closed the connection"))
+        node.last_exc = lost
+        node.last_error = str(lost)
+        if opened:
+            # A connection that worked (nsqd closed it after refusing a publish, or it broke):
+            # reconnect at once. Backoff is for attempts that fail to open.
+            node.failures = 0
+            node.retry_at = now
+            if not self._loop.in_loop_thread():
+                self._loop.wake()  # a caller saw the close; the IO thread may be asleep
+        else:
+            node.failures += 1
+            node.retry_at = now + reconnect_delay(
+                node.failures,
+                self._config.reconnect_delay,
+                self._config.max_reconnect_delay,
+                self._config.reconnect_jitter,
+                self._rng,
+            )
+        log_producer_disconnect(node.log, lost, was_ready=opened, unanswered=len(node.inflight))
         orphans = list(node.inflight.values())
         node.inflight.clear()
         node.out_pending.clear()
@@ -273,6 +300,38 @@ class ProducerIOThread:
                 if request.tried is not None:
                     request.tried.discard(node.address)
             self._dispatch(request)
+        self._fail_if_unreachable()
+
+    def _fail_if_unreachable(self) -> None:
+        """Publishes wait for a connection while no nsqd is up or connecting: every attempt
+        made for them failed, so they fail now (within connect_timeout, not their own
+        timeout), with each nsqd's cause."""
+        if not self._waiting or self._closing:
+            return
+        if any(node.ready or node.link is not None for node in self._nodes):
+            return
+        error = self._unreachable()
+        waiting, self._waiting = self._waiting, deque()
+        for request in waiting:
+            self._fail_request(request, error)
+
+    def _unreachable(self, timed_out: float | None = None) -> NoNSQDAvailable:
+        """Why no nsqd takes a publish now: one cause per nsqd (its last error; with
+        ``timed_out``, a node still connecting says the publish's timeout came first)."""
+        causes: dict[str, BaseException] = {}
+        for node in self._nodes:
+            error = node.last_exc
+            if error is None or (node.link is not None and timed_out is not None):
+                error = ConnectionLost(
+                    f"{node.address}: not connected when the publish timed out after "
+                    f"{seconds(timed_out or 0.0)}"
+                    if timed_out is not None
+                    else f"{node.address}: not connected"
+                )
+            if node.config_error is not None:
+                error = node.config_error
+            causes.setdefault(node.address, error)
+        return NoNSQDAvailable(list(causes.values()))
 
     def _drain_waiting(self) -> None:
         waiting = self._waiting
@@ -280,7 +339,7 @@ class ProducerIOThread:
         for request in waiting:
             self._dispatch(request)
 
-    def write_pending(self) -> None:
+    def _io_write_pending(self) -> None:
         with self._io_lock:
             for node in self._nodes:
                 wire = node.wire
@@ -298,7 +357,7 @@ class ProducerIOThread:
                     if data:
                         self._loop.write(node.link, data)
 
-    def next_deadline(self) -> float | None:
+    def _io_next_deadline(self) -> float | None:
         with self._io_lock:
             return self._next_deadline()
 
@@ -321,7 +380,7 @@ class ProducerIOThread:
             deadlines.append(self._direct_check)
         return min(deadlines) if deadlines else None
 
-    def handle_timer(self, now: float) -> None:
+    def _io_timer(self, now: float) -> None:
         with self._io_lock:
             self._handle_timer(now)
 
@@ -329,13 +388,8 @@ class ProducerIOThread:
         for node in self._nodes:
             if node.conn is not None:
                 if node.ready_by is not None and now >= node.ready_by:
-                    node.ready_by = None
                     self._on_closed(
-                        node,
-                        ConnectionLost(
-                            f"no answer to IDENTIFY within {self._config.connect_timeout:g}s"
-                        ),
-                        now,
+                        node, handshake_timed_out(node.address, self._config.connect_timeout), now
                     )
                     continue
                 for event in node.conn.handle_timer(now):
@@ -347,13 +401,8 @@ class ProducerIOThread:
             keep: deque[Request] = deque()
             for request in self._waiting:
                 if now >= request.deadline:
-                    self._fail_request(
-                        request,
-                        NoNSQDAvailable(
-                            message=f"{request.kind} to {request.topic!r}: no nsqd available "
-                            f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
-                        ),
-                    )
+                    timeout = request.deadline - request.start
+                    self._fail_request(request, self._unreachable(timed_out=timeout))
                 elif not request._done:
                     keep.append(request)
             self._waiting = keep
@@ -375,9 +424,11 @@ class ProducerIOThread:
                 request = node.inflight.pop(request_id)
                 self._fail_request(
                     request,
-                    TimeoutError(
-                        f"{request.kind} to {request.topic!r}: no answer from {node.address} "
-                        f"within {request.deadline - request.start:g}s"
+                    no_answer(
+                        request.kind,
+                        request.topic,
+                        node.address,
+                        request.deadline - request.start,
                     ),
                 )
             busy = busy or bool(node.inflight)

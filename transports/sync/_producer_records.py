@@ -193,6 +193,8 @@ class Node:
     #: Inside IOLoop.connect(), which may report a failure before it returns.
     connecting: bool = False
     last_error: str | None = None
+    #: Why the last attempt or connection failed (``last_error`` is its text).
+    last_exc: BaseException | None = None
     #: nsqd refused IDENTIFY on the last attempt: no reconnect until a publish asks for one.
     config_error: IncompatibleNSQD | None = None
     published: int = 0
@@ -200,6 +202,7 @@ class Node:
     connects: int = 0
     #: The last coalesced MPUB refusal logged (one warning per refused group, not per PUB).
     last_refused: BaseException | None = None
+    logger: logging.Logger = _log
 
     def __post_init__(self) -> None:
         self.inflight: dict[int, Request] = {}
@@ -207,14 +210,23 @@ class Node:
         self.out_pending = bytearray()
         #: Plain TCP, ready: callers' direct access to the socket (None: the IO thread's only).
         self.wire: Wire | None = None
-        self.log = ConnectionLogger(_log, self.address)
+        self.log = ConnectionLogger(self.logger, self.address)
 
 
 def connection_stats(node: Node) -> ConnectionStats:
+    """A node's snapshot (any thread: each field is read once)."""
     conn, link = node.conn, node.link  # read once: the IO thread may replace them
+    if node.ready:
+        state = "ready"
+    elif conn is None or link is None:
+        state = "closed"
+    elif link._connecting:
+        state = "connecting"
+    else:
+        state = "handshaking"
     return ConnectionStats(
         address=node.address,
-        state=conn.state.name if conn is not None else "DISCONNECTED",
+        state=state,
         connected=node.ready,
         in_flight=len(node.inflight),
         reconnects=max(node.connects - 1, 0),

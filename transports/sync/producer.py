@@ -36,7 +36,8 @@ round robin over all of them, each connection keeping every guarantee below.
 Failover: each publish goes to the next connected nsqd (round robin). When a connection dies with
 publishes unanswered, they are sent again, preferring an nsqd they were not tried on, at most
 ``len(nsqd) + 1`` times in all and only until their ``timeout``; while no nsqd is connected they
-wait (reconnection follows the config's capped exponential ``reconnect_delay``). A publish that
+wait (a connection that worked is opened again at once; one that fails to open is tried
+again after the config's capped exponential ``reconnect_delay``). A publish that
 nsqd *refused* (``E_BAD_TOPIC``, ``E_BAD_MESSAGE``...) fails at once with that error (the
 others pipelined on that connection are retried). A publish whose answer was lost may be
 delivered twice: NSQ is at-least-once.
@@ -68,34 +69,33 @@ from nsq_sansio.config import Config
 from nsq_sansio.connection import ClientConnection
 from nsq_sansio.errors import (
     ConfigError,
+    IncompatibleNSQD,
+    LocalProtocolError,
+    NoNSQDAvailable,
     NSQError,
 )
-from nsq_sansio.frames import encode_dpub, encode_mpub, encode_pub
-from nsq_sansio.names import validate_topic
 from transports._common import (
     DEFAULT_TCP_PORT,
     ProducerStats,
     check_connections_per_nsqd,
     format_address,
     parse_address,
-    remember_topic,
     split_options,
 )
 from transports._common.arguments import check_seconds
+from transports._common.failures import no_slot, seconds
+from transports._common.logs import fields
+from transports._common.publishing import check_batch, check_deferred, check_publish
 
 from ._caller_reads import CallerReads
 from ._loop import IOLoop
 from ._producer_io import ProducerIOThread
 from ._producer_records import Node, Request, Wire, connection_stats
-from .publish_future import NoNSQDAvailable, PublishFuture, PublishObserver
+from .publish_future import PublishFuture, PublishObserver
 
 __all__ = ["NoNSQDAvailable", "Producer", "PublishFuture"]
 
 _log = logging.getLogger("nsq_sansio.sync.producer")
-
-
-#: The largest body a command's 4-byte size field can announce (frames refuses more).
-_MAX_FRAMED = 0x7FFFFFFF
 
 
 #: How long (seconds) a connection read by callers stays theirs with no caller reading, before
@@ -106,7 +106,16 @@ _VIA_IO_THREAD, _SENT, _PARKED, _NO_SLOT = 0, 1, 2, 3
 
 
 class Producer(CallerReads, ProducerIOThread):
-    """Publish to one or several nsqd over TCP. See the module docstring."""
+    """Publish to one or several nsqd over TCP. See the module docstring.
+
+    Keyword arguments are Config fields (``snappy``, ``deflate``, ``auth_secret``,
+    ``heartbeat_interval``...) or transport options (``connect_timeout``, ``tls=...``,
+    ``tls_ca_file=...``). ``timeout`` bounds one publish (waiting for the answer included);
+    when no nsqd can be connected, a publish fails within ``connect_timeout`` instead
+    (:class:`~nsq_sansio.errors.NoNSQDAvailable`), and :meth:`connect` checks that at start-up.
+    ``publish_observer(topic, messages, seconds, error)`` is called once per PUB/MPUB/DPUB
+    when it completes; ``logger`` replaces ``nsq_sansio.sync.producer``.
+    """
 
     def __init__(
         self,
@@ -115,6 +124,7 @@ class Producer(CallerReads, ProducerIOThread):
         config: Config | None = None,
         max_pending: int = 10_000,
         timeout: float = 30.0,
+        logger: logging.Logger | None = None,
         publish_observer: PublishObserver | None = None,
         connections_per_nsqd: int = 1,
         coalesce: bool = True,
@@ -122,7 +132,7 @@ class Producer(CallerReads, ProducerIOThread):
     ) -> None:
         addresses = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         if not addresses:
-            raise ValueError("Producer needs at least one nsqd address")
+            raise ConfigError("Producer needs at least one nsqd address")
         #: Called once per publish request when it completes; None costs nothing.
         self.publish_observer: PublishObserver | None = publish_observer
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
@@ -135,6 +145,7 @@ class Producer(CallerReads, ProducerIOThread):
         check_seconds("Producer timeout", timeout, zero=False, error=ConfigError)
         self._config, self._options = split_options(config, options)
         self._timeout = timeout
+        self._logger = logger or _log
         #: One node per connection: ``connections_per_nsqd`` for each nsqd address.
         self._nodes: list[Node] = []
         hosts = []
@@ -142,7 +153,9 @@ class Producer(CallerReads, ProducerIOThread):
             host, port = parse_address(address, DEFAULT_TCP_PORT)
             hosts.append(format_address(host, port))
             for _ in range(connections_per_nsqd):
-                self._nodes.append(Node(format_address(host, port), host, port))
+                self._nodes.append(
+                    Node(format_address(host, port), host, port, logger=self._logger)
+                )
         #: Distinct nsqd: a publish is sent at most this many times + 1 (failover).
         self._nsqd_count = len(set(hosts))
         self._ssl_context = self._options.ssl_context() if self._config.tls_v1 else None
@@ -158,7 +171,7 @@ class Producer(CallerReads, ProducerIOThread):
         self._waiting: deque[Request] = deque()
         self._rr = itertools.count()
         self._rng = random.Random()
-        self._loop = IOLoop(self, name="nsq-sync-producer")
+        self._loop = IOLoop(self._loop_callbacks(), name="nsq-sync-producer")
         self._started = False
         self._closing = False
         self._closed = False
@@ -178,16 +191,52 @@ class Producer(CallerReads, ProducerIOThread):
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    def start(self) -> Producer:
-        """Start the IO thread and connect to every nsqd (publishes wait for the first)."""
+    def _start(self) -> None:
+        """Start the IO thread and connect to every nsqd (``with`` does it; publishing and
+        :meth:`connect` too)."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("Producer is closed")
+                raise LocalProtocolError("the producer is closed")
             if not self._started:
                 self._started = True
                 self._loop.start()
                 self._loop.call_soon(lambda: self._locked(self._connect_all))
-        return self
+
+    def connect(self, timeout: float | None = None) -> None:
+        """Connect to every nsqd of the pool now, and return once one is ready (the others go
+        on connecting); raise :class:`~nsq_sansio.errors.NoNSQDAvailable` (each address's
+        cause) when none could be connected within ``timeout`` (default ``connect_timeout``),
+        or the configuration's error when an nsqd refused it. For a service that must not
+        start without nsqd; publishing connects by itself otherwise."""
+        if timeout is not None:
+            check_seconds("connect timeout", timeout, zero=False)
+        self._start()
+        limit = self._config.connect_timeout if timeout is None else timeout
+        # Without a timeout, the attempts end by themselves (connect_timeout): a margin lets
+        # the IO thread report them.
+        deadline = time.monotonic() + (limit + 1.0 if timeout is None else limit)
+        tried = threading.Event()
+
+        def reconnect() -> None:
+            for node in self._nodes:
+                if node.link is None:
+                    self._connect(node)
+            tried.set()
+
+        self._loop.call_soon(lambda: self._locked(reconnect))
+        tried.wait(limit)
+        while True:
+            with self._io_lock:
+                if any(node.ready for node in self._nodes):
+                    return
+                down = all(node.link is None for node in self._nodes)
+                if down or time.monotonic() >= deadline:
+                    for node in self._nodes:
+                        if isinstance(node.config_error, IncompatibleNSQD):
+                            raise node.config_error
+                    error = self._unreachable(timed_out=limit)
+                    raise NoNSQDAvailable(error.errors, what="a connection")
+            time.sleep(0.005)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Wait up to ``timeout`` for unanswered publishes, then close every connection."""
@@ -208,7 +257,7 @@ class Producer(CallerReads, ProducerIOThread):
 
         def shut() -> None:
             self._closing = True
-            error = NSQError("Producer closed before nsqd answered")
+            error = NSQError("the producer closed before nsqd answered")
             for request in list(self._waiting):
                 self._fail_request(request, error)
             self._waiting.clear()
@@ -229,7 +278,8 @@ class Producer(CallerReads, ProducerIOThread):
         self._loop.stop()
 
     def __enter__(self) -> Producer:
-        return self.start()
+        self._start()
+        return self
 
     def __exit__(
         self,
@@ -244,23 +294,21 @@ class Producer(CallerReads, ProducerIOThread):
     def publish(self, topic: str, body: bytes, *, timeout: float | None = None) -> None:
         """``PUB`` and wait for nsqd's OK; raises the server's error or a timeout."""
         if topic not in self._valid_topics or type(body) is not bytes or not body:
-            encode_pub(topic, body)
-            remember_topic(self._valid_topics, topic)
+            check_publish(self._valid_topics, topic, body)
         self._call("PUB", topic, body, timeout)
 
     def multi_publish(
         self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
     ) -> None:
         """``MPUB`` (all or nothing) and wait for nsqd's OK."""
-        bodies = self._checked_batch(topic, bodies)
-        self._call("MPUB", topic, bodies, timeout)
+        batch = check_batch(self._valid_topics, topic, bodies)
+        self._call("MPUB", topic, batch, timeout)
 
     def deferred_publish(
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
     ) -> None:
         """``DPUB``: delivered after ``delay`` seconds; waits for nsqd's OK."""
-        check_seconds("DPUB delay", delay)
-        encode_dpub(topic, round(delay * 1000), body)
+        check_deferred(self._valid_topics, topic, body, delay)
         self._call("DPUB", topic, (body, delay), timeout)
 
     def publish_async(
@@ -268,42 +316,23 @@ class Producer(CallerReads, ProducerIOThread):
     ) -> PublishFuture:
         """Queue a ``PUB``; the future resolves with nsqd's answer. Blocks while
         ``max_pending`` publishes are unanswered (back-pressure)."""
-        # Validate here, in the caller's thread (cheaply: topics are remembered).
+        # Checked here, in the caller's thread (cheaply: topics are remembered).
         if topic not in self._valid_topics or type(body) is not bytes or not body:
-            encode_pub(topic, body)
-            remember_topic(self._valid_topics, topic)
+            check_publish(self._valid_topics, topic, body)
         return self._submit("PUB", topic, body, timeout, False)[0]
 
     def multi_publish_async(
         self, topic: str, bodies: Sequence[bytes], *, timeout: float | None = None
     ) -> PublishFuture:
-        bodies = self._checked_batch(topic, bodies)
-        return self._submit("MPUB", topic, bodies, timeout, False)[0]
-
-    def _checked_batch(self, topic: str, bodies: Sequence[bytes]) -> list[bytes]:
-        if isinstance(bodies, (bytes, bytearray, str)):
-            encode_mpub(topic, bodies)  # raises: one body, not a list of them
-        bodies = list(bodies)
-        # Validate here, in the caller's thread, without encoding twice: only a body that is
-        # not plain non-empty bytes (or a batch too big to frame) takes the full encoder,
-        # which says what is wrong.
-        if topic not in self._valid_topics:
-            validate_topic(topic)
-            remember_topic(self._valid_topics, topic)
-        plain = bool(bodies)
-        for body in bodies:
-            if type(body) is not bytes or not body:
-                plain = False
-                break
-        if not plain or sum(map(len, bodies)) + 4 * (len(bodies) + 1) > _MAX_FRAMED:
-            encode_mpub(topic, bodies)
-        return bodies
+        """Queue an ``MPUB``; see :meth:`publish_async`."""
+        batch = check_batch(self._valid_topics, topic, bodies)
+        return self._submit("MPUB", topic, batch, timeout, False)[0]
 
     def deferred_publish_async(
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
     ) -> PublishFuture:
-        check_seconds("DPUB delay", delay)
-        encode_dpub(topic, round(delay * 1000), body)
+        """Queue a ``DPUB``; see :meth:`publish_async`."""
+        check_deferred(self._valid_topics, topic, body, delay)
         return self._submit("DPUB", topic, (body, delay), timeout, False)[0]
 
     def flush(self, timeout: float | None = None) -> None:
@@ -340,6 +369,7 @@ class Producer(CallerReads, ProducerIOThread):
 
     @property
     def config(self) -> Config:
+        """The configuration every connection of this producer identifies with."""
         return self._config
 
     # --- internals: caller side -------------------------------------------------------------
@@ -354,7 +384,7 @@ class Producer(CallerReads, ProducerIOThread):
         try:
             self._await(request, limit + 1.0, parked)
         except TimeoutError:
-            raise TimeoutError(f"nsqd did not answer within {limit}s") from None
+            raise TimeoutError(f"{kind} to {topic!r}: no answer within {seconds(limit)}") from None
         if request._error is not None:
             raise request._error
 
@@ -368,9 +398,9 @@ class Producer(CallerReads, ProducerIOThread):
             if timeout / 4 < self._expiry_tick:
                 self._expiry_tick = max(timeout / 4, 0.01)
         if self._closed:
-            raise RuntimeError("Producer is closed")
+            raise LocalProtocolError("the producer is closed")
         if not self._started:
-            self.start()
+            self._start()
         failure = self._loop.failure
         if failure is not None:
             raise RuntimeError(f"the producer's IO thread crashed: {failure!r}") from failure
@@ -388,7 +418,7 @@ class Producer(CallerReads, ProducerIOThread):
                     try:
                         observer(topic, count, time.monotonic() - now, exc)
                     except Exception:
-                        _log.exception("publish_observer failed")
+                        self._logger.exception("publish_observer failed", extra=fields(topic=topic))
                 raise
             outcome = self._dispatch_now(request, sync, True)
         if outcome == _VIA_IO_THREAD:
@@ -538,10 +568,7 @@ class Producer(CallerReads, ProducerIOThread):
                 while self._submitted - self._completed >= self._max_pending:
                     remaining = request.deadline - time.monotonic()
                     if remaining <= 0:
-                        raise TimeoutError(
-                            f"{self._max_pending} publishes unanswered for "
-                            f"{request.deadline - request.start:g}s (max_pending reached)"
-                        )
+                        raise no_slot(self._max_pending, request.deadline - request.start)
                     # Short waits: a completion may race past a waiter registering.
                     space.wait(min(remaining, 0.05))
                 self._submitted += 1
@@ -563,7 +590,7 @@ class Producer(CallerReads, ProducerIOThread):
             try:
                 observer(request.topic, count, time.monotonic() - request.start, error)
             except Exception:
-                _log.exception("publish_observer failed")
+                self._logger.exception("publish_observer failed", extra=fields(topic=request.topic))
 
     # --- internals: IO thread -------------------------------------------------------------------
 
@@ -577,7 +604,9 @@ class Producer(CallerReads, ProducerIOThread):
         node.config_error = None
         node.connects += 1
         node.conn = ClientConnection(
-            self._config.identify_body(), auth_secret=self._config.auth_secret
+            self._config.identify_body(),
+            auth_secret=self._config.auth_secret,
+            auth_requires_tls=self._config.auth_requires_tls,
         )
         node.ready_by = time.monotonic() + self._config.connect_timeout
         node.connecting = True
@@ -593,17 +622,11 @@ class Producer(CallerReads, ProducerIOThread):
         if request._done:
             return
         if self._closing:
-            self._fail_request(request, NSQError("Producer closed"))
+            self._fail_request(request, NSQError("the producer closed before nsqd answered"))
             return
         if request.attempts > self._nsqd_count:
-            self._fail_request(
-                request,
-                NoNSQDAvailable(
-                    message=f"{request.kind} to {request.topic!r}: sent {request.attempts} "
-                    f"times, every connection died before answering "
-                    f"({'; '.join(f'{n.address}: {n.last_error}' for n in self._nodes)})"
-                ),
-            )
+            # Sent to every nsqd (and once more): each connection died before answering.
+            self._fail_request(request, self._unreachable())
             return
         ready = self._ready_nodes()
         if ready:
@@ -611,12 +634,13 @@ class Producer(CallerReads, ProducerIOThread):
             if tried:
                 ready = [n for n in ready if n.address not in tried] or ready
         else:
+            # Nothing is up: try every nsqd not being connected now (whatever its reconnect
+            # delay: a publish waits), and fail at once if none of them can be.
             self._waiting.append(request)
-            now = time.monotonic()
             for node in self._nodes:
-                # A node that refused IDENTIFY is tried again only for a new publish.
-                if node.link is None and (now >= node.retry_at or node.config_error):
+                if node.link is None:
                     self._connect(node)
+            self._fail_if_unreachable()
             return
         node = ready[next(self._rr) % len(ready)]
         if self._send_to(node, request):
@@ -651,6 +675,10 @@ class Producer(CallerReads, ProducerIOThread):
         check = request.start + self._expiry_tick
         if self._expiry_check is None or check < self._expiry_check:
             self._expiry_check = check
+            if not self._loop.in_loop_thread():
+                # The IO thread sleeps until the deadline it last saw: this one is earlier.
+                # (Once per tick at most: the check stays set while publishes are in flight.)
+                self._loop.wake()
         return True
 
     def _fail_request(self, request: Request, error: BaseException) -> None:

@@ -1,5 +1,5 @@
 """What a blocking publish returns: :class:`PublishFuture` (or, when no nsqd took it,
-raises :class:`~transports._common.NoNSQDAvailable`, the class every runtime raises).
+raises :class:`~nsq_sansio.errors.NoNSQDAvailable`, the class every runtime raises).
 
 A light ``concurrent.futures.Future`` look-alike set once by the producer's IO thread (or by a
 caller reading its own answer); a lock to wait on is only made when someone waits.
@@ -13,7 +13,8 @@ from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable
 from typing import Any
 
-from transports._common import NoNSQDAvailable
+from nsq_sansio.errors import NoNSQDAvailable
+from transports._common.publishing import PublishObserver
 
 __all__ = ["FUTURE_LOCK", "NoNSQDAvailable", "PublishFuture", "PublishObserver"]
 
@@ -42,6 +43,7 @@ class PublishFuture:
         self._callbacks: list[Callable[[PublishFuture], object]] | None = None
 
     def done(self) -> bool:
+        """Whether nsqd answered (or the publish failed); never blocks."""
         return self._done
 
     def _wait(self, timeout: float | None) -> None:
@@ -69,6 +71,7 @@ class PublishFuture:
             raise self._error
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The publish's error (None when it succeeded), waiting up to ``timeout`` for it."""
         self._wait(timeout)
         return self._error
 
@@ -100,8 +103,3 @@ class PublishFuture:
                     fn(self)
                 except Exception:
                     _log.exception("publish future callback failed")
-
-
-#: ``publish_observer(topic, messages, seconds, error)``: called once per PUB/MPUB/DPUB when it
-#: completes (``error`` is None on success), on the producer's IO thread.
-PublishObserver = Callable[[str, int, float, "BaseException | None"], None]

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
 from transports._common.arguments import check_seconds
+from transports._common.reports import log_signal_drain
 
 __all__ = ["DEFAULT_DRAIN_SIGNALS", "Drainable", "drain_on_signals"]
 
-_log = logging.getLogger("nsq_sansio.sync")
+_log = logging.getLogger("nsq_sansio.sync.consumer")
 
 
 def _default_signals() -> tuple[signal.Signals, ...]:
@@ -48,13 +49,11 @@ class Drainable(Protocol):
 
 @contextmanager
 def drain_on_signals(
-    consumer: Drainable,
-    signals: Iterable[int] = DEFAULT_DRAIN_SIGNALS,
-    *,
-    timeout: float | None = None,
+    consumer: Drainable, *signals: int, timeout: float | None = None
 ) -> Iterator[None]:
-    """Install handlers that start ``consumer``'s drain; the previous ones come back on exit.
-    A bad ``timeout`` raises LocalProtocolError here, not later in the signal handler."""
+    """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start ``consumer``'s drain
+    (with ``timeout``); the previous handlers come back on exit. A bad ``timeout`` raises
+    LocalProtocolError here, not later in the signal handler."""
     if timeout is not None:
         check_seconds("drain timeout", timeout)
     previous: dict[int, Any] = {}
@@ -67,12 +66,17 @@ def drain_on_signals(
             elif old == signal.SIG_DFL and signum == getattr(signal, "SIGINT", None):
                 raise KeyboardInterrupt
             return
-        _log.warning("signal %s: draining the consumer", signal.Signals(signum).name)
+        log_signal_drain(
+            _log,
+            signum,
+            topic=getattr(consumer, "topic", None),
+            channel=getattr(consumer, "channel", None),
+        )
         consumer.start_drain(timeout)
 
     installed: list[int] = []
     try:
-        for signum in signals:
+        for signum in signals or DEFAULT_DRAIN_SIGNALS:
             previous[signum] = signal.signal(signum, handler)
             installed.append(signum)
         yield

@@ -9,9 +9,10 @@ and benchmarks say so and exit.
 Where the binaries are looked for: the ``bin_dir`` argument (a benchmark's ``--nsqd-bin``)
 when one is given, and nowhere else; otherwise, first match wins:
 
-1. ``$NSQ_BIN_DIR``, a folder holding ``nsqd``;
-2. ``../shared/reference/nsq-1.3.0/bin`` next to the checkout (this workplace's copy of the
-   v1.3.0 release; its script unpacks the binaries once and prints their folder).
+1. ``$NSQ_BIN_DIR``, a folder holding ``nsqd``: the ``bin/`` folder of an NSQ release
+   (https://nsq.io/deployment/installing.html);
+2. the copy of the v1.3.0 release that this project's development setup keeps beside the
+   checkout, when there is one.
 
 :class:`RealNSQD` and :class:`RealLookupd` start one process each on free loopback ports with a
 private data directory, wait until ``/ping`` answers, and stop it (SIGTERM, then SIGKILL) on
@@ -38,6 +39,7 @@ from types import TracebackType
 from typing import Any
 
 __all__ = [
+    "MISSING_BINARIES",
     "REFERENCE_VERSION",
     "RealLookupd",
     "RealNSQD",
@@ -50,6 +52,13 @@ __all__ = [
 
 #: The release the workplace's reference copy was built from.
 REFERENCE_VERSION = "1.3.0"
+
+#: Why a test that needs the real binaries is skipped, and how to get them (the pytest plugin
+#: counts these skips and says so once at the end of the run).
+MISSING_BINARIES = (
+    "real NSQ binaries not found: set NSQ_BIN_DIR to the bin/ folder of an NSQ release "
+    "(https://nsq.io/deployment/installing.html)"
+)
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]  # transports/testing/real_nsq.py
 _REFERENCE_SCRIPT = _REPO_ROOT.parent / "shared" / "reference" / f"nsq-{REFERENCE_VERSION}" / "bin"
@@ -186,8 +195,8 @@ class _Process:
         path = tool(self.binary, bin_dir)
         if path is None:
             raise FileNotFoundError(
-                f"no {self.binary} binary found (pass bin_dir, set NSQ_BIN_DIR, or keep "
-                f"../shared/reference/nsq-{REFERENCE_VERSION} beside the checkout)"
+                f"no {self.binary} binary found: pass bin_dir, or set NSQ_BIN_DIR to the bin/ "
+                "folder of an NSQ release (https://nsq.io/deployment/installing.html)"
             )
         self.path = path
         self.extra_args = list(args)
@@ -346,6 +355,7 @@ class RealNSQD(_Process):
         self.lookupd = list(lookupd)
 
     def command(self) -> list[str]:
+        """The flags the binary is started with (addresses, data path, extra flags)."""
         return [
             f"--tcp-address={self.tcp_address}",
             f"--http-address={self.http_address}",
@@ -392,6 +402,7 @@ class RealLookupd(_Process):
     binary = "nsqlookupd"
 
     def command(self) -> list[str]:
+        """The flags the binary is started with (addresses, data path, extra flags)."""
         return [
             f"--tcp-address={self.tcp_address}",
             f"--http-address={self.http_address}",

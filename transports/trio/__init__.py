@@ -17,34 +17,40 @@ classes only make sure they are used inside ``trio.run`` and say so clearly othe
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import sniffio
 
-from nsq_sansio.errors import LocalProtocolError
-from transports._common import (
-    ConnectionStats,
-    ConsumerStats,
-    HTTPPublishError,
-    ProducerStats,
-    TLSOptions,
-)
+from nsq_sansio.admin import AdminRequest
+from nsq_sansio.discovery import allow_nsqd
+from nsq_sansio.errors import HTTPPublishError, LocalProtocolError, NoNSQDAvailable
+from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
+from transports.anyio import admin as _admin
 from transports.anyio import consumer as _consumer
 from transports.anyio import http as _http
 from transports.anyio import producer as _producer
-from transports.anyio.consumer import KeepaliveExpired, Message, drain_on_signals
-from transports.anyio.producer import NoNSQDAvailable
+from transports.anyio.consumer import EventCallback, KeepaliveExpired, Message, drain_on_signals
+from transports.anyio.producer import PublishObserver
+
+_T = TypeVar("_T")
 
 __all__ = [
     "ConnectionStats",
     "Consumer",
     "ConsumerStats",
+    "EventCallback",
     "HTTPProducer",
     "HTTPPublishError",
     "KeepaliveExpired",
+    "LookupdAdmin",
     "Message",
+    "NSQDAdmin",
     "NoNSQDAvailable",
     "Producer",
     "ProducerStats",
+    "PublishObserver",
     "TLSOptions",
+    "allow_nsqd",
     "drain_on_signals",
 ]
 
@@ -62,7 +68,8 @@ def _require_trio(what: str) -> None:
 
 
 class Consumer(_consumer.Consumer):
-    __doc__ = _consumer.Consumer.__doc__
+    """:class:`transports.anyio.Consumer`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and guarantees are the same."""
 
     async def start(self) -> None:
         _require_trio("Consumer")
@@ -70,7 +77,8 @@ class Consumer(_consumer.Consumer):
 
 
 class Producer(_producer.Producer):
-    __doc__ = _producer.Producer.__doc__
+    """:class:`transports.anyio.Producer`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and guarantees are the same."""
 
     async def __aenter__(self) -> Producer:
         _require_trio("Producer")
@@ -79,9 +87,28 @@ class Producer(_producer.Producer):
 
 
 class HTTPProducer(_http.HTTPProducer):
-    __doc__ = _http.HTTPProducer.__doc__
+    """:class:`transports.anyio.HTTPProducer`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and guarantees are the same."""
 
     async def __aenter__(self) -> HTTPProducer:
         _require_trio("HTTPProducer")
         await super().__aenter__()
         return self
+
+
+class NSQDAdmin(_admin.NSQDAdmin):
+    """:class:`transports.anyio.NSQDAdmin`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and answers are the same."""
+
+    async def _call(self, request: AdminRequest[_T]) -> _T:
+        _require_trio("NSQDAdmin")
+        return await super()._call(request)
+
+
+class LookupdAdmin(_admin.LookupdAdmin):
+    """:class:`transports.anyio.LookupdAdmin`, checked to run under ``trio.run`` (elsewhere it
+    raises ``LocalProtocolError``): its arguments, methods and answers are the same."""
+
+    async def _call(self, request: AdminRequest[_T]) -> _T:
+        _require_trio("LookupdAdmin")
+        return await super()._call(request)

@@ -19,13 +19,14 @@ from ...consumer import (
     ConsumerState,
     Deliver,
     DrainComplete,
+    FetchEnd,
+    FetchResult,
     GiveUp,
     SendHTTPRequest,
     StartTLS,
     TakenBack,
 )
 from ...errors import NSQError
-from ...pull import FetchEnd, FetchResult
 from ..handler import Handler
 from ..network import ConnState, SimConn
 from ..violations import Invariant

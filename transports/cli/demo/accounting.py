@@ -1,9 +1,8 @@
 """The demo's accounting, written once for every runtime: what happened to each message on each
 channel (:class:`ChannelTally`: finished, requeued, given up, redelivered, duplicated, with
 latencies), the publishing counters (:class:`Tally`), and the steps each runtime's runner
-shares: answering a message as the handler decides (:func:`answer`), the topic and channels
-to create before publishing (:func:`topology_paths`), the TLS settings for broker and clients
-(:func:`tls_settings`).
+shares: answering a message as the handler decides (:func:`answer`), the TLS settings for
+broker and clients (:func:`tls_settings`).
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ from typing import Any, Protocol, TypeVar
 
 from transports._common import TLSOptions
 
-from .workload import CHANNELS, HEADER, TOPIC, Workload
+from .workload import CHANNELS, HEADER, Workload
 
-__all__ = ["ChannelTally", "Tally", "answer", "tls_settings", "topology_paths"]
+__all__ = ["ChannelTally", "Tally", "answer", "tls_settings"]
 
 # Bound once: a method called on an imported name compiles to a slower attribute load (3.11).
 _unpack_header = HEADER.unpack_from
@@ -194,14 +193,6 @@ def answer(
             ch.record_finish(body, attempts)
     elif requeue(msg, backoff=workload.wants_backoff(body, attempts)):
         ch.record_requeue()
-
-
-def topology_paths() -> list[str]:
-    """nsqd HTTP calls that create the topic and both channels before the first publish, so
-    neither channel misses the messages published before its consumers connect."""
-    paths = [f"/topic/create?topic={TOPIC}"]
-    paths += [f"/channel/create?topic={TOPIC}&channel={ch}" for ch in CHANNELS]
-    return paths
 
 
 def tls_settings(tls: tuple[str, str] | None) -> tuple[dict[str, Any], dict[str, Any]]:

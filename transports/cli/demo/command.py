@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from transports.testing.tls import self_signed_certificate
 
+from ..common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CommandParser, reports_errors
 from .accounting import Tally
 from .report import DemoResult, Progress, format_report
 from .workload import MIN_BODY_SIZE, DemoOptions, Workload
@@ -75,8 +76,9 @@ def run_demo(options: DemoOptions, *, stream: TextIO | None = None) -> DemoResul
 
 
 def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
+    """``nsq-sansio demo``'s flags."""
     defaults = DemoOptions()
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog=prog,
         description="Embedded nsqlookupd + 2 nsqd in this process; publish a workload and "
         "consume it on a push channel (2 consumers) and a pull channel (fetch), with retries, "
@@ -95,9 +97,18 @@ def build_parser(prog: str = "nsq-sansio demo") -> argparse.ArgumentParser:
         default=defaults.body_size,
         help=f"message body size in bytes, >= {MIN_BODY_SIZE} (default %(default)s)",
     )
-    p.add_argument("--runtime", choices=("asyncio", "trio", "blocking"), default=defaults.runtime)
     p.add_argument(
-        "--compression", choices=("none", "snappy", "deflate"), default=defaults.compression
+        "--runtime",
+        choices=("asyncio", "trio", "blocking"),
+        default=defaults.runtime,
+        help="the transport every client runs on: asyncio or trio (anyio, one event loop), "
+        "or blocking (threads) (default %(default)s)",
+    )
+    p.add_argument(
+        "--compression",
+        choices=("none", "snappy", "deflate"),
+        default=defaults.compression,
+        help="compression between every client and nsqd (default %(default)s)",
     )
     p.add_argument(
         "--tls",
@@ -168,6 +179,7 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"
 
 
+@reports_errors("demo")
 def demo_main(argv: Sequence[str] | None = None, *, spark: Any = None) -> int:
     """``nsq-sansio demo [options]``; returns the exit code (0: every message accounted for).
 
@@ -195,17 +207,17 @@ def demo_main(argv: Sequence[str] | None = None, *, spark: Any = None) -> int:
         )
     except ValueError as err:
         print(f"nsq-sansio demo: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         result = run_demo(options)
     except KeyboardInterrupt:
         print("nsq-sansio demo: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as err:  # one line, never a traceback
         print(f"nsq-sansio demo: {_describe(err)}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     print(format_report(result))
-    return 0 if result.ok else 1
+    return 0 if result.ok else EXIT_FAILURE
 
 
 def _spark_main(args: argparse.Namespace, spark: Any) -> int:
@@ -223,15 +235,15 @@ def _spark_main(args: argparse.Namespace, spark: Any) -> int:
         )
     except ValueError as err:
         print(f"nsq-sansio demo: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         with _quiet_logs("transports"):  # the sink's commit report: the table has it
             result = run_spark_demo(options, spark=spark)
     except KeyboardInterrupt:
         print("nsq-sansio demo: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as err:  # one line, never a traceback
         print(f"nsq-sansio demo: {_describe(err)}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     print(format_spark_report(result))
-    return 0 if result.ok else 1
+    return 0 if result.ok else EXIT_FAILURE

@@ -9,38 +9,18 @@ from collections.abc import Iterator
 import anyio
 
 from transports.anyio import Consumer, Message, Producer
+from transports.anyio.admin import NSQDAdmin
 from transports.embedded import Cluster
 
-from .accounting import ChannelTally, Tally, answer, tls_settings, topology_paths
+from .accounting import ChannelTally, Tally, answer, tls_settings
 from .report import DemoResult, Progress
-from .workload import TOPIC, DemoOptions, Workload
+from .workload import CHANNELS, TOPIC, DemoOptions, Workload
 
-__all__ = ["http_post", "run_async"]
+__all__ = ["run_async"]
 
 PUBLISHERS = 8
 PUSH_CONSUMERS = 2
 FETCHERS = 8
-
-
-async def http_post(address: str, path: str, timeout: float = 5.0) -> int:
-    """POST ``path`` (no body) to ``host:port`` and return the HTTP status."""
-    host, _, port = address.rpartition(":")
-    with anyio.fail_after(timeout):
-        async with await anyio.connect_tcp(host.strip("[]"), int(port)) as stream:
-            await stream.send(
-                f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\n"
-                "Connection: close\r\n\r\n".encode()
-            )
-            data = b""
-            while b"\r\n" not in data:
-                try:
-                    data += await stream.receive()
-                except anyio.EndOfStream:
-                    break
-    try:
-        return int(data.split(b" ", 2)[1])
-    except (IndexError, ValueError):
-        return 0
 
 
 def _answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
@@ -57,11 +37,11 @@ async def run_async(
 ) -> None:
     nsqd_options, client_tls = tls_settings(tls)
     async with Cluster(nsqd_count=2, nsqd_options=nsqd_options) as cluster:
-        for nsqd in cluster.nsqds:
-            for path in topology_paths():
-                status = await http_post(nsqd.http_address, path)
-                if status != 200:
-                    raise RuntimeError(f"nsqd {nsqd.http_address}: POST {path} -> {status}")
+        for nsqd in cluster.nsqds:  # before the first publish: no channel misses a message
+            async with NSQDAdmin(nsqd.http_url, timeout=5.0) as admin:
+                await admin.create_topic(TOPIC)
+                for channel in CHANNELS:
+                    await admin.create_channel(TOPIC, channel)
         await cluster.wait_registered(TOPIC)
         lookupd = cluster.lookupd_http_urls
         nsqd_addresses = cluster.nsqd_tcp_addresses

@@ -5,35 +5,22 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 from transports.embedded import Cluster, ServerThread
 from transports.sync import Consumer, Message, Producer, PublishFuture
+from transports.sync.admin import NSQDAdmin
 
-from .accounting import ChannelTally, Tally, answer, tls_settings, topology_paths
+from .accounting import ChannelTally, Tally, answer, tls_settings
 from .report import DemoResult, Progress
-from .workload import TOPIC, DemoOptions, Workload
+from .workload import CHANNELS, TOPIC, DemoOptions, Workload
 
 __all__ = ["run_blocking"]
 
 PUSH_CONSUMERS = 2
 FETCHERS = 4
 PIPELINE = 64  # unanswered publishes in flight
-
-
-def http_post(address: str, path: str, timeout: float = 5.0) -> int:
-    """POST ``path`` to ``host:port``; the HTTP status (0 when unreachable)."""
-    request = urllib.request.Request(f"http://{address}{path}", data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
-    except OSError:
-        return 0
 
 
 def _answer(ch: ChannelTally, workload: Workload, msg: Message) -> None:
@@ -50,11 +37,11 @@ def run_blocking(
 ) -> None:
     nsqd_options, client_tls = tls_settings(tls)
     with ServerThread(Cluster(nsqd_count=2, nsqd_options=nsqd_options)) as cluster:
-        for nsqd in cluster.nsqds:
-            for path in topology_paths():
-                status = http_post(nsqd.http_address, path)
-                if status != 200:
-                    raise RuntimeError(f"nsqd {nsqd.http_address}: POST {path} -> {status}")
+        for nsqd in cluster.nsqds:  # before the first publish: no channel misses a message
+            with NSQDAdmin(nsqd.http_url, timeout=5.0) as admin:
+                admin.create_topic(TOPIC)
+                for channel in CHANNELS:
+                    admin.create_channel(TOPIC, channel)
         cluster.wait_registered_blocking(TOPIC)
         lookupd = cluster.lookupd_http_urls
         nsqd_addresses = cluster.nsqd_tcp_addresses

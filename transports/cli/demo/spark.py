@@ -4,12 +4,16 @@ NSQ -> Structured Streaming aggregation -> Parquet -> NSQ, with the demo's progr
 and a closing table that accounts for every message (needs the ``spark`` extra and a JVM):
 
 1. **publish**: click events (JSON ``{"seq", "page", "user", "ts"}``, 5 minutes of event
-   time) to topic ``clicks`` over two embedded nsqd, plus a few malformed bodies and one late
-   *tick* event whose only job is to move the watermark past the last window;
+   time) to topic ``clicks`` over two embedded nsqd, plus a few malformed bodies;
 2. **stream**: ``readStream.format("nsq")`` (``trigger(availableNow=True)``) parses the events,
-   drops malformed ones, counts clicks and distinct users per page and 1-minute window (30 s
-   watermark) and appends the closed windows to Parquet; messages are FIN'd once Spark
-   committed their micro-batch;
+   drops malformed ones, counts clicks and distinct users per page and 1-minute window and
+   appends the closed windows to Parquet; messages are FIN'd once Spark committed their
+   micro-batch. NSQ does not keep messages in order (an nsqd hands out its memory queue and
+   its disk queue side by side, several nsqd interleave), so the watermark's delay (10
+   minutes) covers the clicks' whole span: none can arrive late. Once every click is read, one
+   *tick* event, later than that, is published and the query runs again from its checkpoint:
+   the tick moves the watermark past every window, which is then written (published with the
+   clicks, the tick could be read first and make every click late);
 3. **republish**: a batch job writes the Parquet rows to topic ``page_counts`` as JSON
    (``write.format("nsq")``);
 4. **verify**: a consumer reads ``page_counts`` back.
@@ -18,6 +22,12 @@ Accounting: every event published is FIN'd by the stream (nothing left on the ch
 clicks per (window, page) in Parquet equal what was published, cell by cell (so their sum is
 every well-formed click); the malformed ones and the tick are the rest; every Parquet row is
 read back from NSQ exactly once. Exit 0 only if all of that holds.
+
+Under ``spark-submit`` the session takes the master given there (``--master
+spark://host:7077``) instead of ``local[2]``; the embedded nsqd listen on loopback and the
+Parquet folder is a local temporary one, so the executors must run on this machine. Run as a
+file, this module is the demo (``spark-submit --master ... transports/cli/demo/spark.py -n
+20000``).
 """
 
 from __future__ import annotations
@@ -32,13 +42,15 @@ import tempfile
 import textwrap
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ..progress import ProgressDisplay, Stage
+from transports.cli.progress import ProgressDisplay, Stage
+
+if TYPE_CHECKING:
+    from transports.sync.admin import NSQDAdmin
 
 __all__ = ["SparkDemoOptions", "SparkDemoResult", "format_spark_report", "run_spark_demo"]
 
@@ -50,6 +62,8 @@ PAGES = ("/", "/docs", "/pricing", "/blog", "/signup")
 START = datetime.datetime(2026, 1, 1, 10, 0, tzinfo=datetime.timezone.utc)
 SPAN_SECONDS = 300  # the clicks' event time covers 5 minutes
 WINDOW_SECONDS = 60
+#: The watermark's delay: longer than the clicks' span, since NSQ does not keep their order.
+WATERMARK_SECONDS = 600
 #: One malformed body per this many clicks (dropped by the job, and counted as such).
 MALFORMED_EVERY = 1000
 EVENT_SCHEMA = "seq long, page string, user string, ts timestamp"
@@ -107,7 +121,7 @@ def events(count: int) -> tuple[list[bytes], int]:
         if seq % MALFORMED_EVERY == MALFORMED_EVERY // 2:
             bodies.append(b"{not json")
             malformed += 1
-    late = START + datetime.timedelta(seconds=SPAN_SECONDS + 120)
+    late = START + datetime.timedelta(seconds=SPAN_SECONDS + WATERMARK_SECONDS + 60)
     tick = {"seq": -1, "page": "/", "user": "tick", "ts": late.isoformat(timespec="milliseconds")}
     bodies.append(json.dumps(tick).encode())
     return bodies, malformed
@@ -157,6 +171,7 @@ class SparkDemoResult:
     read_back_duplicates: int = 0
     read_back_unexpected: int = 0
     elapsed: dict[str, float] = field(default_factory=dict)
+    master: str = "local[2]"
     timed_out: bool = False
     error: str | None = None
 
@@ -206,6 +221,7 @@ class SparkDemoResult:
 
 def format_spark_report(result: SparkDemoResult) -> str:
     r = result
+    master = f"Spark {r.master}" if len(r.master) <= 30 else "Spark"
     rows = [
         ("events published to clicks", f"{r.published:,}"),
         ("  clicks", f"{r.clicks:,}"),
@@ -225,7 +241,7 @@ def format_spark_report(result: SparkDemoResult) -> str:
     timing = ", ".join(f"{stage} {seconds:.1f}s" for stage, seconds in r.elapsed.items())
     lines = [
         f"nsq-sansio demo --spark: {r.clicks:,} clicks, NSQ -> Structured Streaming -> Parquet",
-        "-> NSQ, on 2 embedded nsqd, Spark local[2]",
+        f"-> NSQ, on 2 embedded nsqd, {master}",
         *textwrap.wrap(timing, REPORT_WIDTH),
         "",
         *(f"{label.ljust(width)}  {value.rjust(values)}" for label, value in rows),
@@ -247,45 +263,39 @@ def _matching_cells(r: SparkDemoResult) -> int:
 # --- running ---------------------------------------------------------------------------------
 
 
-def _http_post(address: str, path: str) -> None:
-    request = urllib.request.Request(f"http://{address}{path}", data=b"", method="POST")
-    with urllib.request.urlopen(request, timeout=5) as response:
-        if response.status != 200:
-            raise RuntimeError(f"nsqd {address}: POST {path} -> {response.status}")
-
-
-def _channel_backlog(http_addresses: list[str], topic: str, channel: str) -> int:
-    """Messages still on ``topic/channel`` over every nsqd: queued, in flight or deferred."""
+def _channel_backlog(nsqds: list[NSQDAdmin], topic: str, channel: str) -> int:
+    """Messages ``topic/channel`` has not finished over every nsqd: its lag (in the topic,
+    queued, in flight or deferred)."""
     total = 0
-    for address in http_addresses:
-        url = f"http://{address}/stats?format=json&topic={topic}&channel={channel}"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            data = json.loads(response.read())
-        for t in data.get("topics") or []:
-            for c in t.get("channels") or []:
-                if t["topic_name"] == topic and c["channel_name"] == channel:
-                    total += c["depth"] + c["in_flight_count"] + c["deferred_count"]
+    for admin in nsqds:
+        found = admin.stats(topic, channel, include_clients=False).channel(topic, channel)
+        total += found.lag if found is not None else 0
     return total
 
 
-def _topic_messages(http_addresses: list[str], topic: str) -> int:
+def _topic_messages(nsqds: list[NSQDAdmin], topic: str) -> int:
+    """Messages published to ``topic`` over every nsqd."""
     total = 0
-    for address in http_addresses:
-        with urllib.request.urlopen(
-            f"http://{address}/stats?format=json&topic={topic}", timeout=5
-        ) as response:
-            data = json.loads(response.read())
-        total += sum(
-            t["message_count"] for t in data.get("topics") or [] if t["topic_name"] == topic
-        )
+    for admin in nsqds:
+        found = admin.stats(topic, include_clients=False).topic(topic)
+        total += found.message_count if found is not None else 0
     return total
+
+
+def under_spark_submit() -> bool:
+    """True when spark-submit started this process: then its ``--master`` (and its other
+    settings) reach the session through the JVM that launched Python, and must not be
+    overridden here."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 @contextlib.contextmanager
 def local_spark(workdir: str) -> Iterator[Any]:
-    """A quiet ``local[2]`` SparkSession with the "nsq" format registered."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    """A quiet SparkSession: ``local[2]``, or spark-submit's master when it started us."""
+    submitted = under_spark_submit()
+    if not submitted:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     try:
         from pyspark.sql import SparkSession
     except ImportError:
@@ -296,18 +306,21 @@ def local_spark(workdir: str) -> Iterator[Any]:
     with open(log_config, "w") as f:
         f.write(_LOG4J2)
     java_options = f"-Dlog4j2.configurationFile=file:{log_config}"
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("nsq-sansio-demo")
+    builder = (
+        SparkSession.builder.appName("nsq-sansio-demo")
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.extraJavaOptions", java_options)
-        .config("spark.local.dir", os.path.join(workdir, "local"))
         .config("spark.sql.warehouse.dir", os.path.join(workdir, "warehouse"))
-        .getOrCreate()
     )
+    if not submitted:  # spark-submit's JVM is running already: its own settings hold
+        builder = (
+            builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.extraJavaOptions", java_options)
+            .config("spark.local.dir", os.path.join(workdir, "local"))
+        )
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
@@ -334,6 +347,39 @@ def _polling(fn: Callable[[], Any], poll: Callable[[], None]) -> Any:
         thread.join()
 
 
+def _aggregation(spark: Any, nsqd: str, nsqd_http: str, options: SparkDemoOptions) -> Any:
+    """The streaming job: clicks per page and 1-minute window (10-minute watermark), the closed
+    windows appended to Parquet, read with ``availableNow`` (its DataStreamWriter)."""
+    from pyspark.sql import functions as F
+
+    events_df = (
+        spark.readStream.format("nsq")
+        .option("nsqd", nsqd)
+        .option("nsqd_http", nsqd_http)
+        .option("topic", TOPIC)
+        .option("channel", CHANNEL)
+        .option("max_in_flight", str(options.max_in_flight))
+        .option("max_messages_per_trigger", str(options.max_in_flight))
+        .load()
+        .select(F.from_json(F.col("body").cast("string"), EVENT_SCHEMA).alias("e"))
+        .select("e.*")
+        .where(F.col("page").isNotNull() & F.col("ts").isNotNull())
+    )
+    counts = (
+        events_df.withWatermark("ts", f"{WATERMARK_SECONDS} seconds")
+        .groupBy(F.window("ts", f"{WINDOW_SECONDS} seconds").alias("window"), "page")
+        .agg(F.count("*").alias("clicks"), F.approx_count_distinct("user").alias("users"))
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "page",
+            "clicks",
+            "users",
+        )
+    )
+    return counts.writeStream.format("parquet").outputMode("append").trigger(availableNow=True)
+
+
 def run_spark_demo(
     options: SparkDemoOptions, *, spark: Any = None, stream: TextIO | None = None
 ) -> SparkDemoResult:
@@ -344,8 +390,10 @@ def run_spark_demo(
         with contextlib.ExitStack() as stack:
             if spark is None:
                 if stream is not None or options.progress:
-                    print("starting Spark (local[2])...", file=stream or sys.stderr, flush=True)
+                    where = "spark-submit's master" if under_spark_submit() else "local[2]"
+                    print(f"starting Spark ({where})...", file=stream or sys.stderr, flush=True)
                 spark = stack.enter_context(local_spark(workdir))
+            result.master = str(spark.sparkContext.master)
             from transports.spark import register
 
             register(spark)
@@ -364,10 +412,9 @@ def _run(
     workdir: str,
     stream: TextIO | None,
 ) -> None:
-    from pyspark.sql import functions as F
-
     from transports.embedded import Cluster, ServerThread
     from transports.sync import Consumer, Producer
+    from transports.sync.admin import NSQDAdmin
 
     deadline = time.monotonic() + options.timeout
     display = ProgressDisplay(stream, enabled=options.progress)
@@ -381,15 +428,16 @@ def _run(
         stages[name] = Stage(name, done, of)
         display.update(list(stages.values()), final=final)
 
-    with ServerThread(Cluster(nsqd_count=2)) as cluster:
-        http = [n.http_address for n in cluster.nsqds]
+    with ServerThread(Cluster(nsqd_count=2)) as cluster, contextlib.ExitStack() as stack:
+        http = [stack.enter_context(NSQDAdmin(n.http_url, timeout=5.0)) for n in cluster.nsqds]
         nsqd = ",".join(cluster.nsqd_tcp_addresses)
-        for address in http:  # channels first: they get every message published after
+        nsqd_http = ",".join(n.http_address for n in cluster.nsqds)
+        for admin in http:  # channels first: they get every message published after
             for topic, channel in ((TOPIC, CHANNEL), (OUT_TOPIC, OUT_CHANNEL)):
-                _http_post(address, f"/topic/create?topic={topic}")
-                _http_post(address, f"/channel/create?topic={topic}&channel={channel}")
+                admin.create_topic(topic)
+                admin.create_channel(topic, channel)
 
-        # 1. publish
+        # 1. publish the clicks (and the malformed bodies); the tick comes later
         started = time.monotonic()
         with Producer(cluster.nsqd_tcp_addresses) as producer:
             futures = []
@@ -400,58 +448,39 @@ def _run(
                 future.result()
                 result.published += count
                 show("publish", result.published, total)
-            producer.publish(TOPIC, bodies[-1])  # the tick, after every click
-            result.published += 1
-        show("publish", result.published, total)
         result.elapsed["publish"] = time.monotonic() - started
 
-        # 2. stream: NSQ -> aggregation -> Parquet, until the channel is empty
+        # 2. stream: NSQ -> aggregation -> Parquet. availableNow reads what the channel holds
+        # (every click); then the tick is published and the query runs again from its
+        # checkpoint: the tick moves the watermark past the last window, which is written.
         started = time.monotonic()
         parquet = os.path.join(workdir, "page_counts")
-        events_df = (
-            spark.readStream.format("nsq")
-            .option("nsqd", nsqd)
-            .option("topic", TOPIC)
-            .option("channel", CHANNEL)
-            .option("max_in_flight", str(options.max_in_flight))
-            .option("max_messages_per_trigger", str(options.max_in_flight))
-            .load()
-            .select(F.from_json(F.col("body").cast("string"), EVENT_SCHEMA).alias("e"))
-            .select("e.*")
-            .where(F.col("page").isNotNull() & F.col("ts").isNotNull())
-        )
-        counts = (
-            events_df.withWatermark("ts", "30 seconds")
-            .groupBy(F.window("ts", f"{WINDOW_SECONDS} seconds").alias("window"), "page")
-            .agg(F.count("*").alias("clicks"), F.approx_count_distinct("user").alias("users"))
-            .select(
-                F.col("window.start").alias("window_start"),
-                F.col("window.end").alias("window_end"),
-                "page",
-                "clicks",
-                "users",
-            )
-        )
-        query = (
-            counts.writeStream.format("parquet")
-            .outputMode("append")
-            .option("path", parquet)
-            .option("checkpointLocation", os.path.join(workdir, "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
+        checkpoint = os.path.join(workdir, "checkpoint")
 
         def streamed() -> int:
-            return total - _channel_backlog(http, TOPIC, CHANNEL)
+            return result.published - _channel_backlog(http, TOPIC, CHANNEL)
 
-        try:
-            while not query.awaitTermination(0.2):
-                if time.monotonic() > deadline:
-                    raise TimeoutError
-                show("stream", streamed(), total)
-        finally:
-            if query.isActive:
-                query.stop()
+        def run_query() -> None:
+            query = _aggregation(spark, nsqd, nsqd_http, options).start(
+                parquet, checkpointLocation=checkpoint
+            )
+            try:
+                while not query.awaitTermination(0.2):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError
+                    show("stream", streamed(), total)
+            finally:
+                if query.isActive:
+                    query.stop()
+            if query.exception() is not None:
+                raise RuntimeError(f"the streaming query failed: {query.exception()}")
+
+        run_query()
+        with Producer(cluster.nsqd_tcp_addresses) as producer:
+            producer.publish(TOPIC, bodies[-1])  # the tick, after every click was read
+        result.published += 1
+        show("publish", result.published, total)
+        run_query()
         # the source FINs the last batch at the end of availableNow; nsqd may count it a
         # moment later
         settle = time.monotonic() + 5.0
@@ -524,3 +553,10 @@ def _run(
         result.elapsed["verify"] = time.monotonic() - started
         if result.read_back < out_total and time.monotonic() >= deadline:
             raise TimeoutError
+
+
+if __name__ == "__main__":  # spark-submit runs this file: `nsq-sansio demo --spark ARGS`
+    import runpy
+
+    sys.argv = ["nsq-sansio", "demo", "--spark", *sys.argv[1:]]
+    runpy.run_module("transports.cli", run_name="__main__")

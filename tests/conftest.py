@@ -1,0 +1,37 @@
+"""Hypothesis's profile for the whole suite.
+
+The default (``ci``) is deterministic: the same examples on every run and machine, no example
+database and no per-example deadline (a loaded CI machine is slow, not wrong), so a red run is
+a bug in the code, not the luck of the draw. The long searches draw at random on purpose:
+``HYPOTHESIS_PROFILE=dev`` for the whole suite, or the simulator's and the fuzz targets' own
+settings (``NSQ_SIM_PROFILE=nightly``, ``NSQ_FUZZ_EXAMPLES``), see docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None, print_blob=True)
+
+
+def _profile() -> str:
+    """``dev`` (random) when asked, or when a long search is asked for by its own variable."""
+    if os.environ.get("HYPOTHESIS_PROFILE"):
+        return os.environ["HYPOTHESIS_PROFILE"]
+    long_search = os.environ.get("NSQ_SIM_PROFILE", "").strip().lower() == "nightly" or bool(
+        os.environ.get("NSQ_FUZZ_EXAMPLES") or os.environ.get("NSQ_SIM_EXAMPLES")
+    )
+    return "dev" if long_search else "ci"
+
+
+settings.load_profile(_profile())
