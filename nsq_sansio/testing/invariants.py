@@ -296,12 +296,15 @@ class Monitor:
         return None
 
     def violate(self, invariant: Invariant, now: float, detail: str) -> None:
+        """Record a broken ``invariant`` at ``now`` (raised later by
+        :meth:`Simulator.raise_if_violated`, so one run reports everything it found)."""
         self.violations.append(Violation(invariant, now, detail))
 
     # -- wire events ------------------------------------------------------------------------
 
     def rdy_sent(self, pipe: _Pipe, count: int, now: float) -> None:
-
+        """A consumer wrote RDY ``count`` on ``pipe``: with ``rdy_per_write`` the sum of its
+        written RDY must stay within its max_in_flight after every write."""
         if self.rdy_per_write:
             node = self.sim.nodes.get(pipe.client)
             pipes = self._consumer_pipes.get(pipe.client, {})
@@ -339,6 +342,8 @@ class Monitor:
         *,
         check: bool = True,
     ) -> None:
+        """nsqd wrote a message on ``pipe``: checked against the RDY nsqd read and the
+        consumer's max_in_flight (what it may hold), and remembered for the final check."""
         self.messages_sent += 1
         if check:
             self._check_held(pipe.client, now)
@@ -386,11 +391,14 @@ class Monitor:
             )
 
     def fin_sent(self, pipe: _Pipe, message_id: bytes, now: float) -> None:
+        """nsqd read a FIN for ``message_id`` on ``pipe``: that message counts as finished."""
         body = self._id_body.get((pipe.nsqd, message_id))
         if body is not None and pipe.topic_channel is not None:
             self.finished.add((pipe.topic_channel[0], pipe.topic_channel[1], body))
 
     def pipe_closed(self, pipe: _Pipe, now: float) -> None:
+        """A connection between a consumer and an nsqd closed: its RDY and in-flight count
+        no longer count."""
         self._consumer_pipes.get(pipe.client, {}).pop(pipe.conn.id, None)
         self._pipes.pop(pipe.conn.id, None)
 
@@ -429,6 +437,7 @@ class Monitor:
     # -- node events ------------------------------------------------------------------------
 
     def on_accepted(self, nsqd: str, topic: str, bodies: Iterable[bytes], now: float) -> None:
+        """nsqd ``nsqd`` accepted ``bodies`` on ``topic``: each must reach every channel of it."""
         channels = self.sim.spec.channels_of(topic)
         for body in bodies:
             self.accepted_at.setdefault(body, now)
@@ -436,12 +445,15 @@ class Monitor:
                 self.expected.setdefault((topic, channel, body), nsqd)
 
     def on_handled(self, consumer: str, delivery: Deliver, now: float) -> None:
+        """The user's handler ran ``delivery`` on ``consumer`` (counted for at-least-once and
+        for the redelivery figures)."""
         node = self.sim.nodes[consumer]
         key = (node.topic, node.channel, delivery.body)  # type: ignore[attr-defined]
         self.handled[key] = self.handled.get(key, 0) + 1
         self.first_handled_at.setdefault(key, now)
 
     def on_give_up(self, consumer: str, topic: str, channel: str, body: bytes, now: float) -> None:
+        """``consumer`` gave a message up (past max_attempts): it counts as done, not lost."""
         self.given_up.add((topic, channel, body))
 
     def on_nsqd_down(self, nsqd: str, on_disk: dict[str, set[bytes]], now: float) -> None:
@@ -458,12 +470,16 @@ class Monitor:
                 self.excused.add(key)
 
     def on_drain_started(self, consumer: str, now: float) -> None:
+        """``consumer`` started draining: from now on it must close no connection with
+        messages unanswered."""
         self.draining.add(consumer)
 
     def on_drain_complete(self, consumer: str, now: float) -> None:
+        """``consumer`` finished draining at ``now`` (checked against what it still held)."""
         self.drained[consumer] = now
 
     def on_consumer_killed(self, consumer: str, now: float) -> None:
+        """``consumer`` died: a drain it had started no longer has to complete."""
         self.draining.discard(consumer)
 
     def on_job(self, consumer: str, body: bytes, start: float, end: float) -> None:
@@ -471,6 +487,7 @@ class Monitor:
         self.jobs.append((body, consumer, start, end))
 
     def on_lookup_request(self, lookupd: str, client: str, now: float) -> None:
+        """``client`` asked ``lookupd`` for a topic's producers (the herd figures count them)."""
         self.lookup_requests.append((now, lookupd, client))
 
     def on_consumer_step(self, consumer: str, max_in_flight: int, now: float) -> None:
@@ -502,6 +519,8 @@ class Monitor:
         return [key for key in self.expected if key not in done]
 
     def check_final(self, now: float, *, discovery: bool = True) -> None:
+        """The end-of-run invariants: every accepted message finished or given up, the brokers
+        empty, drains complete (and discovery, unless ``discovery`` is False)."""
         missing = self.outstanding()
         if missing:
             sample = ", ".join(repr(k[2]) for k in missing[:5])
@@ -545,7 +564,8 @@ class Monitor:
                         )
 
     def check_discovery(self, now: float) -> None:
-
+        """At the end: every live consumer that uses lookupd (and is not draining) is connected
+        to exactly the live nsqd: discovery found them all once the faults healed."""
         live = {n.address for n in self.sim.nodes.values() if isinstance(n, NsqdNode) and n.alive}
         for node in self.sim.nodes.values():
             if (

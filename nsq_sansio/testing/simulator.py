@@ -91,6 +91,7 @@ class Simulator:
 
     @property
     def now(self) -> float:
+        """The virtual time, in seconds since the run started."""
         return self.scheduler.now
 
     # -- building -------------------------------------------------------------------------------
@@ -168,6 +169,8 @@ class Simulator:
             self.after(node)
 
     def add_producer(self, nsqd: NsqdNode) -> ProducerNode:
+        """Add a TCP producer node publishing to ``nsqd`` (the workload's publishes go
+        through it)."""
         node = ProducerNode(self, f"p{len(self.producers)}", nsqd.address, self.spec.topic)
         self.producers.append(node)
         self._add(node)
@@ -246,6 +249,7 @@ class Simulator:
         self.after(nsqd)
 
     def schedule_fault(self, fault: Fault) -> None:
+        """Apply ``fault`` at its time (``fault.at``), ending it after its duration."""
         self.scheduler.call_at(fault.at, self._apply_fault, fault)
 
     def _apply_fault(self, fault: Fault) -> None:
@@ -337,6 +341,7 @@ class Simulator:
         self.raise_if_violated()
 
     def run_for(self, seconds: float) -> None:
+        """Run the simulation ``seconds`` of virtual time further."""
         self.run_until(self.now + seconds)
 
     def settle(self, limit: float, step: float = 5.0, *, patience: float = 300.0) -> bool:
@@ -373,10 +378,14 @@ class Simulator:
         return True
 
     def raise_if_violated(self) -> None:
+        """Raise :class:`InvariantViolation` (every violation so far, and the replay line)
+        if any invariant broke."""
         if self.monitor.violations:
             raise InvariantViolation(list(self.monitor.violations), self.replay)
 
     def result(self) -> RunResult:
+        """What the run did so far: messages expected and finished, deliveries, events, the
+        end time."""
         monitor = self.monitor
         done = monitor.finished | monitor.given_up
         return RunResult(
@@ -499,11 +508,14 @@ def _decode(value: Any) -> Any:
 
 
 def scenario_blob(scenario: Scenario) -> str:
+    """``scenario`` as one line of text (compressed JSON, URL-safe base64): what a replay
+    line carries."""
     raw = json.dumps(_encode(scenario), separators=(",", ":"), sort_keys=True).encode()
     return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode()
 
 
 def scenario_from_blob(blob: str) -> Scenario:
+    """The scenario a :func:`scenario_blob` line holds (the replay command reads it)."""
     raw = zlib.decompress(base64.urlsafe_b64decode(blob.encode()))
     scenario = _decode(json.loads(raw))
     assert isinstance(scenario, Scenario)

@@ -144,6 +144,8 @@ def cluster_specs(
 
 
 def workloads(*, max_messages: int = 200) -> SearchStrategy[Workload]:
+    """Hypothesis strategy of workloads: message counts up to ``max_messages``, rates,
+    batch sizes, start times, over TCP or HTTP."""
     return st.builds(
         Workload,
         messages=st.integers(0, max_messages),
