@@ -72,6 +72,7 @@ __all__ = [
     "MAX_COMMAND_DELAY",
     "ClientConnection",
     "ConnectionState",
+    "check_deferred_delay",
 ]
 
 
@@ -632,14 +633,7 @@ class ClientConnection:
         nsqd would refuse it with a fatal ``E_INVALID`` and close the connection."""
         self._require("deferred_publish()", _PUBLISH_STATES)
         delay_ms = _milliseconds("deferred_publish() delay", delay)
-        limit = self._max_req_timeout
-        if delay > (DEFAULT_MAX_REQ_TIMEOUT if limit is None else limit):
-            raise self._delay_error(
-                "deferred_publish()",
-                delay,
-                DEFAULT_MAX_REQ_TIMEOUT if limit is None else limit,
-                assumed=limit is None,
-            )
+        check_deferred_delay(delay, self._max_req_timeout)
         return self._request(frames.encode_dpub(topic, delay_ms, body))
 
     def nop(self) -> None:
@@ -700,7 +694,8 @@ class ClientConnection:
 
     def _not_in_flight(self, what: str, message_id: bytes) -> LocalProtocolError:
         return LocalProtocolError(
-            f"{what}: message {message_id!r} is not in flight on this connection "
+            f"{what}: message {message_id.decode('ascii', 'backslashreplace')} is not in flight "
+            "on this connection "
             "(already answered, or never received here)"
         )
 
@@ -1207,6 +1202,18 @@ class ClientConnection:
 _MAX_DELAY_MS = 2**31 - 1
 #: The same in seconds, for callers that clamp before asking.
 MAX_COMMAND_DELAY = _MAX_DELAY_MS / 1000
+
+
+def check_deferred_delay(delay: float, max_req_timeout: float | None = None) -> None:
+    """Raise :class:`~nsq_sansio.errors.DelayOutOfRange` for a DPUB delay (seconds) above
+    nsqd's ``max_req_timeout``, or above nsqd's default of an hour when it is not given: nsqd
+    refuses it (a fatal ``E_INVALID`` over TCP, ``400 INVALID_DEFER`` over HTTP). For
+    publishers without a :class:`ClientConnection`, such as nsqd's HTTP ``/pub?defer=``."""
+    limit = DEFAULT_MAX_REQ_TIMEOUT if max_req_timeout is None else max_req_timeout
+    if delay > limit:
+        raise ClientConnection._delay_error(
+            "deferred_publish()", delay, limit, assumed=max_req_timeout is None
+        )
 
 
 def _milliseconds(what: str, seconds: float) -> int:

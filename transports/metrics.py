@@ -221,6 +221,12 @@ class ClientCollector(Collector):
             "bytes_sent": counter("bytes_sent", "Bytes written to nsqd", tcn),
             "max_in_flight": gauge("max_in_flight", "Configured max_in_flight"),
             "backoff_level": gauge("backoff_level", "Backoff level (0: not backing off)"),
+            "backing_off": gauge(
+                "backing_off", "Consumers backing off (waiting out a window, or testing)"
+            ),
+            "backoff_windows": counter(
+                "backoff_windows", "Backoff windows opened (RDY 0 for a while after failures)"
+            ),
             "connections": gauge("connections", "Subscribed nsqd connections"),
         }
 
@@ -238,6 +244,8 @@ class ClientCollector(Collector):
             row["connection_errors"] += s.connection_errors
             row["max_in_flight"] += s.max_in_flight
             row["backoff_level"] = max(row["backoff_level"], s.backoff_level)
+            row["backing_off"] += s.backoff_phase != "normal"
+            row["backoff_windows"] += s.backoff_windows
             row["connections"] += s.connected
             for conn in s.connections:
                 link = per_link.setdefault(

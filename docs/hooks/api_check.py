@@ -43,6 +43,8 @@ DOCUMENTED_MODULES: tuple[str, ...] = (
     "transports.embedded",
     "transports.spark",
     "transports.metrics",
+    "transports.otel",
+    "transports.otel.envelope",
     "transports.cli",
     "transports.testing.pytest_plugin",
     "transports.testing.real_nsq",

@@ -6,8 +6,8 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
     loop:
         for action in coordinator.take_actions(): # Connect, CloseConnection, StartTLS,
             ...                                   # SendHTTPRequest, CloseHTTPRequest, Deliver,
-                                                  # GiveUp, TakenBack, FetchResult, DrainComplete,
-                                                  # ConsumerFailed
+                                                  # GiveUp, TakenBack, BackoffChanged,
+                                                  # FetchResult, DrainComplete, ConsumerFailed
         for conn_id, data in coordinator.pending_data():
             write(conn_id, data)
         sleep until coordinator.next_deadline() or IO, then feed one of:
@@ -15,6 +15,7 @@ A transport drives one :class:`ConsumerCoordinator` and does exactly what it say
             receive_data(conn_id, data, now)  (b"" at EOF) / tls_established(conn_id, now)
             http_data(request_id, data, now) (b"" at EOF) / http_response(...) / http_failed(...)
             handle_timer(now)
+        dead letters: dead_letter_published(d, now, topic) / dead_letter_failed(d, now)
         user code: finish(d, now) / requeue(d, now, delay=None, backoff=True) / touch(d, now)
                    set_max_in_flight(n, now) / fetch(...) / drain(now, unseen=queue)
         transport (optional): mark_delivered(d) when a Deliver reaches user code;
@@ -31,12 +32,16 @@ What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
   to a random set and moves away from connections idle for ``low_rdy_idle_timeout``.
   ``set_max_in_flight`` (0 pauses) redistributes at once. :meth:`ConsumerCoordinator.is_starved`
   is the guide's.
-* Messages: attempts over ``max_attempts`` are FIN'd and reported (:class:`GiveUp`); REQ without
+* Messages: attempts over ``max_attempts`` are FIN'd and reported (:class:`GiveUp`), or, with
+  ``dead_letter=True``, handed to the transport to publish first (:class:`DeadLetter`, then
+  ``dead_letter_published`` FINs it or ``dead_letter_failed`` requeues it); REQ without
   a delay waits ``default_requeue_delay * attempts`` capped; late FIN/REQ/TOUCH is reported as
   :class:`TakenBack`, never raised. Each :class:`Deliver` has a deadline; TOUCH extends it up to
   the server's ``max_msg_timeout``.
-* Backoff (:mod:`nsq_sansio.backoff`): RDY 0 everywhere, wait, RDY 1 to test, one result per
-  window.
+* Backoff (:mod:`nsq_sansio.backoff`): RDY 0 everywhere, wait, then one message at a time to
+  test (RDY: what the test connection holds, plus one), one result per window; a give-up
+  counts as a success, a message failing again does not raise the level. Every change is
+  reported (:class:`BackoffChanged`).
 * Discovery (:mod:`nsq_sansio.discovery`): lookupd mode connects to new nodes found by a poll
   and reconnects a lost node only when a later poll reports it; direct mode retries with capped,
   jittered exponential backoff.
@@ -63,20 +68,23 @@ behaviour by name and the per-message paths reach shared state without a hop:
 ``state`` (fields, queries) < ``rdy_bound`` (RDY writes, the max_in_flight bound) <
 ``distribution`` (RDY targets, moving RDY) < ``pull`` (fetches) < ``connections`` (connect,
 lose, reconnect, fail; lookupd glue) < ``drain`` < ``answers`` (FIN/REQ/TOUCH) <
-``coordinator`` (messages in, the timer).
+``dead_letters`` (the outcome of a DeadLetter's publish) < ``coordinator`` (messages in, the timer).
 """
 
 from ..errors import MessageGone
 from .actions import (
     Action,
+    BackoffChanged,
     CloseConnection,
     CloseHTTPRequest,
     Connect,
     ConnectionUp,
     ConsumerFailed,
+    DeadLetter,
     Deliver,
     Disconnected,
     DrainComplete,
+    DrainTimedOut,
     FetchEnd,
     FetchResult,
     GiveUp,
@@ -85,6 +93,7 @@ from .actions import (
     SendHTTPRequest,
     StartTLS,
     TakenBack,
+    TopicNotFound,
 )
 from .coordinator import ConsumerCoordinator
 from .drain import CLOSE_WAIT_GRACE
@@ -95,6 +104,7 @@ __all__ = [
     "CLOSE_WAIT_GRACE",
     "RDY_SETTLE_MIN",
     "Action",
+    "BackoffChanged",
     "CloseConnection",
     "CloseHTTPRequest",
     "Connect",
@@ -102,9 +112,11 @@ __all__ = [
     "ConsumerCoordinator",
     "ConsumerFailed",
     "ConsumerState",
+    "DeadLetter",
     "Deliver",
     "Disconnected",
     "DrainComplete",
+    "DrainTimedOut",
     "FetchEnd",
     "FetchResult",
     "GiveUp",
@@ -115,4 +127,5 @@ __all__ = [
     "SendHTTPRequest",
     "StartTLS",
     "TakenBack",
+    "TopicNotFound",
 ]

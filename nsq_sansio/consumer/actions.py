@@ -4,9 +4,9 @@ Connections (:class:`Connect`, :class:`StartTLS`, :class:`CloseConnection`), loo
 (:class:`SendHTTPRequest`, :class:`CloseHTTPRequest`), messages for the user (:class:`Deliver`,
 the handle they answer with, and :class:`FetchResult` in pull mode), and reports
 (:class:`GiveUp`, :class:`TakenBack`, :class:`ConnectionUp`, :class:`Disconnected`,
-:class:`LookupdFailed`, :class:`NodeRefused`, :class:`DrainComplete`,
-:class:`ConsumerFailed`). :data:`Action` is their union. This module decides nothing; it only
-defines the vocabulary.
+:class:`LookupdFailed`, :class:`NodeRefused`, :class:`TopicNotFound`, :class:`BackoffChanged`,
+:class:`DrainTimedOut`, :class:`DrainComplete`, :class:`ConsumerFailed`). :data:`Action` is
+their union. This module decides nothing; it only defines the vocabulary.
 """
 
 from __future__ import annotations
@@ -15,20 +15,24 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..backoff import BackoffPhase
 from ..discovery import LookupdAddress, NSQDAddress
 from ..errors import LookupdError, NSQError
 from ..events import Message, ServerSettings
 
 __all__ = [
     "Action",
+    "BackoffChanged",
     "CloseConnection",
     "CloseHTTPRequest",
     "Connect",
     "ConnectionUp",
     "ConsumerFailed",
+    "DeadLetter",
     "Deliver",
     "Disconnected",
     "DrainComplete",
+    "DrainTimedOut",
     "FetchEnd",
     "FetchResult",
     "GiveUp",
@@ -37,6 +41,7 @@ __all__ = [
     "SendHTTPRequest",
     "StartTLS",
     "TakenBack",
+    "TopicNotFound",
 ]
 
 _new_tuple = tuple.__new__
@@ -131,11 +136,26 @@ class Deliver(_DeliverFields):
 
 @dataclass(frozen=True, slots=True)
 class GiveUp:
-    """The message went over ``max_attempts``: it was FIN'd; log it, store it, alert..."""
+    """The message went over ``max_attempts``: it was FIN'd; log it, store it, alert...
+
+    ``dead_letter_topic`` is the topic it was published to first, when the consumer has a
+    dead-letter destination (None: it was not published anywhere)."""
 
     conn_id: int
     address: NSQDAddress
     message: Message
+    dead_letter_topic: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """The message went over ``max_attempts`` and the consumer has a dead-letter destination:
+    publish it there, then report the outcome with ``dead_letter_published(delivery, now,
+    topic)`` (it is FIN'd, and a :class:`GiveUp` says so) or ``dead_letter_failed(delivery,
+    now)`` (it is requeued: never lost). Until then it is held like a message in user code
+    (a drain waits for it; nsqd times it out after ``msg_timeout`` as any other)."""
+
+    delivery: Deliver
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +215,39 @@ class NodeRefused:
 
 
 @dataclass(frozen=True, slots=True)
+class BackoffChanged:
+    """The consumer's backoff moved: a window opened (``WAITING``, ``window`` seconds long),
+    a window ended (``TESTING``: one message at a time is let in), a success while testing
+    lowered the level (still ``TESTING``), or backoff is over (``NORMAL``). ``failures`` are
+    those counted since the consumer last ran normally. Informational (logs, metrics): the
+    coordinator already changed RDY."""
+
+    phase: BackoffPhase
+    level: int
+    window: float
+    failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNotFound:
+    """``lookupd`` lists no nsqd for the consumer's ``topic`` (it does not know the topic, or
+    no nsqd has it now), and no other lookupd lists one: nothing to consume until an nsqd has
+    the topic. Reported once, and again only after some lookupd listed a producer."""
+
+    lookupd: LookupdAddress
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainTimedOut:
+    """The drain's deadline passed while the user still held ``messages`` (handlers still
+    running, messages not answered): each was requeued (``REQ 0``) just now, so nsqd delivers
+    it again; answering one of them now gives a :class:`TakenBack`."""
+
+    messages: tuple[Deliver, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DrainComplete:
     """Drain finished: every connection is closed and nothing is left in flight."""
 
@@ -202,10 +255,10 @@ class DrainComplete:
 @dataclass(frozen=True, slots=True)
 class ConsumerFailed:
     """The consumer stopped for good (state ``FAILED``): ``error`` cannot be cured by
-    reconnecting. Today that is :class:`~nsq_sansio.errors.IdentifyRejected`: nsqd refused the
-    configuration (a value outside its limits). Every connection was closed (what was in
-    flight requeued), lookupd polling stopped, waiting fetches answered ``FAILED``; nothing
-    will follow. The transport raises ``error`` to the user."""
+    reconnecting: an :class:`~nsq_sansio.errors.IncompatibleNSQD` (nsqd refused IDENTIFY, the
+    address is nsqd's HTTP port, a TLS/compression/AUTH requirement not met). Every connection
+    was closed (what was in flight requeued), lookupd polling stopped, waiting fetches answered
+    ``FAILED``; nothing will follow. The transport raises ``error`` to the user."""
 
     error: NSQError
 
@@ -240,12 +293,16 @@ Action = (
     | CloseHTTPRequest
     | Deliver
     | GiveUp
+    | DeadLetter
     | TakenBack
     | ConnectionUp
     | Disconnected
     | LookupdFailed
+    | TopicNotFound
     | NodeRefused
+    | BackoffChanged
     | FetchResult
+    | DrainTimedOut
     | DrainComplete
     | ConsumerFailed
 )

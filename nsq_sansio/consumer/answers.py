@@ -19,7 +19,7 @@ from itertools import groupby, repeat
 from operator import is_, itemgetter
 
 from ..backoff import BackoffPhase, Outcome
-from ..connection import MAX_COMMAND_DELAY
+from ..connection import MAX_COMMAND_DELAY, ClientConnection
 from ..errors import LocalProtocolError
 from . import retry
 from .actions import Deliver
@@ -322,8 +322,8 @@ class Answers(Drain):
     ) -> bool:
         """REQ: hand the message back. Without ``delay``: ``default_requeue_delay * attempts``
         capped. ``backoff=False`` keeps this failure from slowing the consumer down."""
-        if delay is not None and not (delay >= 0 and math.isfinite(delay)):
-            raise LocalProtocolError(f"requeue delay must be >= 0 seconds, got {delay!r}")
+        if delay is not None:
+            self.check_requeue_delay(delivery, delay)  # before anything is settled
         link = self._settle(delivery, "REQ")
         if link is None:
             return False
@@ -340,13 +340,16 @@ class Answers(Drain):
         if not link.proto.is_in_flight(message_id):  # already answered in the same read
             self._report_gone(delivery, "REQ")
             return False
-        failed = backoff and self._config.backoff_active
-        outcome = Outcome.FAILURE if failed else Outcome.NEUTRAL
+        if not (backoff and self._config.backoff_active):
+            outcome = Outcome.NEUTRAL
+        elif delivery.attempts > 1:  # failed before: does not raise the level (see backoff)
+            outcome = Outcome.REPEATED_FAILURE
+        else:
+            outcome = Outcome.FAILURE
         if self._state is ConsumerState.RUNNING and self._backoff.record(outcome, now):
             # Backoff starts (or a test ends): RDY 0 goes on the wire before the REQ, else
             # nsqd could hand the message straight back, in flight for the whole window.
-            self._recalm()
-            self._rebalance(now)
+            self._backoff_moved(now)
             self._emit_rdy(link)
             link.proto.requeue(message_id, delay)
             self.requeued += 1
@@ -358,11 +361,29 @@ class Answers(Drain):
         self._after_answer(link, outcome, now, delivery, recorded=True)
         return True
 
+    def check_requeue_delay(self, delivery: Deliver, delay: float) -> None:
+        """Raise for a ``requeue()`` delay nsqd would not take, changing nothing: not a number
+        of seconds >= 0 (:class:`~nsq_sansio.errors.LocalProtocolError`), or above nsqd's
+        ``max_req_timeout`` when it is known (given as ``Config.max_req_timeout``, or announced
+        by that nsqd): :class:`~nsq_sansio.errors.DelayOutOfRange`, which names the unit. Only
+        reads, so a transport may call it from the thread the answer comes from."""
+        if not (delay >= 0 and math.isfinite(delay)):
+            raise LocalProtocolError(f"requeue delay must be >= 0 seconds, got {delay!r}")
+        link = self._links.get(delivery.conn_id)
+        proto = link.proto if link is not None else None
+        limit = proto.max_req_timeout if proto is not None else None
+        if limit is not None and delay > limit:
+            raise ClientConnection._delay_error("requeue()", delay, limit, assumed=False)
+
     def requeue_delay(self, attempts: int, conn_id: int | None = None) -> float:
         """The automatic REQ delay: ``default_requeue_delay * attempts``, capped (also by the
-        server's ``max_req_timeout`` when ``conn_id`` is given)."""
+        server's ``max_req_timeout``, configured or announced, when ``conn_id`` is given)."""
         link = self._links.get(conn_id) if conn_id is not None else None
         max_req_timeout = link.max_req_timeout if link is not None else None
+        if link is not None and link.proto is not None:
+            known = link.proto.max_req_timeout  # configured, or announced by nsqd
+            if known is not None and (max_req_timeout is None or known < max_req_timeout):
+                max_req_timeout = known
         return retry.requeue_delay(self._config, attempts, max_req_timeout)
 
     def touch(self, delivery: Deliver, now: float) -> float | None:
@@ -418,8 +439,7 @@ class Answers(Drain):
             self._answered_while_settling(link, delivery, now)
         if self._state is ConsumerState.RUNNING:
             if not recorded and self._backoff.record(outcome, now):
-                self._recalm()
-                self._rebalance(now)
+                self._backoff_moved(now)
             elif self._pull and link.alloc > 0:
                 count = self._live_in_flight(link, now) + link.alloc
                 self._send_rdy(link, min(count, self._budget_left(link)), now)

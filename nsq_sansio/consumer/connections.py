@@ -5,10 +5,14 @@ Direct addresses are connected at :meth:`~Connections.start` and, when lost, ret
 :class:`~nsq_sansio.consumer.retry.DirectRetry` schedule; lookupd answers
 (:mod:`nsq_sansio.discovery`) connect the producers not connected yet (those the
 ``nsqd_filter`` accepts: a refused one is reported once, :class:`NodeRefused`), and a lost one
-comes back only when a later poll lists it. ``_drop`` forgets a connection (its RDY, its messages:
-nsqd requeues them) and reports :class:`~nsq_sansio.consumer.actions.Disconnected`; nsqd
-refusing IDENTIFY fails the consumer for good (``_fail``, :class:`ConsumerFailed`). Handshake,
-close and heartbeat deadlines of each connection are checked by ``_link_timers``.
+comes back only when a later poll lists it; a topic no lookupd lists an nsqd for is reported
+once (:class:`~nsq_sansio.consumer.actions.TopicNotFound`) and counted. ``_drop`` forgets a
+connection (its RDY, its messages: nsqd requeues them) and reports
+:class:`~nsq_sansio.consumer.actions.Disconnected`; an nsqd that cannot serve the
+configuration (:class:`~nsq_sansio.errors.IncompatibleNSQD`: IDENTIFY refused, nsqd's HTTP
+port, TLS it does not offer...) fails the consumer for good (``_fail``,
+:class:`ConsumerFailed`). Handshake, close and heartbeat deadlines of each connection are
+checked by ``_link_timers``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from .actions import (
     NodeRefused,
     SendHTTPRequest,
     TakenBack,
+    TopicNotFound,
 )
 from .link import Link, LinkPhase
 from .pull import PullMode
@@ -72,11 +77,9 @@ class Connections(PullMode):
             return
         link.phase = LinkPhase.HANDSHAKING
         link.connected_at = now
-        link.proto = ClientConnection(
-            self._identify,
-            auth_secret=self._config.auth_secret,
-            auth_requires_tls=self._config.auth_requires_tls,
-        )
+        # The whole configuration (AUTH policy, a known max_req_timeout), and the address to
+        # name in what goes wrong (nsqd's HTTP port, TLS it does not offer...).
+        link.proto = ClientConnection.from_config(self._config, peer=str(link.address))
         link.send_fin = link.proto.finish
         link.send_fins = link.proto.finish_many
         self._dirty.add(conn_id)
@@ -134,6 +137,7 @@ class Connections(PullMode):
             return
         if self._state is not ConsumerState.RUNNING:
             return
+        self._note_producers(outcome)
         accepts = self._nsqd_filter
         for address in outcome.producers:
             if address in self._by_address:
@@ -168,6 +172,18 @@ class Connections(PullMode):
         if proto.heartbeat_interval is not None:
             limit = min(limit, proto.heartbeat_interval / 2)
         return max(limit, _MIN_READ_PAUSE)
+
+    def _note_producers(self, answer: LookupAnswer) -> None:
+        """Count a lookupd answer that lists no nsqd for the topic, and report it once
+        (:class:`TopicNotFound`) while no lookupd lists one; a listed producer re-arms it."""
+        if answer.producers:
+            self._topic_reported = False
+            return
+        self.topic_not_found += 1
+        assert self._poller is not None
+        if not self._topic_reported and not self._poller.known_nodes():
+            self._topic_reported = True
+            self._actions.append(TopicNotFound(answer.lookupd, self.topic))
 
     # --- timers --------------------------------------------------------------------------------
 

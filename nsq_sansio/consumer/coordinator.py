@@ -26,8 +26,8 @@ from ..events import (
     TLSUpgradeRequired,
 )
 from ..rdy import needs_refresh
-from .actions import ConnectionUp, Deliver, GiveUp, StartTLS, TakenBack
-from .answers import Answers
+from .actions import ConnectionUp, DeadLetter, Deliver, GiveUp, StartTLS, TakenBack
+from .dead_letters import DeadLetters
 from .link import RDY_SETTLE_MIN, Link, LinkPhase
 from .retry import over_attempts
 from .state import ConsumerState
@@ -37,12 +37,14 @@ __all__ = ["ConsumerCoordinator"]
 _attempts: Callable[[Deliver], int] = itemgetter(4)  # Deliver.attempts
 
 
-class ConsumerCoordinator(Answers):
+class ConsumerCoordinator(DeadLetters):
     """Decides, for one topic/channel, what every nsqd connection sends and when.
 
     ``nsqd`` are direct addresses (retried with backoff), ``lookupd`` are polled for producers.
     ``rng`` makes every random choice (jitter, which connection gets RDY) replayable. ``pull``
-    selects pull mode: messages only flow for :meth:`fetch` requests.
+    selects pull mode: messages only flow for :meth:`fetch` requests. ``dead_letter``: a
+    message over ``max_attempts`` is not FIN'd here but handed to the transport as
+    :class:`~nsq_sansio.consumer.actions.DeadLetter` to publish first.
     """
 
     def receive_data(self, conn_id: int, data: bytes, now: float) -> None:
@@ -139,9 +141,8 @@ class ConsumerCoordinator(Answers):
             return
         if self._state is not ConsumerState.RUNNING:
             return
-        if self._backoff.handle_timer(now):
-            self._recalm()
-            self._rebalance(now)
+        if self._backoff.handle_timer(now, self.in_flight_count()):
+            self._backoff_moved(now)
         if self._settling:
             self._settle_due(now)
         if self._next_redistribute is not None and now >= self._next_redistribute:
@@ -215,12 +216,21 @@ class ConsumerCoordinator(Answers):
             self.requeued += 1
             return
         if over_attempts(delivery.attempts, self._max_attempts):
+            if self._dead_letter:
+                # Held as if in user code until the transport reports the publish: FIN'd
+                # only once it is stored elsewhere, requeued if that failed.
+                link.tracked[message_id] = delivery
+                if self._explicit_delivery:  # a drain must wait for it, not requeue it
+                    link.marks = True
+                    link.seen.add(message_id)
+                self._dead_letters[id(delivery)] = delivery
+                self._actions.append(DeadLetter(delivery))
+                return
             proto.finish(message_id)
             self.given_up += 1
             self._actions.append(GiveUp(link.conn_id, link.address, delivery.message))
-            if self._backoff.record(Outcome.NEUTRAL, now):
-                self._recalm()
-                self._rebalance(now)
+            if self._backoff.record(Outcome.SUCCESS, now):  # a give-up FINs: a success
+                self._backoff_moved(now)
             return
         if link.held_count() >= link.claim and not self._take_late(link, 1, now):
             # Beyond max_in_flight (see _take_late): handed back, the user never sees it.

@@ -11,8 +11,9 @@ warms up new connections and moves scarce RDY away from idle ones; budget that c
 
 from __future__ import annotations
 
+from ..backoff import BackoffPhase
 from ..rdy import even_shares
-from .actions import Deliver
+from .actions import BackoffChanged, Deliver
 from .link import RDY_SETTLE_MIN, Link
 from .rdy_bound import RdyBound
 from .shares import pick_holders, pull_shares
@@ -62,6 +63,8 @@ class RdyDistribution(RdyBound):
             for link, alloc, n in zip(links, allocs, live, strict=True):
                 link.alloc = alloc
                 targets.append(n + alloc if alloc else 0)
+        elif self._backoff.phase is BackoffPhase.TESTING:
+            targets = self._testing_targets(links, budget, exclude)
         elif budget >= len(links):
             targets = even_shares(budget, [link.max_rdy if link.warm else 1 for link in links])
         else:
@@ -79,6 +82,40 @@ class RdyDistribution(RdyBound):
                     self._send_rdy(link, 0, now)
             return
         self._raise_to_targets(links, now)
+
+    def _testing_targets(
+        self, links: list[Link], budget: int, exclude: frozenset[int]
+    ) -> list[int]:
+        """Backoff's test: the messages it lets in (``budget`` beyond what is held) go to one
+        connection at random (a few once successes let more in), each given RDY = what it
+        holds + its share. RDY counts messages in flight on nsqd, so a plain RDY 1 on a
+        connection whose handlers still run would let no test message in at all."""
+        held = [max(link.held_count(), 0) for link in links]
+        new = budget - sum(held)
+        if new <= 0:
+            return [0] * len(links)
+        room = [max(0, link.max_rdy - count) for link, count in zip(links, held, strict=True)]
+        if new >= len(links):
+            shares = even_shares(new, room)
+        else:
+            shares = pick_holders(links, new, exclude, [min(1, r) for r in room], self._rng)
+        return [count + share if share else 0 for count, share in zip(held, shares, strict=True)]
+
+    def _backoff_moved(self, now: float) -> None:
+        """Backoff changed phase or level: RDY follows, and a change of phase, a window
+        opened or a test's level is reported (a level lowered inside a window is not: the
+        window goes on, only its end says so)."""
+        self._recalm()
+        self._rebalance(now)
+        backoff = self._backoff
+        seen = (backoff.phase, backoff.windows, backoff.level)
+        last = self._backoff_reported
+        self._backoff_reported = seen
+        if seen[:2] == last[:2] and (seen[0] is not BackoffPhase.TESTING or seen == last):
+            return
+        self._actions.append(
+            BackoffChanged(backoff.phase, backoff.level, backoff.window, backoff.failures)
+        )
 
     def _raise_to_targets(self, links: list[Link], now: float) -> None:
         """Raise every link below its target as far as the bound allows. In push mode a link

@@ -1,4 +1,4 @@
-"""Pull mode's queue of fetches (after JetStream's pull consumers, seeds/001), pure.
+"""Pull mode's queue of fetches (after JetStream's pull consumers), pure.
 
 ``fetch(batch, expires, no_wait)`` registers a :class:`FetchRequest`; the coordinator keeps the
 RDY of its connections equal to what they hold plus their share of the requests' remaining

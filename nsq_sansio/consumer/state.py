@@ -55,6 +55,7 @@ class CoordinatorState:
         lookupd: Iterable[str | LookupdAddress] = (),
         pull: bool = False,
         nsqd_filter: NSQDFilter | None = None,
+        dead_letter: bool = False,
     ) -> None:
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
@@ -97,6 +98,8 @@ class CoordinatorState:
             self._config.max_backoff_duration,
             enabled=self._config.backoff_enabled,
         )
+        #: What BackoffChanged last reported: (phase, windows opened, level).
+        self._backoff_reported = (BackoffPhase.NORMAL, 0, 0)
         self._links: dict[int, Link] = {}
         self._by_address: dict[NSQDAddress, Link] = {}
         self._next_conn_id = 1
@@ -132,22 +135,38 @@ class CoordinatorState:
         #: handed to user code, and drain requeues the others at once.
         self._explicit_delivery = False
         self._max_attempts = self._config.max_attempts
+        #: A given-up message is handed to the transport (DeadLetter) instead of FIN'd here.
+        self._dead_letter = bool(dead_letter)
+        #: Deliveries handed over as DeadLetter and not reported on yet, by identity (nsqd
+        #: may send the same id again meanwhile: each handle is reported on once).
+        self._dead_letters: dict[int, Deliver] = {}
         self._failure: NSQError | None = None
         self.received = 0
         self.finished = 0
         self.requeued = 0
         self.given_up = 0
         self.taken_back = 0
+        #: lookupd answers that listed no nsqd for the topic (TopicNotFound says it once).
+        self.topic_not_found = 0
+        self._topic_reported = False
+        self.dead_lettered = 0
+        self.dead_letter_failures = 0
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: messages received, finished, requeued, given up, taken back."""
+        """Counters: messages received, finished, requeued, given up, taken back; given up
+        after a dead-letter publish (``dead_lettered``, also counted in ``given_up``), and
+        dead-letter publishes that failed (each such message was requeued); lookupd answers
+        that listed no nsqd for the topic (``topic_not_found``)."""
         return {
             "received": self.received,
             "finished": self.finished,
             "requeued": self.requeued,
             "given_up": self.given_up,
             "taken_back": self.taken_back,
+            "topic_not_found": self.topic_not_found,
+            "dead_lettered": self.dead_lettered,
+            "dead_letter_failures": self.dead_letter_failures,
         }
 
     # --- introspection -------------------------------------------------------------------------
@@ -184,6 +203,17 @@ class CoordinatorState:
     @property
     def backoff_level(self) -> int:
         return self._backoff.level
+
+    @property
+    def backoff_allowance(self) -> int:
+        """While backoff tests: the most messages the consumer may hold (what it held when
+        the test began, one more, two more per success since); else 0."""
+        return self._backoff.allowance
+
+    @property
+    def backoff_windows(self) -> int:
+        """Backoff windows opened since the consumer started (a counter)."""
+        return self._backoff.windows
 
     def connection_ids(self) -> list[int]:
         return list(self._links)
@@ -228,7 +258,7 @@ class CoordinatorState:
         return delivery.received_at + link.max_msg_timeout
 
     def next_touch(self, delivery: Deliver) -> float | None:
-        """For long jobs (seeds/002): when to TOUCH next to keep the message, half-way to its
+        """For long jobs: when to TOUCH next to keep the message, half-way to its
         deadline; None when it is no longer ours or TOUCH cannot extend it any more (the
         server's max_msg_timeout is reached: finish before :meth:`max_deadline`). The
         coordinator never touches by itself."""
@@ -306,7 +336,8 @@ class CoordinatorState:
                 delivery.id,
                 command,
                 MessageGone(
-                    f"{command} for message {delivery.id!r} from {delivery.address}: "
+                    f"{command} for message {delivery.id.decode('ascii', 'replace')} from "
+                    f"{delivery.address}: "
                     "it is no longer in flight on this consumer (connection closed, requeued "
                     "by drain, or delivered again after timing out)"
                 ),

@@ -16,7 +16,9 @@ Per step (from the wire, independently of the state machines' own bookkeeping):
   can know of it before), checked once the consumer has reacted to it: it must hand back what
   does not fit. Read with the current ``max_in_flight``: lowering it at run time is not
   modelled.
-* ``BACKOFF_RDY``: while a consumer backs off (waiting or testing) it never sends RDY > 1.
+* ``BACKOFF_RDY``: while a consumer backs off it sends RDY 0 (waiting), or no more than its
+  test lets in (testing: one message more than it held when the test began, two more per
+  success since; never one that lets nsqd send more).
 * ``ATTEMPTS``: every delivery of a message on a channel carries a higher attempts count than
   the one before (what ``max_attempts`` relies on).
 
@@ -318,15 +320,22 @@ class Monitor:
                     f"{node.coord.max_in_flight} after writing RDY {count} to "
                     f"{pipe.nsqd} ({detail})",
                 )
-        if count <= 1:
+        if count == 0:
             return
         node = self.sim.nodes.get(pipe.client)
-        if isinstance(node, ConsumerNode) and node.coord.backoff_phase is not BackoffPhase.NORMAL:
+        if not isinstance(node, ConsumerNode):
+            return
+        coord = node.coord
+        if coord.backoff_phase is BackoffPhase.NORMAL:
+            return
+        allowed = min(coord.backoff_allowance, coord.max_in_flight)  # 0 while waiting
+        if count > allowed:
             self.violate(
                 Invariant.BACKOFF_RDY,
                 now,
                 f"{pipe.client} sent RDY {count} to {pipe.nsqd} while backing off "
-                f"({node.coord.backoff_phase.name}, level {node.coord.backoff_level})",
+                f"({coord.backoff_phase.name}, level {coord.backoff_level}, at most "
+                f"{allowed})",
             )
 
     def subscribed(self, pipe: _Pipe) -> None:

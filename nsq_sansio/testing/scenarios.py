@@ -1,8 +1,9 @@
-"""The field reports as runnable scenarios (each returns numbers a test can assert on).
+"""Known failure modes of long-running consumers as runnable scenarios (each returns numbers
+a test can assert on).
 
-* :func:`long_jobs` (seeds/002): a job longer than ``msg_timeout`` is redelivered and runs
+* :func:`long_jobs`: a job longer than ``msg_timeout`` is redelivered and runs
   twice at once, unless kept alive with TOUCH, which works until ``max_msg_timeout``.
-* :func:`rolling_restart` (seeds/003): restarting consumers without a drain leaves their
+* :func:`rolling_restart`: restarting consumers without a drain leaves their
   messages waiting for server timeouts; with a drain they move on at once.
 * :func:`starvation` : more nsqd than ``max_in_flight``, messages only on some of them;
   redistribution of RDY finds them.

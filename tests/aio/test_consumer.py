@@ -411,9 +411,12 @@ async def test_drain_on_signals(nsqd: EmbeddedNSQD) -> None:
     topic = fresh()
     await publish(nsqd.tcp_address, topic, [b"%d" % i for i in range(3)])
     handled: list[bytes] = []
+    sent = False
 
     async def handler(msg: Message) -> None:
-        if not handled:
+        nonlocal sent
+        if not sent:  # one signal (a second one would stop at once)
+            sent = True
             os.kill(os.getpid(), signal.SIGHUP)
         await anyio.sleep(0.2)
         handled.append(msg.body)

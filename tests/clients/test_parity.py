@@ -17,7 +17,7 @@ import logging
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import anyio
@@ -29,8 +29,8 @@ from support.runtimes import Runtime
 import transports.anyio
 import transports.sync
 import transports.trio
-from nsq_sansio.errors import ConfigError, InvalidName, LocalProtocolError
-from transports._common import CONNECTION_STATES
+from nsq_sansio.errors import ConfigError, DelayOutOfRange, InvalidName, LocalProtocolError
+from transports._common import CONNECTION_STATES, ConsumerStats
 from transports.embedded import EmbeddedNSQD
 
 # --- what may differ, and why ------------------------------------------------------------------
@@ -242,6 +242,7 @@ def test_the_runtimes_export_the_same_names() -> None:
 SHARED = {
     "ConnectionStats",
     "ConsumerStats",
+    "DrainResult",
     "EventCallback",
     "HTTPPublishError",
     "KeepaliveExpired",
@@ -362,6 +363,13 @@ MISUSES = [
         Misuse(f"requeue(delay={d!r})", "message", lambda m, d=d: m.requeue(d), LocalProtocolError)
         for d in NOT_SECONDS
     ),
+    Misuse(
+        "requeue() above a known max_req_timeout",
+        "message",
+        lambda m: m.requeue(20),
+        DelayOutOfRange,
+        options=(("max_req_timeout", 10.0),),
+    ),
     # producers
     *(
         Misuse(
@@ -372,6 +380,12 @@ MISUSES = [
         )
         for d in NOT_SECONDS
         for kind in ("producer", "http")
+    ),
+    Misuse(
+        "deferred_publish() of 5000 seconds (milliseconds meant)",
+        "producer",
+        lambda p: p.deferred_publish("t", b"x", 5000),
+        DelayOutOfRange,
     ),
     *(
         Misuse(
@@ -498,7 +512,8 @@ async def test_a_misuse_raises_the_documented_exception(
             async with runtime.producer(nsqd.tcp_address) as p:
                 await p.publish(topic, b"x")
         pull = misuse.client == "pull"
-        async with runtime.consumer(topic, "c", nsqd=[nsqd.tcp_address], pull=pull) as c:
+        options = dict(misuse.options)
+        async with runtime.consumer(topic, "c", nsqd=[nsqd.tcp_address], pull=pull, **options) as c:
             if misuse.client == "message":
                 message = await c.get(10)
                 assert message is not None
@@ -591,6 +606,10 @@ async def test_a_late_answer_is_taken_back_and_logged_the_same(
     assert late and all(r.name == logger and r.levelname == "WARNING" for r in late)
     pattern = rf"\[{re.escape(server.tcp_address)}\] FIN for message {old.id.decode()} came "
     assert any(re.match(pattern, r.getMessage()) for r in late), [r.getMessage() for r in late]
+    for record in late:  # each fact once: the id as hex text, once; the address once
+        text = record.getMessage()
+        assert "b'" not in text and text.count(old.id.decode()) == 1, text
+        assert text.count(server.tcp_address) == 1, text
     subscribed = [r for r in caplog.records if "subscribed to" in r.getMessage()]
     assert subscribed and subscribed[0].levelname == "INFO"
     assert re.match(
@@ -598,6 +617,31 @@ async def test_a_late_answer_is_taken_back_and_logged_the_same(
         r"max_rdy_count \d+, msg_timeout 1s\)$",
         subscribed[0].getMessage(),
     ), subscribed[0].getMessage()
+
+
+def test_consumer_stats_have_these_fields() -> None:
+    """What every runtime's ``stats()`` says (one class for all of them): a field added or
+    renamed changes dashboards and the metrics exporter, so it is written down here."""
+    assert [f.name for f in fields(ConsumerStats)] == [
+        "topic",
+        "channel",
+        "received",
+        "finished",
+        "requeued",
+        "given_up",
+        "taken_back",
+        "in_flight",
+        "rdy",
+        "max_in_flight",
+        "backoff_level",
+        "backoff_phase",
+        "backoff_windows",
+        "reconnects",
+        "connection_errors",
+        "connections",
+        "paused",
+        "topic_not_found",
+    ]
 
 
 @pytest.mark.anyio
@@ -614,6 +658,7 @@ async def test_stats_speak_one_vocabulary(runtime: Runtime, nsqd: EmbeddedNSQD) 
         consumer_stats = c.stats()
     assert {conn.state for conn in consumer_stats.connections} == {"subscribed"}
     assert consumer_stats.connected == 1 and consumer_stats.backoff_phase == "normal"
+    assert consumer_stats.backoff_level == 0 and consumer_stats.backoff_windows == 0
     by_address = {conn.address: conn for conn in producer_stats.connections}
     assert by_address[nsqd.tcp_address].state == "ready"
     assert by_address[nsqd.tcp_address].connected

@@ -7,6 +7,7 @@ that stay in the channel (``depth``), and the broker keeps serving every other c
 from __future__ import annotations
 
 import socket
+import time
 
 from .conftest import Target
 from .wire import RawConn, http_json, unique, wait_for
@@ -55,10 +56,20 @@ def test_a_subscriber_that_never_reads_holds_a_few_messages_the_rest_stays_in_de
                 # meanwhile the broker kept serving another channel's reader
                 assert _read_and_fin(other, COUNT) == bodies
 
+            seen: list[int] = []
+
             def settled() -> dict[str, int] | None:
+                # every message stored, and the stuck client's share unchanged for 0.5 s: its
+                # socket buffers are full and its delivery loop is blocked (on a loaded machine
+                # it is still taking messages when the counts first add up)
                 ch = _channel(target, topic, "c")
-                if ch["depth"] + ch["in_flight_count"] == COUNT:
+                if ch["depth"] + ch["in_flight_count"] != COUNT:
+                    return None
+                stable = seen[-1:] == [ch["in_flight_count"]]
+                seen.append(ch["in_flight_count"])
+                if stable:
                     return ch
+                time.sleep(0.5)
                 return None
 
             ch = wait_for(settled)

@@ -22,6 +22,7 @@ from nsq_sansio.consumer import (
     CloseHTTPRequest,
     Connect,
     ConsumerCoordinator,
+    DeadLetter,
     Deliver,
     FetchResult,
     SendHTTPRequest,
@@ -51,6 +52,7 @@ class World:
         direct: bool = True,
         node_options: dict[str, object] | None = None,
         latency: float = 0.0,
+        dead_letter: bool = False,
     ) -> None:
         self.now = 0.0
         #: The longest a chunk waits in a pipe (0: bytes move at once).
@@ -78,7 +80,10 @@ class World:
             nsqd=[str(a) for a in self.addresses] if direct else (),
             lookupd=lookupd,
             pull=pull,
+            dead_letter=dead_letter,
         )
+        #: DeadLetter actions not reported on yet, in order.
+        self.dead_letters: list[Deliver] = []
         self.wire: dict[int, tuple[NSQDAddress, int]] = {}  # conn_id -> (node, server conn)
         self.actions: list[Action] = []
         self.inbox: list[Deliver] = []
@@ -300,6 +305,8 @@ class World:
             self.inbox.append(action)
         elif isinstance(action, FetchResult):
             self.results.append(action)
+        elif isinstance(action, DeadLetter):
+            self.dead_letters.append(action.delivery)
         elif isinstance(action, SendHTTPRequest):
             self.http[action.request_id] = action
         elif isinstance(action, CloseHTTPRequest):

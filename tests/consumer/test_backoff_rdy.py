@@ -10,46 +10,84 @@ from hypothesis import strategies as st
 from nsq_sansio.backoff import Backoff, BackoffPhase, Outcome, reconnect_delay
 from nsq_sansio.rdy import even_shares, is_starved, needs_refresh
 
-S, F, N = Outcome.SUCCESS, Outcome.FAILURE, Outcome.NEUTRAL
+S, F, R, N = Outcome.SUCCESS, Outcome.FAILURE, Outcome.REPEATED_FAILURE, Outcome.NEUTRAL
 
 
-def test_failure_opens_exponential_window_then_tests_with_budget_one() -> None:
+def test_failure_opens_exponential_window_then_tests_with_one_message_more() -> None:
     b = Backoff(1.0, 120.0)
     assert b.rdy_budget(50) == 50
     assert b.record(F, now=10.0)
     assert b.phase is BackoffPhase.WAITING and b.level == 1
-    assert b.deadline == 12.0  # 1 s * 2**1
+    assert b.deadline == 12.0 and b.window == 2.0  # 1 s * 2**1
     assert b.rdy_budget(50) == 0
     assert not b.handle_timer(11.9)
-    assert b.handle_timer(12.0)
-    assert b.phase is BackoffPhase.TESTING
-    assert b.rdy_budget(50) == 1
+    assert b.handle_timer(12.0, held=3)  # three handlers still run: the test is a fourth
+    assert b.phase is BackoffPhase.TESTING and b.window == 0.0
+    assert b.rdy_budget(50) == 4 and b.allowance == 4
+    assert b.rdy_budget(2) == 2
     assert b.rdy_budget(0) == 0
 
 
-def test_only_one_result_counts_per_window() -> None:
+def test_failures_in_a_window_never_raise_the_level() -> None:
     b = Backoff(1.0, 120.0)
     b.record(F, 0.0)
-    for _ in range(10):  # failures already in flight during the window are ignored
-        assert not b.record(F, 0.5)
-    assert b.level == 1
+    for outcome in (F, R, S, N) * 3:  # in flight when the window opened: failures dominate
+        assert not b.record(outcome, 0.5)
+    assert b.level == 1 and b.failures == 1 and b.windows == 1
     b.handle_timer(2.0)
     b.record(F, 2.0)
-    assert b.level == 2 and b.deadline == 6.0
+    assert b.level == 2 and b.deadline == 6.0 and b.failures == 2 and b.windows == 2
 
 
-def test_success_lowers_level_and_level_zero_returns_to_normal() -> None:
+def test_successes_in_a_window_lower_the_level_once_they_outnumber_its_failures() -> None:
+    b = Backoff(1.0, 120.0)
+    b.record(F, 0.0)
+    b.handle_timer(2.0)
+    b.record(F, 2.0)  # level 2, a 4 s window
+    assert not b.record(S, 2.1)  # one failure (the window's), one success: even
+    assert b.record(S, 2.2)  # outnumbered: level 1, the window goes on
+    assert b.level == 1 and b.phase is BackoffPhase.WAITING and b.deadline == 6.0
+    assert not b.record(F, 2.3) and not b.record(S, 2.4)  # even again
+    assert b.record(S, 2.5)
+    assert b.phase is BackoffPhase.NORMAL and b.level == 0 and b.deadline is None
+    assert b.windows == 2
+
+
+def test_a_success_while_testing_lowers_the_level_and_lets_two_more_in() -> None:
     b = Backoff(1.0, 120.0)
     b.record(F, 0.0)
     b.handle_timer(2.0)
     b.record(F, 2.0)
     b.handle_timer(6.0)
-    assert b.record(S, 6.0)
-    assert b.level == 1 and b.phase is BackoffPhase.WAITING and b.deadline == 8.0
-    b.handle_timer(8.0)
-    assert b.record(S, 8.0)
-    assert b.phase is BackoffPhase.NORMAL and b.level == 0 and b.deadline is None
+    assert b.level == 2 and b.allowance == 1
+    assert b.record(S, 6.0)  # no new window: the test goes on, with room for two more
+    assert b.level == 1 and b.phase is BackoffPhase.TESTING and b.deadline is None
+    assert b.allowance == 2 and b.windows == 2
+    assert b.record(S, 6.5)
+    assert b.phase is BackoffPhase.NORMAL and b.level == 0 and b.failures == 0
+    assert b.rdy_budget(9) == 9
     assert not b.record(S, 9.0)
+
+
+def test_a_repeated_failure_backs_off_without_raising_the_level() -> None:
+    # A message that failed before fails again (a poison message on its way to
+    # max_attempts): a window, but at the level the consumer is at (1 at least).
+    b = Backoff(1.0, 120.0)
+    assert b.record(R, 0.0)
+    assert b.level == 1 and b.deadline == 2.0
+    now = 2.0
+    for _ in range(10):
+        assert b.handle_timer(now)
+        assert b.record(R, now)
+        assert b.level == 1 and b.window == 2.0
+        now += 2.0
+    assert b.failures == 11 and b.windows == 11
+    assert b.handle_timer(now)
+    b.record(F, now)  # a first failure still raises it
+    assert b.level == 2
+    assert b.handle_timer(now + 4.0)
+    b.record(R, now + 4.0)
+    assert b.level == 2 and b.window == 4.0
 
 
 def test_neutral_result_while_testing_reopens_window_at_same_level() -> None:
@@ -76,25 +114,42 @@ def test_window_is_capped_and_level_bounded() -> None:
 def test_disabled_backoff_never_leaves_normal() -> None:
     for b in (Backoff(1.0, 120.0, enabled=False), Backoff(0.0, 120.0), Backoff(1.0, 0.0)):
         assert not b.record(F, 0.0)
+        assert not b.record(R, 0.0)
         assert b.phase is BackoffPhase.NORMAL
         assert b.rdy_budget(7) == 7
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([S, F, N, None]), st.floats(0, 10)), max_size=60))
-def test_backoff_invariants(steps: list[tuple[Outcome | None, float]]) -> None:
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([S, F, R, N, None]), st.floats(0, 10), st.integers(0, 20)),
+        max_size=60,
+    )
+)
+def test_backoff_invariants(steps: list[tuple[Outcome | None, float, int]]) -> None:
     b = Backoff(0.5, 30.0)
     now = 0.0
-    for outcome, dt in steps:
+    for outcome, dt, held in steps:
         now += dt
+        level, windows = b.level, b.windows
         if outcome is None:
-            b.handle_timer(now)
+            b.handle_timer(now, held)
         else:
             b.record(outcome, now)
         assert 0 <= b.level <= b.max_level
         assert (b.phase is BackoffPhase.NORMAL) == (b.level == 0)
         assert (b.deadline is not None) == (b.phase is BackoffPhase.WAITING)
-        assert b.rdy_budget(100) in ((0,) if b.phase is BackoffPhase.WAITING else (1, 100))
+        if b.phase is BackoffPhase.WAITING:
+            assert b.rdy_budget(100) == 0 and 0 < b.window <= 30.0
+        elif b.phase is BackoffPhase.TESTING:
+            assert 1 <= b.rdy_budget(100) <= 100
+        else:
+            assert b.rdy_budget(100) == 100 and b.failures == 0
+        if outcome is R or outcome is N:  # never raise the level above 1
+            assert b.level <= max(level, 1)
+        if outcome is S:  # never raise it, never open a window
+            assert b.level <= level and b.windows == windows
+        assert b.windows >= windows
 
 
 def test_reconnect_delay_doubles_with_cap_and_jitter() -> None:

@@ -417,8 +417,9 @@ def test_fin_req_touch_bytes_and_in_flight_bookkeeping() -> None:
     )
     assert conn.in_flight_count == 0
     for command in (conn.finish, conn.touch, lambda mid: conn.requeue(mid, 0)):
-        with pytest.raises(LocalProtocolError, match="not in flight"):
+        with pytest.raises(LocalProtocolError, match="not in flight") as info:
             command(MID)
+        assert f"message {MID.decode()} is" in str(info.value)  # hex text, not a bytes repr
     assert conn.data_to_send() == b""
 
 

@@ -124,6 +124,47 @@ def test_blocking_consumer_and_producer_scraped(
     assert value(broker, "nsq_channel_depth", **channel) == 0
 
 
+def test_backoff_is_scraped(nsqd: EmbeddedNSQD, served: tuple[CollectorRegistry, str]) -> None:
+    """A failure opens a backoff window: the consumer is counted as backing off while it
+    lasts, and the windows opened are a counter (they stay counted once it resumes)."""
+    from transports.sync import Consumer, Producer
+
+    registry, url = served
+    with Producer(nsqd.tcp_address) as producer:
+        producer.publish("refunds", b"fails once")
+    labels = {"topic": "refunds", "channel": "audit"}
+    with Consumer(
+        "refunds",
+        "audit",
+        nsqd=[nsqd.tcp_address],
+        backoff_multiplier=0.5,  # a 1 s window
+        default_requeue_delay=0.0,
+    ) as consumer:
+        metrics.instrument(consumer, registry=registry)
+        samples = scrape(url)
+        assert value(samples, "nsq_consumer_backing_off", **labels) == 0
+        assert value(samples, "nsq_consumer_backoff_windows_total", **labels) == 0
+        msg = consumer.get(timeout=10)
+        assert msg is not None
+        msg.requeue()  # with backoff
+        assert consumer.stats().backoff_phase == "waiting"
+        samples = scrape(url)
+        assert value(samples, "nsq_consumer_backing_off", **labels) == 1
+        assert value(samples, "nsq_consumer_backoff_level", **labels) == 1
+        assert value(samples, "nsq_consumer_backoff_windows_total", **labels) == 1
+        again = consumer.get(timeout=10)  # the test message, after the window
+        assert again is not None and again.attempts == 2
+        again.finish()
+        deadline = time.monotonic() + 10
+        while consumer.stats().backoff_phase != "normal":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        samples = scrape(url)
+        assert value(samples, "nsq_consumer_backing_off", **labels) == 0
+        assert value(samples, "nsq_consumer_backoff_level", **labels) == 0
+        assert value(samples, "nsq_consumer_backoff_windows_total", **labels) == 1
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 def test_anyio_consumer_scraped_while_running(
     nsqd: EmbeddedNSQD, served: tuple[CollectorRegistry, str], anyio_backend: str

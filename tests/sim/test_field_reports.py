@@ -1,5 +1,5 @@
-"""The field reports (seeds/002, seeds/003, the client guide's starvation and thundering herd)
-reproduced in the simulator, with the numbers that show the behaviour."""
+"""Long jobs past msg_timeout, rolling restarts with and without a drain, starvation and the
+thundering herd, reproduced in the simulator with the numbers that show the behaviour."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from nsq_sansio.testing.scenarios import long_jobs, rolling_restart, starvation,
 
 
 def test_long_job_without_keepalive_is_redelivered_and_runs_twice_at_once() -> None:
-    # seeds/002: a 25 s job with msg_timeout 10 s: nsqd takes it back every 10 s and hands it
+    # a 25 s job with msg_timeout 10 s: nsqd takes it back every 10 s and hands it
     # to another (hungry) handler while the first one still works on it.
     result = long_jobs(25.0, keepalive=False, msg_timeout=10.0, max_msg_timeout=30.0)
     assert result.deliveries >= 3
@@ -25,14 +25,14 @@ def test_keepalive_prevents_redelivery_up_to_max_msg_timeout() -> None:
 
 
 def test_keepalive_stops_at_max_msg_timeout() -> None:
-    # seeds/002's finding: TOUCH only holds the message until nsqd's --max-msg-timeout
+    # TOUCH only holds the message until nsqd's --max-msg-timeout
     result = long_jobs(45.0, keepalive=True, msg_timeout=10.0, max_msg_timeout=30.0)
     assert result.redelivered_at[0] == 30.0
     assert result.overlapping
 
 
 def test_rolling_restart_without_drain_waits_for_timeouts() -> None:
-    # seeds/003: killed consumers leave their in-flight messages to nsqd's msg_timeout (10 s)
+    # killed consumers leave their in-flight messages to nsqd's msg_timeout (10 s)
     results = [rolling_restart(drain=False, consumers=3, seed=seed) for seed in range(3)]
     assert all(r.finished == r.expected == 100 for r in results)
     assert all(r.timeouts > 0 for r in results)

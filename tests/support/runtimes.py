@@ -139,8 +139,9 @@ class ConsumerDriver:
     async def finish(self, message: Any) -> bool:
         raise NotImplementedError
 
-    async def run(self, handler: Callable[[Any], None], workers: int) -> None:
-        """``run()`` with ``workers`` handlers at once; ``handler`` is a plain function."""
+    async def run(self, handler: Callable[[Any], object], workers: int) -> None:
+        """``run()`` with ``workers`` handlers at once; ``handler`` is a plain function (what
+        it returns is what ``run()`` sees: FIN for None or True, REQ for False)."""
         raise NotImplementedError
 
     async def fetch(self, batch: int, timeout: float) -> list[Any]:
@@ -174,9 +175,10 @@ class AnyioConsumer(ConsumerDriver):
     async def finish(self, message: Any) -> bool:
         return bool(await message.finish())
 
-    async def run(self, handler: Callable[[Any], None], workers: int) -> None:
-        async def call(message: Any) -> None:
-            handler(message)
+    async def run(self, handler: Callable[[Any], object], workers: int) -> None:
+        @functools.wraps(handler)  # the handler's name is what run() reports
+        async def call(message: Any) -> object:
+            return handler(message)
 
         await self.client.run(call, concurrency=workers)
 
@@ -197,7 +199,7 @@ class BlockingConsumer(ConsumerDriver):
     async def finish(self, message: Any) -> bool:
         return bool(await _in_thread(message.finish))
 
-    async def run(self, handler: Callable[[Any], None], workers: int) -> None:
+    async def run(self, handler: Callable[[Any], object], workers: int) -> None:
         await _in_thread(self.client.run, handler, concurrency=workers)
 
     async def fetch(self, batch: int, timeout: float) -> list[Any]:

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -48,11 +49,13 @@ def test_max_in_flight_is_respected_on_the_broker(nsqd: Pair) -> None:
 
 
 def test_backoff_on_failures(nsqd: Pair) -> None:
-    """Failures send RDY 0 to the broker for the backoff window, then RDY 1 to test."""
+    """A failure sends RDY 0 to the broker for the backoff window; then the test: RDY = what
+    the consumer still holds + 1, so one message comes beside those (RDY 1 would let none
+    in while five are held); successes bring full RDY back."""
     server, runner = nsqd
     topic = unique()
     with Producer(server.tcp_address) as producer:
-        producer.multi_publish(topic, [b"%d" % i for i in range(20)])
+        producer.multi_publish(topic, [b"%d" % i for i in range(6)])
     with Consumer(
         topic,
         "c",
@@ -63,27 +66,28 @@ def test_backoff_on_failures(nsqd: Pair) -> None:
     ) as consumer:
         first = consumer.get(timeout=5)
         assert first is not None
-        wait_for(lambda: consumer.stats().in_flight == 10, what="10 in flight")
+        wait_for(lambda: consumer.stats().in_flight == 6, what="6 in flight")
         first.requeue(delay=0)
         wait_for(lambda: consumer.stats().backoff_level == 1, what="backoff level 1")
         stats = consumer.stats()
         assert stats.backoff_phase == "waiting" and stats.rdy == 0
 
-        def broker_rdy() -> int:
+        def client_stats() -> dict[str, Any]:
             s = channel_stats(runner, topic, "c")
-            return int(s["clients"][0]["ready_count"]) if s and s["clients"] else -1
+            return s["clients"][0] if s and s["clients"] else {}
 
-        wait_for(lambda: broker_rdy() == 0, what="RDY 0 on the broker")
-        # after the window: RDY 1 to test the waters, then successes bring RDY back
+        wait_for(lambda: client_stats().get("ready_count") == 0, what="RDY 0 on the broker")
+        # after the window: the five still held, and one test message (the requeued one)
         wait_for(lambda: consumer.stats().backoff_phase == "testing", timeout=5, what="testing")
-        wait_for(lambda: broker_rdy() == 1, what="RDY 1 on the broker while testing")
+        wait_for(lambda: client_stats().get("ready_count") == 6, what="RDY 5 + 1 while testing")
+        wait_for(lambda: client_stats().get("in_flight_count") == 6, what="the test message")
         while True:
             msg = consumer.get(timeout=5)
             assert msg is not None
             msg.finish()
             if consumer.stats().backoff_phase == "normal":
                 break
-        wait_for(lambda: broker_rdy() == 10, what="full RDY again")
+        wait_for(lambda: client_stats().get("ready_count") == 10, what="full RDY again")
 
 
 def test_max_attempts_and_give_up(nsqd: Pair, caplog: pytest.LogCaptureFixture) -> None:

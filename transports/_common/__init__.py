@@ -13,7 +13,10 @@
 * :mod:`.failures`: why a connection or a publish failed, in one wording for every runtime.
 * :mod:`.reports`: what the clients log, one level and text per event for every runtime.
 * :mod:`.logs`: :func:`~.logs.fields`, the ``nsq_*`` extra fields every log record carries.
+* :mod:`.handlers`: what a ``run()`` handler's return value means (FIN, REQ, or a TypeError
+  logged), one rule for every runtime.
 * :mod:`.message`: what a delivered message is (``MessageBase``), :class:`KeepaliveExpired`.
+* :mod:`.drain`: :class:`DrainResult`, what ``drain()`` returns.
 * :mod:`.arguments`: the checks of a user's arguments.
 
 This package re-exports their names, so ``from transports._common import TLSOptions`` keeps
@@ -33,6 +36,7 @@ from .addresses import (
     parse_http_url,
 )
 from .connection_log import ConnectionLogger
+from .drain import DrainResult
 from .http_publish import HTTPPublishClient, HTTPPublishError, PubResponse
 from .options import (
     MAX_CONNECTIONS_PER_NSQD,
@@ -59,6 +63,7 @@ __all__ = [
     "ConnectionLogger",
     "ConnectionStats",
     "ConsumerStats",
+    "DrainResult",
     "HTTPPublishClient",
     "HTTPPublishError",
     "ProducerStats",

@@ -103,7 +103,12 @@ def at_address(address: str, error: BaseException) -> BaseException:
 
 
 def without_address(address: str, error: BaseException) -> str:
-    """``error``'s text without ``address`` in front (for a log line that starts with it)."""
+    """``error``'s text for a log line that starts with ``address``: without the address in
+    front (``127.0.0.1:4150: ...``, ``127.0.0.1:4150 answered like ...``), and named "nsqd"
+    where the text names it further on, so the line says it once."""
     text = str(error)
-    prefix = f"{address}: "
-    return text[len(prefix) :] if text.startswith(prefix) else text
+    for prefix in (f"{address}: ", f"{address} "):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+            break
+    return text.replace(address, "nsqd")

@@ -14,13 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import filterfalse, repeat
 from operator import attrgetter, is_
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from nsq_sansio.consumer import Deliver
 from nsq_sansio.discovery import NSQDAddress
 from nsq_sansio.errors import LocalProtocolError
 
-__all__ = ["KeepaliveExpired", "MessageBase", "unanswered_of"]
+__all__ = ["DeliveryHook", "KeepaliveExpired", "MessageBase", "unanswered_of"]
 
 M = TypeVar("M", bound="MessageBase")
 _answered = attrgetter("answered")
@@ -38,26 +38,45 @@ class KeepaliveExpired:
     deadline: float
 
 
+class DeliveryHook(Protocol):
+    """What a consumer calls when telemetry is on (``transports.otel``); the consumer's hook
+    attribute is None otherwise, so an uninstrumented consumer pays one ``is None`` test.
+
+    ``received`` sees each message iteration hands to user code (before user code does) and
+    may replace what :attr:`MessageBase.body` returns; ``settled`` sees each ``finish()`` /
+    ``requeue()`` that answered a message (``operation`` is ``"finish"`` or ``"requeue"``).
+    """
+
+    def received(self, message: Any) -> None: ...
+
+    def settled(self, message: Any, operation: str) -> None: ...
+
+
 class MessageBase:
     """A message handed to user code: what it is, and whether it was answered.
 
     A runtime's ``Message`` subclasses this and adds the answer calls; one with more slots
     sets them all in its own ``__init__`` (no ``super()`` call per message). ``answered``
     turns True once ``finish()`` or ``requeue()`` answered it; later answers return False.
+    ``_trace`` is telemetry's state for the message (``transports.otel``), None without it;
+    when it has one, :attr:`body` is its ``body`` (what is left once a trace context
+    envelope was taken off).
     """
 
     #: True once ``finish()`` or ``requeue()`` answered the message (pynsq's
     #: ``has_responded()``).
     answered: bool
 
-    __slots__ = ("_consumer", "_delivery", "answered")
+    __slots__ = ("_consumer", "_delivery", "_trace", "answered")
 
     _consumer: Any
     _delivery: Deliver
+    _trace: Any
 
     def __init__(self, consumer: Any, delivery: Deliver) -> None:
         self._consumer = consumer
         self._delivery = delivery
+        self._trace = None
         self.answered = False
 
     @property
@@ -67,7 +86,11 @@ class MessageBase:
 
     @property
     def body(self) -> bytes:
-        return self._delivery.body
+        trace = self._trace
+        if trace is None:
+            return self._delivery.body
+        body: bytes = trace.body
+        return body
 
     @property
     def timestamp(self) -> int:

@@ -4,7 +4,8 @@ and one :class:`ConnectionStats` per connection.
 Plain frozen dataclasses with one vocabulary for every runtime (anyio, trio, blocking), so a
 metrics exporter or a dashboard reads them without knowing which client produced them: a
 connection's ``state`` is one of :data:`CONNECTION_STATES`, ``backoff_phase`` one of
-``"normal"``, ``"waiting"``, ``"testing"`` (:class:`~nsq_sansio.backoff.BackoffPhase`).
+``"normal"``, ``"waiting"``, ``"testing"`` (:class:`~nsq_sansio.backoff.BackoffPhase`),
+``backoff_windows`` counts the backoff windows opened.
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ class ConnectionStats:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
-    """A consumer at the moment of the snapshot: totals plus one entry per connection."""
+    """A consumer at the moment of the snapshot: totals plus one entry per connection.
+
+    ``paused`` is True while ``max_in_flight`` is 0 (nothing is asked of nsqd until
+    ``set_max_in_flight()`` raises it); ``topic_not_found`` counts lookupd answers that listed
+    no nsqd for the topic; ``reconnects`` counts connections made again to an address that
+    was connected before."""
 
     topic: str
     channel: str
@@ -55,9 +61,13 @@ class ConsumerStats:
     max_in_flight: int = 0
     backoff_level: int = 0
     backoff_phase: str = "normal"
+    #: Backoff windows opened since the consumer started (RDY 0 for a while after failures).
+    backoff_windows: int = 0
     reconnects: int = 0
     connection_errors: int = 0
     connections: tuple[ConnectionStats, ...] = ()
+    paused: bool = False
+    topic_not_found: int = 0
 
     @property
     def connected(self) -> int:

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from nsq_sansio.discovery import allow_nsqd
 from nsq_sansio.errors import HTTPPublishError, NoNSQDAvailable
-from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
+from transports._common import (
+    ConnectionStats,
+    ConsumerStats,
+    DrainResult,
+    ProducerStats,
+    TLSOptions,
+)
 
 from .admin import LookupdAdmin, NSQDAdmin
 from .consumer import Consumer, EventCallback, KeepaliveExpired, Message, drain_on_signals
@@ -26,6 +32,7 @@ __all__ = [
     "ConnectionStats",
     "Consumer",
     "ConsumerStats",
+    "DrainResult",
     "EventCallback",
     "HTTPProducer",
     "HTTPPublishError",

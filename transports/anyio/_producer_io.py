@@ -11,6 +11,7 @@ once and hands its unanswered publishes (:class:`Call`) back for failover.
 from __future__ import annotations
 
 import socket
+from collections import deque
 from collections.abc import Callable
 from time import monotonic
 from typing import TYPE_CHECKING, Any
@@ -79,10 +80,13 @@ class Call:
     ``waker`` is what the publishing task parks on: an asyncio future, or a trio task; an
     answer that comes before the task parked is kept in ``result`` (``done``). ``orphan`` is
     set when the caller stopped waiting (cancelled): the answer is still matched to this
-    request, then reported to the observer.
+    request, then reported to the observer. ``suspect``: it was lost with other publishes
+    unanswered on a connection that broke (a reset), so its next send goes alone (see
+    :attr:`Node.suspects`); ``bound`` is the node it counts there as a suspect of.
     """
 
     __slots__ = (
+        "bound",
         "count",
         "deadline",
         "done",
@@ -90,6 +94,7 @@ class Call:
         "orphan",
         "result",
         "start",
+        "suspect",
         "topic",
         "waker",
     )
@@ -104,6 +109,8 @@ class Call:
         self.done = False
         self.result: BaseException | None = None
         self.orphan = False
+        self.suspect = False
+        self.bound: Node | None = None
 
     def abort(self, _: object) -> Any:
         """trio: the parked caller is cancelled. Its answer still comes, matched to it."""
@@ -134,6 +141,13 @@ class Node:
         self.connecting: anyio.Event | None = None
         self.scope: anyio.CancelScope | None = None
         self.pending: dict[int, Call] = {}
+        #: Suspect publishes (lost in a reset with others) bound for this node: while there
+        #: are any, it sends one publish at a time, each once nothing else is in flight.
+        self.suspects = 0
+        #: Publishes waiting for their turn to be sent alone, first come first served.
+        self.turns: deque[anyio.Event] = deque()
+        #: A turn was handed to the first waiter, which has not yet taken it.
+        self.granted = False
         self.wake = anyio.Event()
         self.wake_set = False
         #: Plain TCP: the socket, written directly (no task switch); bytes the kernel did not
@@ -169,7 +183,6 @@ class ProducerConnections:
     # What they use of the producer (set by Producer.__init__ and __aenter__):
     _config: Config
     _options: TransportOptions
-    _identify: Any
     _closed: bool
     _tg: anyio.abc.TaskGroup | None
     _loop: Any
@@ -283,11 +296,7 @@ class ProducerConnections:
         self, node: Node, stream: anyio.abc.ByteStream, deadline: float
     ) -> tuple[anyio.abc.ByteStream, ClientConnection]:
         options = self._options
-        proto = ClientConnection(
-            self._identify,
-            auth_secret=self._config.auth_secret,
-            auth_requires_tls=self._config.auth_requires_tls,
-        )
+        proto = ClientConnection.from_config(self._config, peer=node.address)
         try:
             await stream.send(proto.data_to_send())
             while True:
@@ -415,6 +424,8 @@ class ProducerConnections:
                 return True
             elif type(event) is Heartbeat:
                 answer_heartbeat = True
+        if node.turns and not pending:
+            self._next_turn(node)
         if answer_heartbeat:  # the core queued a NOP
             if node.sock is not None:
                 self._write_now(node, proto)
@@ -478,6 +489,13 @@ class ProducerConnections:
                     sent = 0
                 del node.out[:sent]
 
+    def _next_turn(self, node: Node) -> None:
+        """Nothing is in flight on ``node``: the first publish waiting for its turn goes."""
+        if node.granted or node.pending or not node.turns:
+            return
+        node.granted = True
+        node.turns.popleft().set()
+
     def _disconnect(self, node: Node, error: NSQError, generation: int) -> None:
         """Tear down connection attempt ``generation`` of ``node`` (not a newer one) and fail
         what was waiting on it."""
@@ -526,8 +544,15 @@ class ProducerConnections:
             )
             calls = list(node.pending.values())
             node.pending.clear()
+            # Lost with others unanswered and no answer saying why (a reset, say, after nsqd
+            # refused one of them: its answers may be gone with it): any of them may be at
+            # fault, so each goes again alone. Lost alone: its own fault, or the node's.
+            suspect = len(calls) > 1 and not isinstance(lost, NotRead)
             for call in calls:
+                call.suspect = suspect
                 self._resolve(call, lost)
+        if node.turns:
+            self._next_turn(node)
         if node.connecting is not None:
             node.connecting.set()
             node.connecting = None

@@ -42,9 +42,11 @@ from nsq_sansio.consumer import (
     ConsumerCoordinator,
     ConsumerFailed,
     ConsumerState,
+    DeadLetter,
     Deliver,
     Disconnected,
     DrainComplete,
+    DrainTimedOut,
     FetchEnd,
     FetchResult,
     SendHTTPRequest,
@@ -52,23 +54,42 @@ from nsq_sansio.consumer import (
 )
 from nsq_sansio.discovery import NSQDFilter
 from nsq_sansio.errors import ConfigError, LocalProtocolError
-from transports._common import ConnectionLogger, ConnectionStats, ConsumerStats, split_options
+from transports._common import (
+    ConnectionLogger,
+    ConnectionStats,
+    ConsumerStats,
+    DrainResult,
+    split_options,
+)
 from transports._common.arguments import check_seconds
+from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
+from transports._common.handlers import handler_finishes
 from transports._common.logs import fields
-from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     EventCallback,
     log_consumer_report,
+    log_drain_timed_out,
     log_fetch_refused,
     log_handler_failed,
+    log_paused,
     log_signal_drain,
+    log_signal_stop,
 )
 
 from ._consumer_io import Conn, ConsumerConnections
+from ._dead_letter import DeadLetterPublisher
 from ._groups import sole_error
 from .message import Message
 
-__all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message", "drain_on_signals"]
+__all__ = [
+    "Consumer",
+    "DrainResult",
+    "EventCallback",
+    "KeepaliveExpired",
+    "Message",
+    "drain_on_signals",
+]
 
 _log = logging.getLogger("nsq_sansio.anyio.consumer")
 
@@ -94,7 +115,10 @@ class Consumer(ConsumerConnections):
     ``on_event`` receives every report
     (see :data:`EventCallback`); ``logger`` replaces ``nsq_sansio.anyio.consumer``;
     ``close_timeout`` bounds how long leaving the ``async with`` block waits for the quick
-    drain.
+    drain. ``dead_letter_topic`` (a topic, or ``message -> topic or None``) publishes a
+    message given up after ``max_attempts`` there before it is FIN'd (requeued if that
+    fails), as its body or, with ``dead_letter_format="envelope"``, a JSON envelope;
+    ``dead_letter_nsqd`` says which nsqd (default: the consumer's). See docs/dead-letters.md.
 
     Use it as ``async with``; leaving the block drains quickly (messages not answered are
     requeued), closes every connection and ends every task. An exception raised in the block
@@ -115,9 +139,13 @@ class Consumer(ConsumerConnections):
         rng: random.Random | None = None,
         close_timeout: float = 10.0,
         nsqd_filter: NSQDFilter | None = None,
+        dead_letter_topic: str | DeadLetterRoute | None = None,
+        dead_letter_format: str = "body",
+        dead_letter_nsqd: str | Iterable[str] | None = None,
         **options: Any,
     ) -> None:
         check_seconds("close_timeout", close_timeout, error=ConfigError)
+        dead_letters = dead_letter_settings(dead_letter_topic, dead_letter_format, dead_letter_nsqd)
         self._config, self._options = split_options(config, options)
         nsqd_list = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         lookupd_list = [lookupd] if isinstance(lookupd, str) else list(lookupd)
@@ -130,7 +158,20 @@ class Consumer(ConsumerConnections):
             lookupd=lookupd_list,
             pull=pull,
             nsqd_filter=nsqd_filter,
+            dead_letter=dead_letters is not None,
         )
+        self._dead_letters: DeadLetterPublisher | None = None
+        if dead_letters is not None:
+            self._dead_letters = DeadLetterPublisher(
+                dead_letters,
+                self._coord,
+                nsqd=nsqd_list,
+                options=self._options,
+                logger=logger or _log,
+                spawn=self._spawn,
+                kick=self._kick,
+                connected=lambda: [str(conn.address) for conn in self._conns.values()],
+            )
         self.topic = topic
         self.channel = channel
         self._pull = pull
@@ -164,6 +205,18 @@ class Consumer(ConsumerConnections):
         #: and at exit if never seen.
         self._failure: Exception | None = None
         self._failure_raised = False
+        #: run()'s workers: each one's cancel scope (the drain's deadline cancels them) and the
+        #: one-item list holding the message it last handed to its handler (one not answered
+        #: is in its handler still: a worker answers as soon as its handler returns or raises).
+        self._workers: dict[anyio.CancelScope, list[Message | None]] = {}
+        #: The drain: when its deadline passes, its timeout, and what it reports.
+        self._drain_ends = math.inf
+        self._drain_timeout = 0.0
+        self._drain_held: list[bytes] = []
+        self._drain_cancelled: list[bytes] = []
+        self._handlers_cut = False
+        #: OpenTelemetry's hook (``transports.otel``): None unless instrumented.
+        self._telemetry: DeliveryHook | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -179,6 +232,8 @@ class Consumer(ConsumerConnections):
         self._coord.start(monotonic())
         self._spawn(self._pump)
         self._dispatch()
+        if self._coord.max_in_flight == 0:
+            log_paused(self._logger, self.topic, self.channel, 0)
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -223,6 +278,7 @@ class Consumer(ConsumerConnections):
 
     def _stop_tasks(self) -> None:
         self._closed = True
+        self._cancel_handlers()
         for scope in list(self._task_scopes):
             scope.cancel()
         self._wake_readers()
@@ -242,11 +298,9 @@ class Consumer(ConsumerConnections):
 
     async def _shutdown(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_timeout):
-            if self._coord.state is ConsumerState.RUNNING:
+            if self._coord.state in (ConsumerState.RUNNING, ConsumerState.DRAINING):
+                # Answer what is left at once (a drain under way ends now, not at its deadline).
                 self._start_drain(0.0)
-            elif self._coord.state is ConsumerState.DRAINING:
-                # Answer what is left at once rather than waiting for a long drain timeout.
-                self._coord.drain(monotonic(), 0.0)
             self._kick()
             if self._coord.state is not ConsumerState.CREATED:
                 await self._drained.wait()
@@ -256,35 +310,123 @@ class Consumer(ConsumerConnections):
                     await anyio.sleep(0.002)
 
     def _start_drain(self, timeout: float | None) -> None:
+        """Start the drain, or, while draining, move its deadline sooner (0: now)."""
+        now = monotonic()
         # Messages in the inbox were never handed to user code: the coordinator requeues them
         # at once (it cannot tell them from those the user holds unless told).
-        self._coord.drain(monotonic(), timeout, unseen=self._inbox)
+        self._coord.drain(now, timeout, unseen=self._inbox)
         self._inbox.clear()
+        limit = self._coord.config.drain_timeout if timeout is None else timeout
+        if now + limit < self._drain_ends:
+            self._drain_ends = now + limit
+            self._drain_timeout = limit
+            if limit > 0 and not self._closed:
+                self._spawn(self._drain_deadline, self._drain_ends)
         self._wake_readers()
-        self._dispatch()
+        self._dispatch()  # a deadline now: the coordinator reported what it took back
+        if now >= self._drain_ends:
+            self._cut_handlers()
         self._kick()
+
+    async def _drain_deadline(self, deadline: float) -> None:
+        """At the drain's deadline: what user code holds is requeued now and run()'s handlers
+        still running are cancelled (the core's own timer may have done the first part)."""
+        await anyio.sleep(max(deadline - monotonic(), 0.0))
+        if self._coord.state is ConsumerState.DRAINING:
+            self._coord.drain(monotonic(), 0.0)
+            self._dispatch()
+        self._cut_handlers()
+        self._kick()
+
+    def _cut_handlers(self) -> None:
+        """The drain's deadline passed: cancel run()'s handlers still running (their messages
+        were requeued), and say what the deadline took back, once."""
+        if self._handlers_cut:
+            return
+        self._handlers_cut = True
+        cancelled = self._cancel_handlers()
+        self._drain_cancelled.extend(cancelled)
+        log_drain_timed_out(
+            self._logger,
+            timeout=self._drain_timeout,
+            held=self._drain_held,
+            cancelled=cancelled,
+            topic=self.topic,
+            channel=self.channel,
+        )
+
+    def _cancel_handlers(self) -> list[bytes]:
+        """Cancel run()'s workers (their handlers, at the next ``await``: run() returns); the
+        ids of the messages their handlers had not answered, now marked answered (the drain or
+        the failure requeued them; nothing is sent for them afterwards: no late FIN)."""
+        ids = []
+        for scope, slot in list(self._workers.items()):
+            scope.cancel()
+            message = slot[0]
+            if message is not None and not message.answered:
+                ids.append(message.id)
+                self._handler_cut(message)
+        return ids
+
+    def _handled(self) -> list[Message]:
+        """The messages run()'s handlers hold now (handed to them, not answered yet)."""
+        held = [slot[0] for slot in list(self._workers.values())]
+        return [m for m in held if m is not None and not m.answered]
+
+    async def _cancellable(self, worker: Callable[[list[Message | None]], Awaitable[None]]) -> None:
+        """One of run()'s workers, in a cancel scope the drain's deadline (or the consumer's
+        end) cancels, with the slot it notes its message in: nothing per message but a store."""
+        slot: list[Message | None] = [None]
+        with anyio.CancelScope() as scope:
+            self._workers[scope] = slot
+            try:
+                await worker(slot)
+            finally:
+                del self._workers[scope]
+
+    def _handler_cut(self, message: Message) -> None:
+        """A handler was cancelled by the drain's deadline or the consumer's end."""
+        if message.answered:
+            return
+        message.answered = True
+        if self._coord.deadline(message._delivery) is None:
+            message._late = True  # requeued by the drain (or nsqd took it back)
+        else:  # still ours: give it back now rather than at nsqd's timeout
+            self._coord.requeue(message._delivery, monotonic(), 0.0, backoff=False)
+            self._kick()
+
+    def _drain_result(self) -> DrainResult:
+        running = tuple(m.id for m in self._handled())
+        return DrainResult(tuple(self._drain_held), tuple(self._drain_cancelled), running)
 
     def start_drain(self, timeout: float | None = None) -> None:
         """Begin a graceful drain and return at once (safe in a handler: see :meth:`drain`).
 
         RDY 0 everywhere, messages not yet handed to user code are requeued, messages in user
-        code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then CLS.
-        A bad ``timeout`` raises LocalProtocolError here and changes nothing.
+        code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then they
+        are requeued, run()'s handlers still running are cancelled, and CLS. While draining, a
+        ``timeout`` that ends sooner moves the deadline (``0``: stop now). A bad ``timeout``
+        raises LocalProtocolError here and changes nothing.
         """
         if timeout is not None:
             check_seconds("drain timeout", timeout)
         if self._tg is None:
             raise LocalProtocolError("drain before the consumer was started")
         self._draining = True
-        if self._coord.state is ConsumerState.RUNNING:
+        if self._coord.state is ConsumerState.RUNNING or (
+            self._coord.state is ConsumerState.DRAINING and timeout is not None
+        ):
             self._start_drain(timeout)
 
-    async def drain(self, timeout: float | None = None) -> None:
+    async def drain(self, timeout: float | None = None) -> DrainResult:
         """Graceful shutdown (see :meth:`start_drain`); returns once it is over and every
-        connection is closed. Not from a handler of this consumer (the drain waits for that
-        handler's message): call :meth:`start_drain` there."""
+        connection is closed, with what the deadline cut short (:class:`DrainResult`: the
+        messages it requeued, the run() handlers it cancelled). Called again while draining,
+        a sooner deadline wins (``0``: now). Not from a handler of this consumer (the drain
+        waits for that handler's message): call :meth:`start_drain` there."""
         self.start_drain(timeout)
         await self._drained.wait()
+        return self._drain_result()
 
     @property
     def draining(self) -> bool:
@@ -303,7 +445,10 @@ class Consumer(ConsumerConnections):
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change max_in_flight at run time (0 pauses); RDY is redistributed at once.
         A bad value raises (ConfigError) here and changes nothing."""
+        before = self._coord.max_in_flight
         self._coord.set_max_in_flight(max_in_flight, monotonic())
+        if (before == 0) != (max_in_flight == 0):
+            log_paused(self._logger, self.topic, self.channel, max_in_flight)
         self._kick()
 
     def is_starved(self) -> bool:
@@ -320,7 +465,7 @@ class Consumer(ConsumerConnections):
 
     async def __anext__(self) -> Message:
         inbox = self._inbox
-        if inbox:  # fast path: no await when messages are buffered
+        if inbox and self._telemetry is None:  # fast path: no await when messages are buffered
             delivery = inbox.popleft()
             if delivery.conn_id in self._conns:
                 if inbox and self._waiters:
@@ -331,6 +476,8 @@ class Consumer(ConsumerConnections):
             if self._failure is not None:
                 self._raise_failure()
             raise StopAsyncIteration
+        if self._telemetry is not None:
+            self._telemetry.received(message)
         return message
 
     async def _next_message(self) -> Message | None:
@@ -374,9 +521,10 @@ class Consumer(ConsumerConnections):
         concurrency: int | None = None,
     ) -> None:
         """Call ``handler(msg)`` for every message with up to ``concurrency`` running at once
-        (default: ``max_in_flight``, at most 256) until the consumer is drained or closed. A
-        handler that returns FINs the message (unless it answered itself); one that raises
-        REQs it (with backoff)."""
+        (default: ``max_in_flight``, at most 256) until the consumer is drained or closed.
+        Unless the handler answered the message itself: returning None or True FINs it,
+        returning False or raising REQs it (with backoff); any other value is logged as a
+        TypeError and REQs it."""
         if self._pull:
             raise LocalProtocolError("run() is for push consumers; this one has pull=True")
         if concurrency is None:
@@ -393,7 +541,7 @@ class Consumer(ConsumerConnections):
         conns = self._conns
         waiters = self._waiters
 
-        async def worker() -> None:
+        async def worker(slot: list[Message | None]) -> None:
             while True:
                 if inbox:  # fast path, as in __anext__
                     delivery = inbox.popleft()
@@ -406,9 +554,10 @@ class Consumer(ConsumerConnections):
                     msg = await self._next_message()
                 if msg is None:
                     return
+                slot[0] = msg  # the drain's deadline says whose handler it cancelled
                 try:
-                    await handler(msg)
-                except Exception:
+                    result = await handler(msg)
+                except Exception as exc:
                     log_handler_failed(
                         logger,
                         msg.nsqd_address,
@@ -417,16 +566,30 @@ class Consumer(ConsumerConnections):
                         channel=self.channel,
                         attempts=msg.attempts,
                     )
+                    if self._dead_letters is not None:
+                        self._dead_letters.logic.note_error(msg._delivery.id, exc)
                     if not msg.answered:
                         msg.requeue_nowait()
                 else:
                     if not msg.answered:
-                        msg.finish_nowait()
+                        if result is None or handler_finishes(
+                            result,
+                            handler,
+                            logger,
+                            msg.nsqd_address,
+                            msg.id,
+                            topic=self.topic,
+                            channel=self.channel,
+                            attempts=msg.attempts,
+                        ):
+                            msg.finish_nowait()
+                        else:
+                            msg.requeue_nowait()
 
         try:
             async with anyio.create_task_group() as tg:
                 for _ in range(concurrency):
-                    tg.start_soon(worker)
+                    tg.start_soon(self._cancellable, worker)  # cancelled at the drain's deadline
         except BaseException as raised:  # a handler raised a BaseException (KeyboardInterrupt)
             error = sole_error(raised)
             if error is None or error is raised:
@@ -517,15 +680,37 @@ class Consumer(ConsumerConnections):
     # --- signals -------------------------------------------------------------------------------
 
     async def _signal_loop(
-        self, scope: anyio.CancelScope, signals: Sequence[int], timeout: float | None
+        self,
+        scope: anyio.CancelScope,
+        signals: Sequence[int],
+        timeout: float | None,
+        block: anyio.CancelScope,
     ) -> None:
+        """The first signal drains; one more during the drain stops at once and cancels the
+        ``drain_on_signals`` block; then the receiver closes, so a third signal gets the
+        runtime's own handling (trio's KeyboardInterrupt for Ctrl-C...)."""
         with scope, anyio.open_signal_receiver(*map(signal.Signals, signals)) as receiver:
             async for signum in receiver:
-                log_signal_drain(self._logger, signum, topic=self.topic, channel=self.channel)
-                if self._coord.state is ConsumerState.RUNNING:
+                if not self.draining:
+                    limit = self._coord.config.drain_timeout if timeout is None else timeout
+                    log_signal_drain(
+                        self._logger, signum, limit, topic=self.topic, channel=self.channel
+                    )
                     self._draining = True
                     self._start_drain(timeout)
+                    continue
+                log_signal_stop(self._logger, signum, topic=self.topic, channel=self.channel)
+                self._stop_now()
+                block.cancel()
                 return
+
+    def _stop_now(self) -> None:
+        """Stop at once: what user code holds is requeued, run()'s handlers are cancelled."""
+        self._draining = True
+        if self._coord.state in (ConsumerState.RUNNING, ConsumerState.DRAINING):
+            self._start_drain(0.0)
+        else:
+            self._cut_handlers()
 
     # --- stats ---------------------------------------------------------------------------------
 
@@ -569,9 +754,12 @@ class Consumer(ConsumerConnections):
             max_in_flight=coord.max_in_flight,
             backoff_level=coord.backoff_level,
             backoff_phase=coord.backoff_phase.value,
+            backoff_windows=coord.backoff_windows,
             reconnects=self._reconnects,
             connection_errors=self._connection_errors,
             connections=tuple(connections),
+            paused=coord.max_in_flight == 0,
+            topic_not_found=counters["topic_not_found"],
         )
 
     # --- internals: plumbing -------------------------------------------------------------------
@@ -741,16 +929,25 @@ class Consumer(ConsumerConnections):
         elif isinstance(action, DrainComplete):
             self._drained.set()
             self._wake_readers()
+        elif isinstance(action, DrainTimedOut):
+            self._drain_held.extend(delivery.id for delivery in action.messages)
+            self._emit(action)
+            self._cut_handlers()
         elif isinstance(action, ConsumerFailed):
-            # Terminal: every connection is closed; whoever waits for messages raises it.
+            # Terminal: every connection is closed (what was in flight requeued); whoever
+            # waits for messages raises it; run()'s handlers are cancelled.
             self._failure = action.error
             self._report(action)
+            self._cancel_handlers()
             self._drained.set()
             self._wake_readers()
         elif isinstance(action, Disconnected):
             if action.error is not None:
                 self._connection_errors += 1
             self._report(action)
+        elif isinstance(action, DeadLetter):
+            if self._dead_letters is not None:
+                self._dead_letters.submit(action.delivery)
         else:  # ConnectionUp, GiveUp, TakenBack, LookupdFailed: logged and reported
             self._report(action)
 
@@ -787,17 +984,22 @@ async def drain_on_signals(
     consumer: Consumer, *signals: int, timeout: float | None = None
 ) -> AsyncIterator[None]:
     """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start ``consumer``'s drain
-    (with ``timeout``). A bad ``timeout`` raises LocalProtocolError here, not later in the
-    signal task::
+    (with ``timeout``). One more signal during the drain stops at once: what user code holds
+    is requeued, run()'s handlers are cancelled, and the block is cancelled (the code after it
+    runs, as after ``move_on_after``); a third gets the runtime's own handling. A bad
+    ``timeout`` raises LocalProtocolError here, not later in the signal task::
 
         async with Consumer(...) as c, drain_on_signals(c):
             await c.run(handler)        # returns once the drain finished
     """
     if timeout is not None:
         check_seconds("drain timeout", timeout)
-    scope = anyio.CancelScope()
-    consumer._spawn(consumer._signal_loop, scope, signals or _default_signals(), timeout)
-    try:
-        yield
-    finally:
-        scope.cancel()
+    receiver = anyio.CancelScope()
+    with anyio.CancelScope() as block:
+        consumer._spawn(
+            consumer._signal_loop, receiver, signals or _default_signals(), timeout, block
+        )
+        try:
+            yield
+        finally:
+            receiver.cancel()

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from nsq_sansio.connection import check_deferred_delay
 from nsq_sansio.errors import (
     ConfigError,
     LocalProtocolError,
@@ -83,7 +84,9 @@ class HTTPProducer:
         ):
             raise ConfigError(f"max_connections={max_connections!r} must be an int >= 1")
         self._urls = [parse_http_url(u, DEFAULT_HTTP_PORT) for u in texts]
-        _config, self._options = split_options(None, options)
+        config, self._options = split_options(None, options)
+        #: nsqd's --max-req-timeout (its default hour unless configured): the longest defer.
+        self._max_req_timeout = config.max_req_timeout
         self._timeout = timeout
         self._logger = logger or _log
         self._idle: dict[HTTPURL, list[tuple[anyio.abc.ByteStream, HTTPPublishClient]]] = {
@@ -127,6 +130,7 @@ class HTTPProducer:
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """``POST /pub?defer=``: deliverable after ``delay`` seconds."""
         check_deferred(self._valid_topics, topic, body, delay)
+        check_deferred_delay(delay, self._max_req_timeout)  # in seconds, as nsqd's limit
         await self._send("DPUB", topic, lambda c: c.pub(topic, body, defer=delay))
 
     async def _send(

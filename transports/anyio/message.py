@@ -20,7 +20,7 @@ import anyio
 
 from nsq_sansio.consumer import ConsumerCoordinator, Deliver
 from transports._common.arguments import check_seconds
-from transports._common.message import KeepaliveExpired, MessageBase
+from transports._common.message import DeliveryHook, KeepaliveExpired, MessageBase
 from transports._common.reports import log_keepalive_expired
 
 __all__ = ["Message", "MessageOwner"]
@@ -31,6 +31,7 @@ class MessageOwner(Protocol):
 
     topic: str
     channel: str
+    _telemetry: DeliveryHook | None
 
     @property
     def _coord(self) -> ConsumerCoordinator: ...
@@ -75,6 +76,8 @@ class Message(MessageBase):
         if not consumer._coord.finish(self._delivery, monotonic()):
             self._late = True
         consumer._kick()
+        if consumer._telemetry is not None:
+            consumer._telemetry.settled(self, "finish")
         return True
 
     async def finish(self) -> bool:
@@ -87,18 +90,23 @@ class Message(MessageBase):
             check_seconds("requeue delay", delay)
         if self.answered:
             return False
-        self.answered = True
         consumer = self._consumer
+        if delay is not None:  # above nsqd's max_req_timeout: raised before anything changes
+            consumer._coord.check_requeue_delay(self._delivery, delay)
+        self.answered = True
         if not consumer._coord.requeue(self._delivery, monotonic(), delay, backoff=backoff):
             self._late = True
         consumer._kick()
+        if consumer._telemetry is not None:
+            consumer._telemetry.settled(self, "requeue")
         return True
 
     async def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
         """``REQ``: deliver it again after ``delay`` seconds (default: the config's delay
         times the attempts, capped). ``backoff=False`` keeps this failure from slowing the
         consumer down. A bad ``delay`` (negative, inf, nan, not a number) raises
-        LocalProtocolError and leaves the message unanswered."""
+        LocalProtocolError, one above nsqd's ``max_req_timeout`` when it is known
+        (``Config.max_req_timeout``) DelayOutOfRange; either leaves the message unanswered."""
         return self.requeue_nowait(delay, backoff=backoff)
 
     async def touch(self) -> bool:

@@ -122,7 +122,6 @@ class Producer(ProducerConnections):
         #: PUBs that concurrent callers queue in one loop pass go out as one MPUB.
         self._coalesce = coalesce
         self._config, self._options = split_options(config, options)
-        self._identify = self._config.identify_body()
         self._logger = logger or _log
         #: One node per connection: ``connections_per_nsqd`` for each nsqd address.
         self._nodes = []
@@ -268,7 +267,7 @@ class Producer(ProducerConnections):
         self._closed = True
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(timeout if timeout is not None else float("inf")):
-                while any(node.pending for node in self._nodes):
+                while any(node.pending or node.turns for node in self._nodes):
                     await anyio.sleep(0.005)
             for node in self._nodes:
                 self._disconnect(node, ConnectionLost("producer closed"), node.generation)
@@ -347,11 +346,13 @@ class Producer(ProducerConnections):
             sent = 0
             coalesce = self._coalesce
             i = 0
+            again = False  # the same node again, for a reason that is no retry
             while i < len(candidates):
                 node = candidates[i]
                 i += 1
-                if errors:
+                if errors and not again:
                     self._retried += 1
+                again = False
                 proto = node.proto
                 if not node.ready or proto is None:
                     try:
@@ -375,9 +376,26 @@ class Producer(ProducerConnections):
                         if len(candidates) == 1 and self._nsqd_count > 1:
                             candidates = [node, *self._others(node)]
                         continue
+                # A node that lost a connection in a reset with publishes unanswered sends one
+                # at a time (see ``_await_turn``): a suspect, or any publish while it has some.
+                alone = node.suspects or call.suspect
+                if alone:
+                    if call.suspect and call.bound is not node:
+                        self._bind(call, node)
+                    if node.pending or node.turns or node.granted:
+                        try:
+                            taken = await self._await_turn(node, proto, call)
+                        except TimeoutError:
+                            self._failed += 1
+                            raise
+                        if not taken:  # its connection went meanwhile: after a reconnect
+                            i -= 1
+                            again = True
+                            continue
+                        alone = node.suspects or call.suspect
                 try:
                     if kind == _PUB:
-                        request_id = proto.publish(topic, payload, coalesce)
+                        request_id = proto.publish(topic, payload, coalesce and not alone)
                     elif kind == _MPUB:
                         request_id = proto.multi_publish(topic, payload)
                     else:
@@ -416,6 +434,8 @@ class Producer(ProducerConnections):
                         if future.cancelled() or not future.done():
                             call.orphan = True  # its answer still comes, matched to it
                         raise
+                if call.bound is not None:
+                    self._unbind(call)
                 if error is None:
                     node.published += 1
                     self._published += 1
@@ -445,6 +465,8 @@ class Producer(ProducerConnections):
                 self._failed += 1
                 raise NoNSQDAvailable(errors)
         except BaseException as exc:
+            if call.bound is not None:
+                self._unbind(call)
             self._release_slot()
             observer = self.publish_observer
             if observer is not None and not call.orphan:  # an orphan is observed on its answer
@@ -454,6 +476,62 @@ class Producer(ProducerConnections):
         observer = self.publish_observer
         if observer is not None:
             self._observe(observer, topic, count, start, None)
+
+    # --- after a reset: one publish at a time -------------------------------------------------
+
+    def _bind(self, call: Call, node: Node) -> None:
+        """``call`` (a suspect) goes to ``node`` next: the node sends alone until it is sent."""
+        if call.bound is not None:
+            self._unbind(call)
+        call.bound = node
+        node.suspects += 1
+
+    def _unbind(self, call: Call) -> None:
+        """``call``'s send alone was answered (or it ended): its node may pipeline again."""
+        node = call.bound
+        assert node is not None
+        call.bound = None
+        node.suspects -= 1
+        if not node.suspects:
+            # Pipelining again: whoever waits for a turn goes now (with nothing else in
+            # flight; they see ``suspects`` is 0 and do not wait again).
+            turns = node.turns
+            while turns:
+                turns.popleft().set()
+            node.granted = False
+
+    async def _await_turn(self, node: Node, proto: ClientConnection, call: Call) -> bool:
+        """Wait, up to ``call``'s deadline (TimeoutError), until ``call`` may be sent alone on
+        ``node``: nothing else in flight there, and the waiters before it served. Why: after
+        nsqd refused a publish with others pipelined behind it unread, its close resets the
+        connection, and the reset may destroy answers nsqd had written; a publish sent alone
+        is refused with nsqd's answer, or stored, whoever else is faulty. False: the
+        connection went meanwhile (send after a reconnect)."""
+        turn = anyio.Event()
+        node.turns.append(turn)
+        while True:
+            try:
+                with anyio.move_on_after(max(call.deadline - monotonic(), 0)):
+                    await turn.wait()
+            except BaseException:
+                if turn.is_set():  # handed the turn while cancelled: pass it on
+                    node.granted = False
+                    self._next_turn(node)
+                else:
+                    node.turns.remove(turn)
+                raise
+            if not turn.is_set():
+                node.turns.remove(turn)
+                raise no_answer(call.kind, call.topic, node.address, self._timeout)
+            node.granted = False
+            if node.proto is not proto or not node.ready:
+                self._next_turn(node)
+                return False
+            if not node.pending or not (node.suspects or call.suspect):
+                return True
+            # Released when the node stopped sending alone, and it started again meanwhile.
+            turn = anyio.Event()
+            node.turns.appendleft(turn)
 
     def _observe(
         self,
@@ -574,6 +652,8 @@ class Producer(ProducerConnections):
                     self._resolve(
                         call, no_answer(call.kind, call.topic, node.address, self._timeout)
                     )
+                if node.turns and not node.pending:
+                    self._next_turn(node)
 
     # --- stats ---------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from .common import EXIT_USAGE, run_reporting_errors
 __all__ = ["COMMANDS", "build_parser", "command_parser", "main"]
 
 
-COMMANDS = ("demo", "tail", "pub", "stat", "to-file", "nsqd", "lookupd")
+COMMANDS = ("demo", "tail", "pub", "stat", "to-file", "redrive", "nsqd", "lookupd")
 
 
 _USAGE = """usage: nsq-sansio <command> [options]   (nsq-sansio <command> --help)
@@ -32,6 +32,7 @@ commands:
   pub       publish lines of stdin (or a file) to a topic, MPUB batches, rate limit
   stat      live table of topic/channel depth, in-flight and rates (from every nsqd's /stats)
   to-file   archive a channel to rolling files, FIN after fsync
+  redrive   move messages from a dead-letter topic back to their source topic, rate limited
   nsqd      run an embedded nsqd (nsqd's flags)
   lookupd   run an embedded nsqlookupd (nsqlookupd's flags)
 """
@@ -44,6 +45,7 @@ _MODULES = {
     "pub": ("pub", "pub_main", "build_parser"),
     "stat": ("stat", "stat_main", "build_parser"),
     "to-file": ("to_file", "to_file_main", "build_parser"),
+    "redrive": ("redrive", "redrive_main", "build_parser"),
     "nsqd": ("servers", "nsqd_main", "build_nsqd_parser"),
     "lookupd": ("servers", "lookupd_main", "build_lookupd_parser"),
 }
@@ -96,6 +98,7 @@ _SUMMARIES = {
     "pub": "publish lines of stdin (or a file) to a topic",
     "stat": "live table of topic/channel depth, in-flight and rates",
     "to-file": "archive a channel to rolling files, FIN after fsync",
+    "redrive": "move messages from a dead-letter topic back to their source topic",
     "nsqd": "run an embedded nsqd (nsqd's flags)",
     "lookupd": "run an embedded nsqlookupd (nsqlookupd's flags)",
 }

@@ -10,7 +10,7 @@ Consume (push mode)::
             handle(msg.body)
             msg.finish()                    # msg.requeue(delay=..., backoff=...), msg.touch()
 
-    c.run(handler, concurrency=8)           # handler returns -> FIN, raises -> REQ (+ backoff)
+    c.run(handler, concurrency=8)           # None/True -> FIN; False, raises -> REQ (+ backoff)
     c.drain(timeout=30)                     # graceful stop, see below
 
 Consume (pull mode, JetStream-style; what the Spark source builds on)::
@@ -71,8 +71,11 @@ Threads and guarantees:
   as on the async runtime (``LocalProtocolError``...), see ``docs/transports.md``.
 * ``drain()`` / ``start_drain()`` / :func:`drain_on_signals`: RDY 0 everywhere, messages not yet
   handed to user code are requeued at once, messages in user code get ``timeout`` seconds to be
-  answered, then CLS and close. Leaving the ``with`` block does the same with no grace: every
-  unanswered message is requeued, and every thread of ours is joined.
+  answered, then they are requeued (a ``run()`` handler still running is left to its thread,
+  which cannot be cancelled: reported in the log and in the ``DrainResult`` ``drain()``
+  returns), CLS and close. A second signal during the drain stops at once. Leaving the
+  ``with`` block does the same with no grace: every unanswered message is requeued, and every
+  thread of ours is joined (but a handler's still running).
 * Producer: many publishes in flight per connection, answers matched in order; ``max_pending``
   bounds unanswered publishes (a call beyond it blocks, then raises ``TimeoutError``); a
   publish whose connection died is sent again (another nsqd first), until its ``timeout``;
@@ -84,7 +87,13 @@ from __future__ import annotations
 
 from nsq_sansio.discovery import allow_nsqd
 from nsq_sansio.errors import HTTPPublishError, NoNSQDAvailable
-from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
+from transports._common import (
+    ConnectionStats,
+    ConsumerStats,
+    DrainResult,
+    ProducerStats,
+    TLSOptions,
+)
 
 from .admin import LookupdAdmin, NSQDAdmin
 from .consumer import Consumer, EventCallback, KeepaliveExpired, Message
@@ -97,6 +106,7 @@ __all__ = [
     "ConnectionStats",
     "Consumer",
     "ConsumerStats",
+    "DrainResult",
     "EventCallback",
     "HTTPProducer",
     "HTTPPublishError",

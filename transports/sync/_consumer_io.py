@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -33,9 +34,12 @@ from nsq_sansio.consumer import (
     Connect,
     ConsumerCoordinator,
     ConsumerFailed,
+    ConsumerState,
+    DeadLetter,
     Deliver,
     Disconnected,
     DrainComplete,
+    DrainTimedOut,
     FetchEnd,
     FetchResult,
     SendHTTPRequest,
@@ -46,13 +50,15 @@ from nsq_sansio.discovery import LookupdAddress
 from nsq_sansio.errors import NSQError
 from transports._common import ConnectionStats, ConsumerStats, TransportOptions
 from transports._common.logs import fields
-from transports._common.message import KeepaliveExpired, unanswered_of
+from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     log_consumer_report,
+    log_drain_timed_out,
     log_fetch_refused,
     log_keepalive_expired,
 )
 
+from ._dead_letter import DeadLetterPublisher
 from ._loop import IOLoop, Link
 from .message import (
     OP_FIN,
@@ -127,6 +133,8 @@ class ConsumerIO:
         #: Answers from user code, taken by the IO thread: a Message is its FIN, anything
         #: else an (op, message, argument) tuple.
         self.posted: deque[Message | tuple[int, Message, Any]] = deque()
+        #: OpenTelemetry's hook (``transports.otel``): None unless the consumer is instrumented.
+        self.telemetry: DeliveryHook | None = None
         #: Messages handed to user code and not answered yet (IO thread only).
         self.unanswered: set[Message] = set()
         self.keepalives: list[tuple[float, int, Keepalive]] = []
@@ -145,6 +153,19 @@ class ConsumerIO:
         #: The error the consumer failed with (ConsumerFailed: nsqd refused the
         #: configuration); raised by iteration, get(), run(), fetch(), and at exit if unseen.
         self.failure: NSQError | None = None
+        #: run()'s handlers under way: their message -> the thread's ident (written by the
+        #: worker threads, read here: a thread cannot be cancelled, so the drain reports them),
+        #: and the workers' names by ident.
+        self.handlers: dict[Message, int] = {}
+        self.worker_names: dict[int, str] = {}
+        #: The drain (set by the thread that asks for it): when its deadline passes (monotonic)
+        #: and its timeout; what its deadline took back, and the handlers already reported.
+        self.drain_ends = math.inf
+        self.drain_timeout = 0.0
+        self.drain_held: list[bytes] = []
+        self.reported_running: set[Message] = set()
+        #: Publishes DeadLetter actions (None: the consumer has no dead-letter topic).
+        self.dead_letters: DeadLetterPublisher | None = None
 
     # --- any thread ----------------------------------------------------------------------------
 
@@ -435,6 +456,10 @@ class ConsumerIO:
         now = time.monotonic()
         if self.posted:  # answers given before the drain was asked go first
             self.take_answers(now)
+        if self.coordinator.state is ConsumerState.DRAINING:  # a sooner deadline, maybe now
+            self.coordinator.drain(now, timeout)
+            self.pump(now)
+            return
         # Messages still queued for user code were never seen: drain requeues them at once.
         # Those user code took (popped concurrently included) get until the deadline.
         popped: list[Message] = []
@@ -497,9 +522,12 @@ class ConsumerIO:
             max_in_flight=coordinator.max_in_flight,
             backoff_level=coordinator.backoff_level,
             backoff_phase=coordinator.backoff_phase.value,
+            backoff_windows=coordinator.backoff_windows,
             reconnects=self.reconnects,
             connection_errors=self.connection_errors,
             connections=tuple(connections),
+            paused=coordinator.max_in_flight == 0,
+            topic_not_found=stats["topic_not_found"],
         )
 
     # --- the coordinator's actions ------------------------------------------------------------
@@ -615,8 +643,42 @@ class ConsumerIO:
             self.finish_waits()
         elif isinstance(action, DrainComplete):
             self.finish_waits()
+        elif isinstance(action, DrainTimedOut):
+            self.drain_timed_out(action)
+        elif isinstance(action, DeadLetter):
+            if self.dead_letters is not None:
+                self.dead_letters.submit(action.delivery)
         else:  # ConnectionUp, GiveUp, LookupdFailed: logged and reported
             self.report(action)
+
+    def drain_timed_out(self, action: DrainTimedOut) -> None:
+        """The drain's deadline requeued what user code still held: those messages are taken
+        back; one still in a run() handler is answered for good (a thread cannot be
+        cancelled: what its handler answers is ignored, not sent too late). Logged once."""
+        held = {id(delivery) for delivery in action.messages}
+        running: dict[bytes, str] = {}
+        for message in list(self.unanswered):
+            if id(message._delivery) not in held:
+                continue
+            message._taken_back = True
+            self.unanswered.discard(message)
+            self.stop_keepalive(message)
+            thread = self.handlers.get(message)
+            if thread is not None:
+                message.answered = True
+                running[message.id] = self.worker_names.get(thread, str(thread))
+                self.reported_running.add(message)
+        ids = [delivery.id for delivery in action.messages]
+        self.drain_held.extend(ids)
+        log_drain_timed_out(
+            self.logger,
+            timeout=self.drain_timeout,
+            held=ids,
+            running=running,
+            topic=self.topic,
+            channel=self.channel,
+        )
+        self.emit(action)
 
     def forget_waiting(self, conn_id: int) -> None:
         """A closed connection's messages not yet taken by user threads are dropped (nsqd

@@ -254,6 +254,7 @@ class ProducerIOThread:
             # The configuration's fault: reconnecting cannot help, so nothing retries it.
             # Publishes waiting for a connection fail with it; a later publish tries again.
             node.config_error = error
+            node.refused_at = now
             node.last_error = str(error)
             node.last_exc = error
             node.retry_at = float("inf")
@@ -289,9 +290,18 @@ class ProducerIOThread:
         orphans = list(node.inflight.values())
         node.inflight.clear()
         node.out_pending.clear()
+        held, node.held = node.held, deque()
+        for request in (*orphans, *held):
+            request.bound = None
+        node.suspects = 0
         not_read = isinstance(error, ServerError)
+        # Lost with others unanswered and no answer saying why (a reset, say, after nsqd
+        # refused one of them: its answers may be gone with it): any of them may be at fault,
+        # so each goes again alone. Lost alone: its own fault, or the node's.
+        suspect = len(orphans) > 1 and not not_read
         for request in orphans:
             request.node = None
+            request.suspect = suspect
             self._retried += 1
             if not_read:
                 # nsqd closed the connection after refusing a publish ahead of this one and
@@ -299,6 +309,8 @@ class ProducerIOThread:
                 request.attempts -= 1
                 if request.tried is not None:
                     request.tried.discard(node.address)
+            self._dispatch(request)
+        for request in held:  # never sent: waiting for their turn on this connection
             self._dispatch(request)
         self._fail_if_unreachable()
 
@@ -310,7 +322,9 @@ class ProducerIOThread:
             return
         if any(node.ready or node.link is not None for node in self._nodes):
             return
-        error = self._unreachable()
+        refused = [node.config_error for node in self._nodes if node.config_error is not None]
+        # Every nsqd refused the configuration: that error, as a single nsqd raises it.
+        error = refused[0] if len(refused) == len(self._nodes) else self._unreachable()
         waiting, self._waiting = self._waiting, deque()
         for request in waiting:
             self._fail_request(request, error)
@@ -417,6 +431,19 @@ class ProducerIOThread:
         per publish."""
         busy = False
         for node in self._nodes:
+            if node.held:
+                for request in [r for r in node.held if now >= r.deadline or r._done]:
+                    node.held.remove(request)
+                    self._fail_request(
+                        request,
+                        no_answer(
+                            request.kind,
+                            request.topic,
+                            node.address,
+                            request.deadline - request.start,
+                        ),
+                    )
+                busy = busy or bool(node.held)
             if not node.inflight:
                 continue
             expired = [rid for rid, r in node.inflight.items() if now >= r.deadline]

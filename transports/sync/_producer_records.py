@@ -11,6 +11,7 @@ import logging
 import select
 import socket
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -55,6 +56,7 @@ class Request(PublishFuture):
         "_signaled",
         "alone",
         "attempts",
+        "bound",
         "deadline",
         "kind",
         "node",
@@ -62,6 +64,7 @@ class Request(PublishFuture):
         "producer",
         "promoted",
         "start",
+        "suspect",
         "topic",
         "tried",
         "waiting",
@@ -97,6 +100,11 @@ class Request(PublishFuture):
         self.promoted: Node | None = None
         #: Never coalesced into an MPUB (set once a coalesced MPUB with it was refused).
         self.alone = False
+        #: Lost with other publishes unanswered on a connection that broke (a reset): its
+        #: next send goes alone on its connection (see ``Node.suspects``).
+        self.suspect = False
+        #: The node it counts as a suspect of (held there, or in flight there alone).
+        self.bound: Node | None = None
 
     def _wait(self, timeout: float | None) -> None:
         if not self._done:
@@ -197,6 +205,8 @@ class Node:
     last_exc: BaseException | None = None
     #: nsqd refused IDENTIFY on the last attempt: no reconnect until a publish asks for one.
     config_error: IncompatibleNSQD | None = None
+    #: When that attempt failed (a publish within reconnect_delay of it fails with it at once).
+    refused_at: float = float("-inf")
     published: int = 0
     failed: int = 0
     connects: int = 0
@@ -210,6 +220,11 @@ class Node:
         self.out_pending = bytearray()
         #: Plain TCP, ready: callers' direct access to the socket (None: the IO thread's only).
         self.wire: Wire | None = None
+        #: Suspect publishes (lost in a reset with others) bound for this node: while there
+        #: are any, it sends one publish at a time, each once nothing else is in flight.
+        self.suspects = 0
+        #: Publishes waiting for their turn to be sent alone (not sent: ``node`` is None).
+        self.held: deque[Request] = deque()
         self.log = ConnectionLogger(self.logger, self.address)
 
 

@@ -7,7 +7,7 @@
             handle(msg.body)
             msg.finish()                   # or msg.requeue(delay=..., backoff=...), msg.touch()
 
-    c.run(handler, concurrency=8)          # handler returns -> FIN, raises -> REQ
+    c.run(handler, concurrency=8)          # returns None/True -> FIN, False or raises -> REQ
     batch = c.fetch(100, timeout=5.0)      # pull mode: Consumer(..., pull=True)
     c.drain(timeout=30)                    # graceful: see drain()
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import threading
 import time
@@ -42,15 +43,23 @@ from nsq_sansio.config import Config
 from nsq_sansio.consumer import ConsumerCoordinator
 from nsq_sansio.discovery import NSQDFilter
 from nsq_sansio.errors import ConfigError, LocalProtocolError
-from transports._common import ConsumerStats, split_options
+from transports._common import ConsumerStats, DrainResult, split_options
 from transports._common.arguments import check_seconds
-from transports._common.message import KeepaliveExpired
-from transports._common.reports import EventCallback, log_handler_failed
+from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
+from transports._common.handlers import handler_finishes
+from transports._common.message import DeliveryHook, KeepaliveExpired
+from transports._common.reports import (
+    EventCallback,
+    log_handler_failed,
+    log_handlers_left_running,
+    log_paused,
+)
 
 from ._consumer_io import ConsumerIO
+from ._dead_letter import DeadLetterPublisher
 from .message import Message
 
-__all__ = ["Consumer", "EventCallback", "KeepaliveExpired", "Message"]
+__all__ = ["Consumer", "DrainResult", "EventCallback", "KeepaliveExpired", "Message"]
 
 _log = logging.getLogger("nsq_sansio.sync.consumer")
 
@@ -73,6 +82,10 @@ class Consumer:
     ``on_event`` receives every report (see
     :data:`EventCallback`); ``logger`` replaces ``nsq_sansio.sync.consumer``;
     ``close_timeout`` bounds how long leaving the ``with`` block waits for the quick drain.
+    ``dead_letter_topic`` (a topic, or ``message -> topic or None``) publishes a message
+    given up after ``max_attempts`` there before it is FIN'd (requeued if that fails), as its
+    body or, with ``dead_letter_format="envelope"``, a JSON envelope; ``dead_letter_nsqd``
+    says which nsqd (default: the consumer's). See docs/dead-letters.md.
     """
 
     def __init__(
@@ -89,9 +102,13 @@ class Consumer:
         rng: random.Random | None = None,
         close_timeout: float = 10.0,
         nsqd_filter: NSQDFilter | None = None,
+        dead_letter_topic: str | DeadLetterRoute | None = None,
+        dead_letter_format: str = "body",
+        dead_letter_nsqd: str | Iterable[str] | None = None,
         **options: Any,
     ) -> None:
         check_seconds("close_timeout", close_timeout, error=ConfigError)
+        dead_letters = dead_letter_settings(dead_letter_topic, dead_letter_format, dead_letter_nsqd)
         config, transport_options = split_options(config, options)
         nsqd_list = [nsqd] if isinstance(nsqd, str) else list(nsqd)
         lookupd_list = [lookupd] if isinstance(lookupd, str) else list(lookupd)
@@ -104,12 +121,23 @@ class Consumer:
             lookupd=lookupd_list,
             pull=pull,
             nsqd_filter=nsqd_filter,
+            dead_letter=dead_letters is not None,
         )
         self.topic = coordinator.topic
         self.channel = coordinator.channel
-        self._io = ConsumerIO(
+        self._io = io = ConsumerIO(
             coordinator, config, transport_options, logger=logger or _log, on_event=on_event
         )
+        if dead_letters is not None:
+            io.dead_letters = DeadLetterPublisher(
+                dead_letters,
+                coordinator,
+                nsqd=nsqd_list,
+                options=transport_options,
+                logger=io.logger,
+                call_soon=io.loop.call_soon,
+                connected=lambda: [link.address for link in io.links.values()],
+            )
         self._pull = pull
         self._close_timeout = close_timeout
         self._started = False
@@ -140,6 +168,8 @@ class Consumer:
         io = self._io
         io.loop.start()
         io.loop.call_soon(lambda: io.coordinator.start(time.monotonic()))
+        if io.coordinator.max_in_flight == 0:
+            log_paused(io.logger, self.topic, self.channel, 0)
         return True
 
     def __enter__(self) -> Consumer:
@@ -166,8 +196,10 @@ class Consumer:
         """Begin a graceful drain and return at once (safe in a signal handler or a handler).
 
         RDY 0 everywhere, messages not yet handed to user code are requeued, messages in user
-        code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then CLS.
-        A bad ``timeout`` raises LocalProtocolError here and changes nothing.
+        code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then they
+        are requeued (run()'s handlers still running are reported: a thread cannot be
+        cancelled) and CLS. While draining, a ``timeout`` that ends sooner moves the deadline
+        (``0``: stop now). A bad ``timeout`` raises LocalProtocolError here and changes nothing.
         """
         if timeout is not None:
             check_seconds("drain timeout", timeout)
@@ -176,22 +208,29 @@ class Consumer:
         self._start_drain(timeout)
 
     def _start_drain(self, timeout: float | None) -> Future[None] | None:
-        """Begin the drain; the future (None when nothing was started) reports the IO
-        thread's part of it."""
+        """Begin the drain, or move its deadline sooner; the future (None when nothing was
+        asked of the IO thread) reports the IO thread's part of it."""
         io = self._io
-        if io.draining or not self._started:
-            if not self._started:
-                io.draining = True
-                io.drained.set()
-                io.wake_users()
+        if not self._started:
+            io.draining = True
+            io.drained.set()
+            io.wake_users()
             return None
+        limit = io.config.drain_timeout if timeout is None else timeout
+        ends = time.monotonic() + limit
+        if ends >= io.drain_ends:
+            return None  # a drain under way ends sooner already
+        io.drain_ends = ends
+        io.drain_timeout = limit
         io.draining = True
         return io.call(lambda: io.begin_drain(timeout))
 
-    def drain(self, timeout: float | None = None) -> None:
+    def drain(self, timeout: float | None = None) -> DrainResult:
         """Graceful shutdown (see :meth:`start_drain`); returns once it is over and every
-        connection is closed. A bad ``timeout`` raises LocalProtocolError here and changes
-        nothing."""
+        connection is closed, with what the deadline cut short (:class:`DrainResult`: the
+        messages it requeued, run()'s handlers still running in their threads). Called again
+        while draining, a sooner deadline wins (``0``: now). A bad ``timeout`` raises
+        LocalProtocolError here and changes nothing."""
         if timeout is not None:
             check_seconds("drain timeout", timeout)
         if not self._started:
@@ -205,6 +244,11 @@ class Consumer:
         # never answers is cut 5 s later); the margin only guards against a stuck IO thread.
         self._io.drained.wait(limit + 10.0)
         self._shutdown()
+        io = self._io
+        return DrainResult(
+            requeued=tuple(io.drain_held),
+            still_running=tuple(message.id for message in list(io.handlers)),
+        )
 
     @property
     def draining(self) -> bool:
@@ -217,7 +261,7 @@ class Consumer:
         if self._closed:
             return
         if self._started and not self._io.drained.is_set():
-            # A drain already under way keeps its deadline; otherwise requeue everything now.
+            # Requeue everything now (a drain under way ends now too).
             self.start_drain(0.0)
             self._io.drained.wait(self._close_timeout)
         self._shutdown()
@@ -232,10 +276,14 @@ class Consumer:
         io.drained.set()
         io.wake_users()
         io.loop.stop()
+        if io.dead_letters is not None:
+            io.dead_letters.close()
         current = threading.current_thread()
+        busy = set(io.handlers.values())  # a thread cannot be cancelled: not waited for
         for worker in self._workers:
-            if worker is not current:
+            if worker is not current and worker.ident not in busy:
                 worker.join(5.0)
+        self._report_left_running()
         for future in list(io.fetches.values()):
             if not future.done():
                 future.set_result([])
@@ -248,7 +296,16 @@ class Consumer:
         if self._pull:
             raise LocalProtocolError("pull consumers use fetch(); iteration is for push consumers")
         self._ensure_started()
+        telemetry = self._io.telemetry
+        if telemetry is not None:
+            return self._traced_messages(telemetry)
         return self._messages()
+
+    def _traced_messages(self, telemetry: DeliveryHook) -> Iterator[Message]:
+        """:meth:`_messages`, each shown to telemetry (``transports.otel``) first."""
+        for message in self._messages():
+            telemetry.received(message)
+            yield message
 
     def _messages(self) -> Iterator[Message]:
         popleft = self._io.ready.popleft
@@ -311,10 +368,11 @@ class Consumer:
 
     def run(self, handler: Callable[[Message], object], *, concurrency: int | None = None) -> None:
         """Call ``handler(msg)`` for every message on ``concurrency`` worker threads (default:
-        ``max_in_flight``, at most 32) until the consumer is drained or closed. A handler
-        that returns FINs the message (unless it answered itself); one that raises REQs it
-        (with backoff). Ctrl-C starts a drain. At most ``max_in_flight`` handlers run at once
-        whatever ``concurrency`` is (no more messages exist)."""
+        ``max_in_flight``, at most 32) until the consumer is drained or closed. Unless the
+        handler answered the message itself: returning None or True FINs it, returning False
+        or raising REQs it (with backoff); any other value is logged as a TypeError and REQs
+        it. Ctrl-C starts a drain. At most ``max_in_flight`` handlers run at once whatever
+        ``concurrency`` is (no more messages exist)."""
         if self._pull:
             raise LocalProtocolError("run() is for push consumers; this one has pull=True")
         if concurrency is None:
@@ -324,6 +382,8 @@ class Consumer:
         if not callable(handler):
             raise LocalProtocolError(f"run() handler must be callable, got {handler!r}")
         self._ensure_started()
+        user_handler = handler  # named in the log when it returns what is not a result
+        handler = self._tracked(handler)  # the drain reports the handlers still running
         logger = self._io.logger
 
         def work() -> None:
@@ -332,8 +392,8 @@ class Consumer:
                 if message is None:
                     return
                 try:
-                    handler(message)
-                except Exception:
+                    result = handler(message)
+                except Exception as exc:
                     log_handler_failed(
                         logger,
                         message.nsqd_address,
@@ -342,30 +402,104 @@ class Consumer:
                         channel=self.channel,
                         attempts=message.attempts,
                     )
+                    if self._io.dead_letters is not None:
+                        self._io.dead_letters.logic.note_error(message._delivery.id, exc)
                     if not message.answered:
                         message.requeue()
                 else:
                     if not message.answered:
-                        message.finish()
+                        if result is None or handler_finishes(
+                            result,
+                            user_handler,
+                            logger,
+                            message.nsqd_address,
+                            message.id,
+                            topic=self.topic,
+                            channel=self.channel,
+                            attempts=message.attempts,
+                        ):
+                            message.finish()
+                        else:
+                            message.requeue()
 
         workers = [
             threading.Thread(target=work, name=f"nsq-sync-worker-{i}", daemon=True)
             for i in range(concurrency)
         ]
         self._workers.extend(workers)
-        for worker in workers:
-            worker.start()
         try:
+            # Started inside the try: a Ctrl-C as soon as a handler runs still drains.
             for worker in workers:
-                while worker.is_alive():
-                    worker.join(0.5)
+                worker.start()
+                assert worker.ident is not None
+                self._io.worker_names[worker.ident] = worker.name
+            self._wait_for(workers)
         except KeyboardInterrupt:
-            self.start_drain()
-            for worker in workers:
-                worker.join()
+            # Ctrl-C without drain_on_signals: a graceful drain (bounded by its timeout),
+            # then KeyboardInterrupt; Ctrl-C again during it stops at once.
+            try:
+                self._start_drain(None)
+                self._wait_for(workers)
+            except KeyboardInterrupt:
+                self._start_drain(0.0)
+                raise
             raise
+        finally:
+            self._report_left_running()
         if self._io.failure is not None:
             self._raise_failure()
+
+    def _tracked(self, handler: Callable[[Message], object]) -> Callable[[Message], object]:
+        """``handler``, noted in the IO side's ``handlers`` while it runs (by thread)."""
+        handlers = self._io.handlers
+        thread = threading.get_ident
+
+        def call(message: Message) -> object:
+            handlers[message] = thread()
+            try:
+                return handler(message)
+            finally:
+                del handlers[message]
+
+        return call
+
+    def _wait_for(self, workers: list[threading.Thread]) -> None:
+        """Until every worker is done, or the consumer is over (drained, failed or closed)
+        and its drain's deadline has passed: a handler still running then is left to run
+        (a thread cannot be cancelled; its message was requeued and it is reported)."""
+        io = self._io
+        while True:
+            alive = [worker for worker in workers if worker.is_alive()]
+            if not alive:
+                return
+            if not io.drained.is_set() and io.loop.failure is None:
+                io.drained.wait(0.5)
+                continue
+            left = io.drain_ends - time.monotonic()
+            if left <= 0 or math.isinf(left):  # over (or failed: no deadline to wait for)
+                busy = set(io.handlers.values())
+                for worker in alive:
+                    if worker.ident not in busy:
+                        worker.join(1.0)  # idle: it ends at once
+                return
+            alive[0].join(min(left, 0.5))
+
+    def _report_left_running(self) -> None:
+        """Log run()'s handlers still running that the drain's deadline did not name (they
+        had answered their message), once."""
+        io = self._io
+        if not io.drained.is_set():
+            return
+        left = {m: t for m, t in list(io.handlers.items()) if m not in io.reported_running}
+        if left:
+            io.reported_running.update(left)
+            names = io.worker_names
+            log_handlers_left_running(
+                io.logger,
+                {m.id: names.get(t, str(t)) for m, t in left.items()},
+                topic=self.topic,
+                channel=self.channel,
+            )
 
     def fetch(
         self, batch: int, timeout: float | None = 5.0, *, no_wait: bool = False
@@ -440,6 +574,9 @@ class Consumer:
         io = self._io
         coordinator = io.coordinator
         coordinator.config.replace(max_in_flight=max_in_flight)  # validates, or raises
+        before = coordinator.max_in_flight
+        if (before == 0) != (max_in_flight == 0):
+            log_paused(io.logger, self.topic, self.channel, max_in_flight)
         if io.loop.in_loop_thread():
             coordinator.set_max_in_flight(max_in_flight, time.monotonic())
             return

@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from nsq_sansio.consumer import Deliver
+from nsq_sansio.consumer import ConsumerCoordinator, Deliver
 from transports._common.arguments import check_seconds
-from transports._common.message import MessageBase
+from transports._common.message import DeliveryHook, MessageBase
 
 from ._loop import IOLoop
 
@@ -46,6 +46,8 @@ class MessageOwner(Protocol):
     channel: str
     posted: deque[Message | tuple[int, Message, Any]]
     loop: IOLoop
+    coordinator: ConsumerCoordinator
+    telemetry: DeliveryHook | None
 
     def post(self, op: int, message: Message, arg: Any) -> None: ...
 
@@ -70,6 +72,7 @@ class Message(MessageBase):
     def __init__(self, consumer: MessageOwner, delivery: Deliver) -> None:
         self._consumer = consumer
         self._delivery = delivery
+        self._trace = None
         self.answered = False
         self._expiring = False
         self._taken_back = False
@@ -84,19 +87,27 @@ class Message(MessageBase):
         loop = consumer.loop
         if not loop._wake_pending:
             loop.wake()
+        if consumer.telemetry is not None:
+            consumer.telemetry.settled(self, "finish")
         return True
 
     def requeue(self, delay: float | None = None, *, backoff: bool = True) -> bool:
         """``REQ``: deliver it again after ``delay`` seconds (default: the config's delay
         times the attempts, capped). ``backoff=False`` keeps this failure from slowing the
         consumer down. A bad ``delay`` (negative, inf, nan, not a number) raises
-        LocalProtocolError and leaves the message unanswered."""
+        LocalProtocolError, one above nsqd's ``max_req_timeout`` when it is known
+        (``Config.max_req_timeout``) DelayOutOfRange; either leaves the message unanswered."""
         if delay is not None:
             check_seconds("requeue delay", delay)
         if self.answered:
             return False
+        if delay is not None:  # above nsqd's max_req_timeout: raised here, in the caller
+            self._consumer.coordinator.check_requeue_delay(self._delivery, delay)
         self.answered = True
-        self._consumer.post(OP_REQ, self, (delay, backoff))
+        consumer = self._consumer
+        consumer.post(OP_REQ, self, (delay, backoff))
+        if consumer.telemetry is not None:
+            consumer.telemetry.settled(self, "requeue")
         return True
 
     def touch(self) -> bool:

@@ -262,9 +262,10 @@ class Producer(CallerReads, ProducerIOThread):
                 self._fail_request(request, error)
             self._waiting.clear()
             for node in self._nodes:
-                for request in list(node.inflight.values()):
+                for request in [*node.inflight.values(), *node.held]:
                     self._fail_request(request, error)
                 node.inflight.clear()
+                node.held.clear()
                 if node.wire is not None:
                     self._retire(node.wire)
                     node.wire = None
@@ -456,6 +457,8 @@ class Producer(CallerReads, ProducerIOThread):
                 if not ready:
                     return _VIA_IO_THREAD
                 node = ready[next(self._rr) % len(ready)]
+            if node.suspects:
+                return _VIA_IO_THREAD  # sending one at a time (see _send_to)
             if not self._send_to(node, request):
                 return _SENT  # failed (the future says why)
             wire = node.wire
@@ -580,7 +583,12 @@ class Producer(CallerReads, ProducerIOThread):
         if request._done:
             return
         self._completed += 1
+        node = request.node
         request.node = None
+        if request.bound is not None:
+            self._unbind(request)
+        if node is not None and node.held and not node.inflight:
+            self._loop.call_soon(lambda: self._locked(self._serve_turn, node))
         request._set(error)
         if self._space_waiters:
             self._space.notify()  # its lock is _io_lock, held here
@@ -595,19 +603,17 @@ class Producer(CallerReads, ProducerIOThread):
     # --- internals: IO thread -------------------------------------------------------------------
 
     def _connect_all(self) -> None:
+        """The first attempts (a publish may have made one already: it is not made again)."""
         for node in self._nodes:
-            self._connect(node)
+            if node.connects == 0:
+                self._connect(node)
 
     def _connect(self, node: Node) -> None:
         if self._closing or node.link is not None:
             return
         node.config_error = None
         node.connects += 1
-        node.conn = ClientConnection(
-            self._config.identify_body(),
-            auth_secret=self._config.auth_secret,
-            auth_requires_tls=self._config.auth_requires_tls,
-        )
+        node.conn = ClientConnection.from_config(self._config, peer=node.address)
         node.ready_by = time.monotonic() + self._config.connect_timeout
         node.connecting = True
         link = self._loop.connect(node, node.host, node.port, self._config.connect_timeout)
@@ -637,8 +643,14 @@ class Producer(CallerReads, ProducerIOThread):
             # Nothing is up: try every nsqd not being connected now (whatever its reconnect
             # delay: a publish waits), and fail at once if none of them can be.
             self._waiting.append(request)
+            now = time.monotonic()
             for node in self._nodes:
-                if node.link is None:
+                # One that refused the configuration just now (the attempt of connect() or
+                # of the block's start) is not asked again at once: the publish fails with it.
+                if node.link is None and not (
+                    node.config_error is not None
+                    and now - node.refused_at < self._config.reconnect_delay
+                ):
                     self._connect(node)
             self._fail_if_unreachable()
             return
@@ -649,7 +661,55 @@ class Producer(CallerReads, ProducerIOThread):
                 self._ensure_reader(node)  # its caller may be parked, not reading
 
     def _send_to(self, node: Node, request: Request) -> bool:
-        """Queue ``request`` on ``node``'s connection; False when the core refused it."""
+        """Queue ``request`` on ``node``'s connection; False when the core refused it.
+
+        A node that lost a connection in a reset with publishes unanswered sends one at a
+        time while a suspect of that reset is bound for it: nsqd closes the connection after
+        refusing a publish, the commands pipelined behind it unread make that close a reset,
+        and a reset may destroy answers nsqd had written. A publish sent alone is refused with
+        nsqd's answer, or stored, whoever else is faulty. The others wait in ``node.held``."""
+        if node.suspects or request.suspect:
+            if request.suspect and request.bound is not node:
+                self._bind(request, node)
+            if node.inflight or node.held:
+                node.held.append(request)
+                self._watch_deadline(request)
+                return True
+            return self._send_now(node, request, True)
+        return self._send_now(node, request, False)
+
+    def _bind(self, request: Request, node: Node) -> None:
+        """``request`` (a suspect) goes to ``node`` next: it sends alone until it is sent."""
+        if request.bound is not None:
+            self._unbind(request)
+        request.bound = node
+        node.suspects += 1
+
+    def _unbind(self, request: Request) -> None:
+        """``request``'s send alone was answered (or it ended): its node may pipeline again."""
+        node = request.bound
+        assert node is not None
+        request.bound = None
+        node.suspects -= 1
+        if not node.suspects and node.held:
+            self._loop.call_soon(lambda: self._locked(self._serve_turn, node))
+
+    def _serve_turn(self, node: Node) -> None:
+        """IO thread: nothing in flight on ``node`` (or it pipelines again): send what waits
+        for its turn, one publish when it still sends alone, else all of them."""
+        while node.held and node.ready and node.conn is not None and not self._closing:
+            if node.suspects and node.inflight:
+                return
+            request = node.held.popleft()
+            if request._done:
+                continue
+            if not self._send_now(node, request, bool(node.suspects)):
+                continue
+            wire = node.wire
+            if wire is not None and wire.direct and wire.leader is None:
+                self._ensure_reader(node)  # its caller is parked, not reading
+
+    def _send_now(self, node: Node, request: Request, alone: bool) -> bool:
         conn = node.conn
         assert conn is not None and node.link is not None
         if request.tried is None:
@@ -660,7 +720,9 @@ class Producer(CallerReads, ProducerIOThread):
         try:
             if request.kind == "PUB":
                 request_id = conn.publish(
-                    request.topic, request.payload, self._coalesce and not request.alone
+                    request.topic,
+                    request.payload,
+                    self._coalesce and not request.alone and not alone,
                 )
             elif request.kind == "MPUB":
                 request_id = conn.multi_publish(request.topic, request.payload)
@@ -672,6 +734,12 @@ class Producer(CallerReads, ProducerIOThread):
             return False
         node.inflight[request_id] = request
         request.node = node
+        self._watch_deadline(request)
+        return True
+
+    def _watch_deadline(self, request: Request) -> None:
+        """The IO thread looks for publishes past their deadline from ``request``'s first
+        tick on."""
         check = request.start + self._expiry_tick
         if self._expiry_check is None or check < self._expiry_check:
             self._expiry_check = check
@@ -679,7 +747,6 @@ class Producer(CallerReads, ProducerIOThread):
                 # The IO thread sleeps until the deadline it last saw: this one is earlier.
                 # (Once per tick at most: the check stays set while publishes are in flight.)
                 self._loop.wake()
-        return True
 
     def _fail_request(self, request: Request, error: BaseException) -> None:
         if not request._done:

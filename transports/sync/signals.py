@@ -7,12 +7,15 @@
             handle(msg)
             msg.finish()
 
-The handler only *starts* the drain (a signal handler must not block): the consumer stops
+The first signal only *starts* the drain (a signal handler must not block): the consumer stops
 taking messages (RDY 0 everywhere), requeues what user code has not seen, lets the messages in
-user code finish, then closes. Iteration and ``run()`` return when that is done. A second
-signal while draining is left to the previous handler (Ctrl-C twice still interrupts).
-Signal handlers can only be installed from the main thread; elsewhere this raises
-:class:`ValueError`, as :func:`signal.signal` does.
+user code finish (up to the drain's timeout), then closes. Iteration and ``run()`` return when
+that is done. One more signal during the drain stops at once: what user code still holds is
+requeued, and the block is interrupted where the main thread is (an exception the block's exit
+absorbs, as ``KeyboardInterrupt`` would be raised there), so the code after it runs; the
+handlers that were there before are put back, so a third signal gets their handling (Ctrl-C:
+``KeyboardInterrupt``). Signal handlers can only be installed from the main thread; elsewhere
+this raises :class:`ValueError`, as :func:`signal.signal` does.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
+from nsq_sansio.config import Config
 from transports._common.arguments import check_seconds
-from transports._common.reports import log_signal_drain
+from transports._common.reports import log_signal_drain, log_signal_stop
 
 __all__ = ["DEFAULT_DRAIN_SIGNALS", "Drainable", "drain_on_signals"]
 
@@ -46,41 +50,67 @@ class Drainable(Protocol):
     @property
     def draining(self) -> bool: ...
 
+    @property
+    def config(self) -> Config: ...
+
+
+class _StopNow(BaseException):
+    """Raised in the main thread by a signal during the drain: it ends the block of
+    :func:`drain_on_signals`, whose exit absorbs it (a ``BaseException``, as
+    ``KeyboardInterrupt``, so that ``except Exception`` in user code lets it through)."""
+
 
 @contextmanager
 def drain_on_signals(
     consumer: Drainable, *signals: int, timeout: float | None = None
 ) -> Iterator[None]:
     """While the block runs, SIGTERM/SIGHUP/SIGINT (or ``signals``) start ``consumer``'s drain
-    (with ``timeout``); the previous handlers come back on exit. A bad ``timeout`` raises
-    LocalProtocolError here, not later in the signal handler."""
+    (with ``timeout``); one more during the drain stops at once and ends the block (the code
+    after it runs); the previous handlers come back then, or on exit. A bad ``timeout``
+    raises LocalProtocolError here, not later in the signal handler."""
     if timeout is not None:
         check_seconds("drain timeout", timeout)
     previous: dict[int, Any] = {}
+    inside = False  # the block runs: a second signal may interrupt it
+
+    def restore() -> None:
+        for signum, old in list(previous.items()):
+            signal.signal(signum, old if old is not None else signal.SIG_DFL)
+        previous.clear()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if consumer.draining:
-            old = previous.get(signum)
-            if callable(old):
-                old(signum, frame)
-            elif old == signal.SIG_DFL and signum == getattr(signal, "SIGINT", None):
-                raise KeyboardInterrupt
+        if not consumer.draining:
+            limit = consumer.config.drain_timeout if timeout is None else timeout
+            log_signal_drain(
+                _log,
+                signum,
+                limit,
+                topic=getattr(consumer, "topic", None),
+                channel=getattr(consumer, "channel", None),
+            )
+            consumer.start_drain(timeout)
             return
-        log_signal_drain(
+        log_signal_stop(
             _log,
             signum,
             topic=getattr(consumer, "topic", None),
             channel=getattr(consumer, "channel", None),
         )
-        consumer.start_drain(timeout)
+        restore()  # a third signal gets the handling that was there before
+        consumer.start_drain(0.0)  # what user code holds goes back now
+        if inside:
+            raise _StopNow
 
-    installed: list[int] = []
     try:
         for signum in signals or DEFAULT_DRAIN_SIGNALS:
-            previous[signum] = signal.signal(signum, handler)
-            installed.append(signum)
-        yield
+            old: Callable[..., Any] | int | None = signal.signal(signum, handler)
+            previous[signum] = old
+        inside = True
+        try:
+            yield
+        except _StopNow:
+            pass  # a signal during the drain: the block is over
+        finally:
+            inside = False
     finally:
-        for signum in installed:
-            restore: Callable[..., Any] | int | None = previous[signum]
-            signal.signal(signum, restore if restore is not None else signal.SIG_DFL)
+        restore()

@@ -24,7 +24,13 @@ import sniffio
 from nsq_sansio.admin import AdminRequest
 from nsq_sansio.discovery import allow_nsqd
 from nsq_sansio.errors import HTTPPublishError, LocalProtocolError, NoNSQDAvailable
-from transports._common import ConnectionStats, ConsumerStats, ProducerStats, TLSOptions
+from transports._common import (
+    ConnectionStats,
+    ConsumerStats,
+    DrainResult,
+    ProducerStats,
+    TLSOptions,
+)
 from transports.anyio import admin as _admin
 from transports.anyio import consumer as _consumer
 from transports.anyio import http as _http
@@ -38,6 +44,7 @@ __all__ = [
     "ConnectionStats",
     "Consumer",
     "ConsumerStats",
+    "DrainResult",
     "EventCallback",
     "HTTPProducer",
     "HTTPPublishError",
