@@ -56,89 +56,10 @@ DOCUMENTED_MODULES: tuple[str, ...] = (
 #: meaning (Spark's data source interface, prometheus-client's collectors).
 DOCUMENTED_UPSTREAM = ("pyspark.", "prometheus_client.")
 
-# TEMPORARY: public names without a docstring in files that other branches are rewriting right
-# now. The coordinator adds their docstrings and empties this set after merging; a name listed
-# here that has a docstring (or no longer exists) fails tests/docs, so the list cannot go stale.
-ALLOWED_MISSING: frozenset[str] = frozenset(
-    {
-        "nsq_sansio.testing.clock.Scheduler.call_later",
-        "nsq_sansio.testing.invariants.Monitor.check_discovery",
-        "nsq_sansio.testing.invariants.Monitor.check_final",
-        "nsq_sansio.testing.invariants.Monitor.fin_sent",
-        "nsq_sansio.testing.invariants.Monitor.message_sent",
-        "nsq_sansio.testing.invariants.Monitor.on_accepted",
-        "nsq_sansio.testing.invariants.Monitor.on_consumer_killed",
-        "nsq_sansio.testing.invariants.Monitor.on_drain_complete",
-        "nsq_sansio.testing.invariants.Monitor.on_drain_started",
-        "nsq_sansio.testing.invariants.Monitor.on_give_up",
-        "nsq_sansio.testing.invariants.Monitor.on_handled",
-        "nsq_sansio.testing.invariants.Monitor.on_lookup_request",
-        "nsq_sansio.testing.invariants.Monitor.pipe_closed",
-        "nsq_sansio.testing.invariants.Monitor.rdy_sent",
-        "nsq_sansio.testing.invariants.Monitor.violate",
-        "nsq_sansio.testing.network.Network.add_node",
-        "nsq_sansio.testing.network.Network.partitioned",
-        "nsq_sansio.testing.network.SimConn.peer_of",
-        "nsq_sansio.testing.nodes.base.SimNode.next_deadline",
-        "nsq_sansio.testing.nodes.base.SimNode.on_accept",
-        "nsq_sansio.testing.nodes.base.SimNode.on_connect_failed",
-        "nsq_sansio.testing.nodes.base.SimNode.on_connected",
-        "nsq_sansio.testing.nodes.base.SimNode.on_data",
-        "nsq_sansio.testing.nodes.base.SimNode.on_eof",
-        "nsq_sansio.testing.nodes.consumer.ConsumerNode.drain",
-        "nsq_sansio.testing.nodes.consumer.ConsumerNode.next_deadline",
-        "nsq_sansio.testing.nodes.consumer.ConsumerNode.on_accept",
-        "nsq_sansio.testing.nodes.consumer.ConsumerNode.on_connect_failed",
-        "nsq_sansio.testing.nodes.consumer.ConsumerNode.on_connected",
-        "nsq_sansio.testing.nodes.consumer.ConsumerNode.on_data",
-        "nsq_sansio.testing.nodes.consumer.ConsumerNode.on_eof",
-        "nsq_sansio.testing.nodes.consumer.ConsumerNode.start",
-        "nsq_sansio.testing.nodes.lookupd.LookupdNode.crash",
-        "nsq_sansio.testing.nodes.lookupd.LookupdNode.http_address",
-        "nsq_sansio.testing.nodes.lookupd.LookupdNode.on_accept",
-        "nsq_sansio.testing.nodes.lookupd.LookupdNode.on_data",
-        "nsq_sansio.testing.nodes.lookupd.LookupdNode.on_eof",
-        "nsq_sansio.testing.nodes.lookupd.LookupdNode.restart",
-        "nsq_sansio.testing.nodes.lookupd.LookupdNode.tcp_address",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.address",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.create_channel",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.next_deadline",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.on_accept",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.on_connect_failed",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.on_connected",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.on_data",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.on_eof",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.publish",
-        "nsq_sansio.testing.nodes.nsqd.NsqdNode.restart",
-        "nsq_sansio.testing.nodes.nsqd.SimDisk.factory",
-        "nsq_sansio.testing.nodes.nsqd.SimDisk.lose_volatile",
-        "nsq_sansio.testing.nodes.producer.ProducerNode.next_deadline",
-        "nsq_sansio.testing.nodes.producer.ProducerNode.on_connect_failed",
-        "nsq_sansio.testing.nodes.producer.ProducerNode.on_connected",
-        "nsq_sansio.testing.nodes.producer.ProducerNode.on_data",
-        "nsq_sansio.testing.nodes.producer.ProducerNode.on_eof",
-        "nsq_sansio.testing.nodes.producer.ProducerNode.publish",
-        "nsq_sansio.testing.scenarios.HerdResult",
-        "nsq_sansio.testing.scenarios.LongJobResult",
-        "nsq_sansio.testing.scenarios.RestartResult",
-        "nsq_sansio.testing.scenarios.StarvationResult",
-        "nsq_sansio.testing.simulator.Simulator.add_producer",
-        "nsq_sansio.testing.simulator.Simulator.now",
-        "nsq_sansio.testing.simulator.Simulator.raise_if_violated",
-        "nsq_sansio.testing.simulator.Simulator.result",
-        "nsq_sansio.testing.simulator.Simulator.run_for",
-        "nsq_sansio.testing.simulator.Simulator.schedule_fault",
-        "nsq_sansio.testing.simulator.scenario_blob",
-        "nsq_sansio.testing.simulator.scenario_from_blob",
-        "nsq_sansio.testing.specs.ClusterSpec.channels_of",
-        "nsq_sansio.testing.specs.ClusterSpec.topics_channels",
-        "nsq_sansio.testing.specs.Fault",
-        "nsq_sansio.testing.specs.FaultKind",
-        "nsq_sansio.testing.strategies.workloads",
-        "nsq_sansio.testing.violations.Invariant",
-        "nsq_sansio.testing.violations.Violation",
-    }
-)
+# Public names allowed without a docstring: none. An entry is for a name a branch is rewriting
+# while it is merged; one that has a docstring (or no longer exists) fails tests/docs, so the
+# list cannot go stale.
+ALLOWED_MISSING: frozenset[str] = frozenset()
 
 
 def _docstring(obj: griffe.Object) -> str:

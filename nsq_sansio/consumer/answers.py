@@ -388,9 +388,15 @@ class Answers(Drain):
 
     def touch(self, delivery: Deliver, now: float) -> float | None:
         """TOUCH: extend the message's timeout; returns the new deadline (None if not ours).
-        The deadline never goes past received_at + the server's max_msg_timeout."""
+        The deadline never goes past received_at + the server's max_msg_timeout. A message
+        whose deadline has passed is not ours any more (nsqd took it back at its own deadline,
+        which came first): nothing is sent, and it is reported (TakenBack) as gone."""
         link = self._current(delivery)
-        if link is None or link.proto is None:
+        if (
+            link is None
+            or link.proto is None
+            or link.touched.get(delivery.id, delivery.deadline) <= now
+        ):
             self._report_gone(delivery, "TOUCH")
             return None
         try:

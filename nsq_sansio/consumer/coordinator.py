@@ -9,6 +9,7 @@ below, one concern each (see :mod:`nsq_sansio.consumer`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from operator import itemgetter
 from typing import cast
@@ -65,29 +66,34 @@ class ConsumerCoordinator(DeadLetters):
             return
         if now + link.msg_timeout < link.live_floor:  # what this read brings expires then
             link.live_floor = now + link.msg_timeout
-        if not (link.accepting and self._calm):
+        after = proto.in_flight_count
+        calm = self._calm  # for this read: taking late messages in below does not change it
+        if (
+            after > link.claim
+            and link.accepting
+            and not self._take_late(link, sum(type(e) is Deliver for e in events), now)
+        ):
+            # More than this connection may hold: nsqd sent under an RDY it had not read as
+            # lowered yet. One by one: what still fits is delivered, the rest handed back.
+            self._one_by_one(link, events, now)
+            return
+        if not (link.accepting and calm):
             if (
                 self._pull
                 and link.accepting
-                and proto.in_flight_count - held == len(events)
+                and after - held == len(events)
                 and (not self._max_attempts or max(map(_attempts, events)) <= self._max_attempts)
             ):
                 # Pull mode's hot path: a read of messages only, each new to this connection
                 # and under max_attempts (as push mode's below), handed on as one batch.
                 self._pull_receive(link, cast("list[Deliver]", events), now)
                 return
-            for event in events:
-                if type(event) is Deliver:
-                    self._on_message(link, event, now)
-                else:
-                    self._on_event(link, event, now)
-                    if link.conn_id not in self._links:
-                        return
+            self._one_by_one(link, events, now)
             return
         count = len(events)
         max_attempts = self._max_attempts
         deliveries = cast("list[Deliver]", events)  # if the test below passes
-        if proto.in_flight_count - held == count and (
+        if after - held == count and (
             not max_attempts or max(map(_attempts, deliveries)) <= max_attempts
         ):
             # The hot path: a subscribed push connection outside backoff and drain, and a read
@@ -148,6 +154,43 @@ class ConsumerCoordinator(DeadLetters):
 
     # --- internals: messages and connection events ---------------------------------------------
 
+    def _one_by_one(self, link: Link, events: list[object], now: float) -> None:
+        """A read's events, each on its own (every case the fast paths leave)."""
+        for event in events:
+            if type(event) is Deliver:
+                self._on_message(link, event, now)
+            else:
+                self._on_event(link, event, now)
+                if link.conn_id not in self._links:
+                    return
+
+    def _take_late(self, link: Link, arriving: int, now: float) -> bool:
+        """``arriving`` more messages on ``link`` than its claim covers: nsqd sent them under
+        an RDY it had not read as lowered when the settle time released that capacity (a
+        partition held the bytes longer). True when they fit anyway (the ceiling grows into
+        budget nobody claims); False: what does not fit must be handed back.
+
+        Only messages surely still in flight on nsqd count against the claim (deadline more
+        than a settle time ahead: nsqd's deadline runs from its send, before ours): one that
+        nsqd may have taken back freed its slot there, and nsqd may fill it; counting it here
+        would hand back, again and again, a message nsqd was allowed to send."""
+        live = link.live_count(now + link.settle_delay)[0] + arriving
+        excess = live - link.claim
+        if excess <= 0:
+            return True
+        if (
+            self._state is not ConsumerState.RUNNING
+            or self._claimed + excess > self._config.max_in_flight
+        ):
+            return False
+        link.ceiling = live
+        self._reclaim(link)
+        if link.ceiling > link.wire_rdy and link.conn_id not in self._settling:
+            self._settling.add(link.conn_id)
+            self._calm = False
+            link.settle_at = now + link.settle_delay
+        return True
+
     def _on_message(self, link: Link, delivery: Deliver, now: float) -> None:
         """One message arrived on ``link`` (every case; the common one is inlined in
         :meth:`receive_data`)."""
@@ -189,6 +232,12 @@ class ConsumerCoordinator(DeadLetters):
             if self._backoff.record(Outcome.SUCCESS, now):  # a give-up FINs: a success
                 self._backoff_moved(now)
             return
+        if link.held_count() >= link.claim and not self._take_late(link, 1, now):
+            # Beyond max_in_flight (see _take_late): handed back, the user never sees it.
+            self._emit_rdy(link)
+            proto.requeue(message_id, 0.0)
+            self.requeued += 1
+            return
         link.tracked[message_id] = delivery
         if self._pull:
             self._on_pull_messages(link, [delivery], now)
@@ -218,6 +267,12 @@ class ConsumerCoordinator(DeadLetters):
                 if event.command == "TOUCH" and event.message_id is not None
                 else None
             )
+            if held is not None:
+                # nsqd holds it no more: its deadline has passed (it counts no more against
+                # max_in_flight, whatever TOUCH was believed to have won)
+                link.touched[held.id] = min(now, link.touched.get(held.id, held.deadline))
+                link.marks = True
+                link.live_floor = -math.inf
             self._actions.append(
                 TakenBack(
                     link.conn_id,

@@ -196,12 +196,21 @@ class RdyDistribution(RdyBound):
         held_too_long = self._config.low_rdy_timeout
         released: set[int] = set()
         scarce = self._budget() < len(links) or (self._pull and self._alloc_total < len(links))
+        # One move at a time: while a connection waits for the budget a move freed (a lowered
+        # RDY settling), no holder gives RDY up. Else, with an idle timeout shorter than the
+        # settle time, each tick took the RDY of one idle holder and handed it to another
+        # holder released a tick before (which took its own unsettled RDY straight back):
+        # the waiting connection, the one with the messages, never got any.
+        if scarce and any(link.rdy < link.target for link in links):
+            scarce = False
         for link in links:
             if not link.warm and now - link.rdy_at >= self._config.rdy_redistribute_interval:
                 link.warm = True
+            # Only a holder: a connection given a share that waits for budget (another one's
+            # lowered RDY settling) has had no RDY to receive with, so it is not idle.
             if (
                 scarce
-                and link.target > 0
+                and link.rdy > 0
                 and (
                     now - max(link.last_message_at, link.rdy_at) >= idle_after
                     or now - link.rdy_at >= held_too_long

@@ -71,23 +71,10 @@ class FetchQueue:
         if aged_at is not None:
             heapq.heappush(self._expiries, (aged_at, request.request_id))
 
-    def give(self, delivery: Deliver) -> FetchRequest | None:
-        """Hand a message to the oldest waiting request; returns it if that filled it."""
-        request = self.waiting[0]
-        request.messages.append(delivery)
-        request.remaining -= 1
-        self.outstanding -= 1
-        if request.remaining == 0:
-            self.waiting.popleft()
-            return request
-        if len(request.messages) == 1:  # its oldest message: the request ages from here
-            heapq.heappush(self._expiries, (_half_life(delivery), request.request_id))
-        return None
-
     def give_many(self, deliveries: list[Deliver]) -> tuple[list[FetchRequest], int]:
-        """Hand messages, in order, to the waiting requests, oldest first (as :meth:`give` on
-        each, a slice per request): returns the requests that filled, and how many messages
-        were given (the rest found no waiting request)."""
+        """Hand messages, in order, to the waiting requests, oldest first (a slice per
+        request; a request ages from its first message): returns the requests that filled,
+        and how many messages were given (the rest found no waiting request)."""
         waiting = self.waiting
         filled: list[FetchRequest] = []
         count = len(deliveries)

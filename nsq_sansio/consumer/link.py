@@ -87,6 +87,7 @@ class Link:
         "send_fins",
         "settle_at",
         "settle_delay",
+        "share_at",
         "target",
         "touched",
         "warm",
@@ -134,6 +135,11 @@ class Link:
         #: When RDY was last raised (pull mode: RDY left unused a settle time after this and
         #: after the last message means nsqd has nothing more to send).
         self.raised_at = -math.inf
+        #: Pull mode: since when this link has held a share without delivering or passing it
+        #: on. A share given back between two fetches and given again does not restart it
+        #: (each fetch that expires lowers RDY to 0 for a moment): a holder whose nsqd has
+        #: nothing must still run dry and pass its RDY on.
+        self.share_at = -math.inf
         #: Pull mode: which link delivered last (ties of ``last_message_at`` in one read).
         self.pull_seq = 0
         #: No message held here reaches its deadline before this (a lower bound, lowered by

@@ -174,7 +174,8 @@ class PullMode(RdyDistribution):
 
     def _pass_dry_rdy_on(self, now: float) -> None:
         """Fewer RDY than connections while a fetch waits: a holder that delivered nothing
-        for twice its settle time (so nsqd had its RDY and nothing to send) passes the RDY
+        for twice its settle time since it got its share (so nsqd had its RDY and nothing to
+        send; fetches that came and went meanwhile do not count as new shares) passes the RDY
         on, to the connections that never ran dry first, then to the longest dry. Without
         this a fetch waited for ``low_rdy_idle_timeout`` plus the redistribution period
         (10-15 s) while messages sat on another nsqd."""
@@ -186,7 +187,7 @@ class PullMode(RdyDistribution):
         for link in links:
             if not link.alloc or not link.wire_rdy:
                 continue
-            due = max(link.last_message_at, link.rdy_at) + 2 * link.settle_delay
+            due = max(link.last_message_at, link.share_at) + 2 * link.settle_delay
             if due <= now:
                 released.add(link.conn_id)
                 link.dry_at = now

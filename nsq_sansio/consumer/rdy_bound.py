@@ -79,8 +79,17 @@ class RdyBound(CoordinatorState):
             link.raised_at = now
             if not link.rdy:
                 link.rdy_at = now
+                if link.share_at <= link.last_message_at or link.share_at <= link.dry_at:
+                    link.share_at = now  # delivered or passed on since: a new share
+            if count >= link.ceiling and link.conn_id in self._settling:
+                self._settled(link)  # its claim is this RDY now: the ceiling no longer counts
         elif count < link.rdy:
             link.settle_at = now + link.settle_delay
+            if link.ceiling > link.wire_rdy and link.conn_id not in self._settling:
+                # Raised over its ceiling and lowered again before either was written: the
+                # old capacity still counts (writing nothing would not put it back).
+                self._settling.add(link.conn_id)
+                self._calm = False
         self._total_rdy += count - link.rdy
         link.rdy = count
         link.remaining = count
@@ -95,8 +104,10 @@ class RdyBound(CoordinatorState):
             assert link.proto is not None
             link.proto.send_ready(link.rdy)
             link.wire_rdy = link.rdy
-            if link.rdy > link.ceiling:
+            if link.rdy >= link.ceiling:
                 link.ceiling = link.rdy
+                if link.conn_id in self._settling:
+                    self._settled(link)  # raised to what it may hold: nothing to settle
             elif link.ceiling > link.rdy and link.conn_id not in self._settling:
                 # Lowered: nsqd may still send under the old RDY until it reads this one.
                 self._settling.add(link.conn_id)

@@ -48,6 +48,7 @@ class Scheduler:
         return token
 
     def call_later(self, delay: float, callback: Callable[[Any], None], arg: Any = None) -> None:
+        """Run ``callback(arg)`` ``delay`` seconds of virtual time from now."""
         self.call_at(self.now + delay, callback, arg)
 
     def next_time(self) -> float | None:

@@ -11,8 +11,11 @@ Per step (from the wire, independently of the state machines' own bookkeeping):
   ``max_in_flight`` (checked whenever nsqd sends it one: counted from nsqd's send until the
   consumer's FIN/REQ, so messages still on the wire count; messages nsqd already timed out do
   not). A lowered RDY does not take back what is already in flight, so this bounds what RDY
-  is given, not only its sum. Read with the current ``max_in_flight``: lowering it at run time
-  is not modelled.
+  is given, not only its sum. A message a partition held, or one nsqd sent only because a
+  partition held back a lower RDY the client wrote, counts from its arrival instead (no client
+  can know of it before), checked once the consumer has reacted to it: it must hand back what
+  does not fit. Read with the current ``max_in_flight``: lowering it at run time is not
+  modelled.
 * ``BACKOFF_RDY``: while a consumer backs off it sends RDY 0 (waiting), or no more than its
   test lets in (testing: one message more than it held when the test began, two more per
   success since; never one that lets nsqd send more).
@@ -36,6 +39,7 @@ returns False and reports ``TakenBack``, as the coordinator promises.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -61,6 +65,7 @@ class _Pipe:
     """What one client<->nsqd connection carried, as parsed from the wire."""
 
     __slots__ = (
+        "blind",
         "client",
         "client_rdy",
         "conn",
@@ -74,6 +79,9 @@ class _Pipe:
         "opaque",
         "outstanding",
         "parser",
+        "partitioned",
+        "rdy_unread",
+        "received",
         "server_rdy",
         "step_rdy",
         "step_time",
@@ -99,11 +107,24 @@ class _Pipe:
         self.outstanding: dict[bytes, tuple[float, float]] = {}
         #: ids the client received and has not answered (FIN/REQ) yet
         self.held: set[bytes] = set()
+        #: The bytes being written now wait in the network (a partition holds them).
+        self.partitioned = False
+        #: RDY the client wrote and nsqd has not read yet: (count, held by a partition).
+        self.rdy_unread: deque[tuple[int, bool]] = deque()
+        #: Messages the network held that way: (end offset in nsqd's stream, id). They count
+        #: as held once they arrive (``received`` bytes reach the offset), not from the send.
+        self.blind: list[tuple[int, bytes]] = []
+        self.received = 0
         self.topic_channel: tuple[str, str] | None = None
 
     def sent(self, direction: int, data: bytes, now: float) -> None:
         if self.opaque:
             return
+        conn = self.conn
+        server = conn.server
+        self.partitioned = bool(conn.held) or (
+            server is not None and not self.monitor.sim.net.reachable(self.client, server.name)
+        )
         if direction == CLIENT_TO_SERVER:
             for command in self.parser.feed(data):
                 self._client_command(command, now)
@@ -111,7 +132,12 @@ class _Pipe:
             self.frames.feed(data, lambda frame: self._server_frame(frame, now))
 
     def delivered(self, direction: int, data: bytes, now: float) -> None:
-        if self.opaque or direction != CLIENT_TO_SERVER:
+        if self.opaque:
+            return
+        if direction != CLIENT_TO_SERVER:
+            self.received += len(data)
+            if self.blind:
+                self._blind_arrived(now)
             return
         # nsqd runs a chunk's commands one by one and may push messages between them (a REQ
         # frees a slot before a later RDY 0 is read): during this step the highest RDY counts.
@@ -121,6 +147,8 @@ class _Pipe:
         for command in self.delivered_commands.feed(data):
             verb = command.verb
             if verb == b"RDY":
+                if self.rdy_unread:
+                    self.rdy_unread.popleft()
                 self.server_rdy = int(command.args[0])
                 if self.server_rdy > self.step_rdy:
                     self.step_rdy = self.server_rdy
@@ -138,18 +166,44 @@ class _Pipe:
     def closed(self, now: float) -> None:
         self.monitor.pipe_closed(self, now)
 
+    def _answered(self, message_id: bytes) -> None:
+        self.held.discard(message_id)
+        if self.blind:  # answered as soon as its frame was read, before the rest arrived
+            self.blind = [entry for entry in self.blind if entry[1] != message_id]
+
+    def _under_stale_rdy(self, now: float) -> bool:
+        """nsqd has not read an RDY a partition held back, and the messages in flight here
+        already fill it."""
+        if not any(held for _, held in self.rdy_unread):
+            return False
+        live = sum(1 for deadline, _ in self.outstanding.values() if deadline > now)
+        return any(held and live >= count for count, held in self.rdy_unread)
+
+    def _blind_arrived(self, now: float) -> None:
+        arrived = [entry for entry in self.blind if entry[0] <= self.received]
+        if not arrived:
+            return
+        del self.blind[: len(arrived)]
+        for _, message_id in arrived:
+            entry = self.outstanding.get(message_id)
+            if entry is not None and entry[0] > now:
+                self.held.add(message_id)
+        # checked once the consumer has seen them (it may hand them back at once)
+        self.monitor.check_after_step.add(self.client)
+
     def _client_command(self, command: ClientCommand, now: float) -> None:
         verb = command.verb
         monitor = self.monitor
         if verb == b"RDY":
             count = int(command.args[0])
             self.client_rdy = count
+            self.rdy_unread.append((count, self.partitioned))
             monitor.rdy_sent(self, count, now)
         elif verb == b"FIN":
-            self.held.discard(command.args[0])
+            self._answered(command.args[0])
             monitor.fin_sent(self, command.args[0], now)
         elif verb == b"REQ":
-            self.held.discard(command.args[0])
+            self._answered(command.args[0])
         elif verb == b"SUB":
             self.topic_channel = (command.args[0].decode(), command.args[1].decode())
             monitor.subscribed(self)
@@ -171,6 +225,14 @@ class _Pipe:
                     f"{self.nsqd} pushed a message to {self.client} (conn {self.conn.id}) holding "
                     f"{live} un-expired messages with RDY {allowed}",
                 )
+            if self.partitioned or self._under_stale_rdy(now):
+                # A partition holds it, or it goes out only because a partition held back
+                # the lower RDY the client wrote: no client can know of it (nor know what
+                # nsqd read) until it arrives, so it counts from then.
+                self.blind.append((self.frames.consumed, message_id))
+                self.outstanding[message_id] = (now + self.msg_timeout, now)
+                self.monitor.message_sent(self, message_id, attempts, body, now, check=False)
+                return
             self.outstanding[message_id] = (now + self.msg_timeout, now)
             self.held.add(message_id)
             self.monitor.message_sent(self, message_id, attempts, body, now)
@@ -216,6 +278,9 @@ class Monitor:
         self.drained: dict[str, float] = {}
         self.drain_leftovers: dict[str, int] = {}
         self.messages_sent = 0
+        #: Consumers to check (``HELD``) at the end of their current step: messages nsqd sent
+        #: blind (see ``_Pipe.blind``) arrived, and they may hand them back at once.
+        self.check_after_step: set[str] = set()
         #: (body, consumer, start, planned end) of every job user code ran
         self.jobs: list[tuple[bytes, str, float, float]] = []
 
@@ -233,12 +298,15 @@ class Monitor:
         return None
 
     def violate(self, invariant: Invariant, now: float, detail: str) -> None:
+        """Record a broken ``invariant`` at ``now`` (raised later by
+        :meth:`Simulator.raise_if_violated`, so one run reports everything it found)."""
         self.violations.append(Violation(invariant, now, detail))
 
     # -- wire events ------------------------------------------------------------------------
 
     def rdy_sent(self, pipe: _Pipe, count: int, now: float) -> None:
-
+        """A consumer wrote RDY ``count`` on ``pipe``: with ``rdy_per_write`` the sum of its
+        written RDY must stay within its max_in_flight after every write."""
         if self.rdy_per_write:
             node = self.sim.nodes.get(pipe.client)
             pipes = self._consumer_pipes.get(pipe.client, {})
@@ -274,10 +342,20 @@ class Monitor:
         """A SUB went out on ``pipe``."""
 
     def message_sent(
-        self, pipe: _Pipe, message_id: bytes, attempts: int, body: bytes, now: float
+        self,
+        pipe: _Pipe,
+        message_id: bytes,
+        attempts: int,
+        body: bytes,
+        now: float,
+        *,
+        check: bool = True,
     ) -> None:
+        """nsqd wrote a message on ``pipe``: checked against the RDY nsqd read and the
+        consumer's max_in_flight (what it may hold), and remembered for the final check."""
         self.messages_sent += 1
-        self._check_held(pipe.client, now)
+        if check:
+            self._check_held(pipe.client, now)
         self._id_body[(pipe.nsqd, message_id)] = body
         if pipe.topic_channel is not None:
             key = (pipe.topic_channel[0], pipe.topic_channel[1], body)
@@ -322,11 +400,14 @@ class Monitor:
             )
 
     def fin_sent(self, pipe: _Pipe, message_id: bytes, now: float) -> None:
+        """nsqd read a FIN for ``message_id`` on ``pipe``: that message counts as finished."""
         body = self._id_body.get((pipe.nsqd, message_id))
         if body is not None and pipe.topic_channel is not None:
             self.finished.add((pipe.topic_channel[0], pipe.topic_channel[1], body))
 
     def pipe_closed(self, pipe: _Pipe, now: float) -> None:
+        """A connection between a consumer and an nsqd closed: its RDY and in-flight count
+        no longer count."""
         self._consumer_pipes.get(pipe.client, {}).pop(pipe.conn.id, None)
         self._pipes.pop(pipe.conn.id, None)
 
@@ -365,6 +446,7 @@ class Monitor:
     # -- node events ------------------------------------------------------------------------
 
     def on_accepted(self, nsqd: str, topic: str, bodies: Iterable[bytes], now: float) -> None:
+        """nsqd ``nsqd`` accepted ``bodies`` on ``topic``: each must reach every channel of it."""
         channels = self.sim.spec.channels_of(topic)
         for body in bodies:
             self.accepted_at.setdefault(body, now)
@@ -372,12 +454,15 @@ class Monitor:
                 self.expected.setdefault((topic, channel, body), nsqd)
 
     def on_handled(self, consumer: str, delivery: Deliver, now: float) -> None:
+        """The user's handler ran ``delivery`` on ``consumer`` (counted for at-least-once and
+        for the redelivery figures)."""
         node = self.sim.nodes[consumer]
         key = (node.topic, node.channel, delivery.body)  # type: ignore[attr-defined]
         self.handled[key] = self.handled.get(key, 0) + 1
         self.first_handled_at.setdefault(key, now)
 
     def on_give_up(self, consumer: str, topic: str, channel: str, body: bytes, now: float) -> None:
+        """``consumer`` gave a message up (past max_attempts): it counts as done, not lost."""
         self.given_up.add((topic, channel, body))
 
     def on_nsqd_down(self, nsqd: str, on_disk: dict[str, set[bytes]], now: float) -> None:
@@ -394,12 +479,16 @@ class Monitor:
                 self.excused.add(key)
 
     def on_drain_started(self, consumer: str, now: float) -> None:
+        """``consumer`` started draining: from now on it must close no connection with
+        messages unanswered."""
         self.draining.add(consumer)
 
     def on_drain_complete(self, consumer: str, now: float) -> None:
+        """``consumer`` finished draining at ``now`` (checked against what it still held)."""
         self.drained[consumer] = now
 
     def on_consumer_killed(self, consumer: str, now: float) -> None:
+        """``consumer`` died: a drain it had started no longer has to complete."""
         self.draining.discard(consumer)
 
     def on_job(self, consumer: str, body: bytes, start: float, end: float) -> None:
@@ -407,10 +496,15 @@ class Monitor:
         self.jobs.append((body, consumer, start, end))
 
     def on_lookup_request(self, lookupd: str, client: str, now: float) -> None:
+        """``client`` asked ``lookupd`` for a topic's producers (the herd figures count them)."""
         self.lookup_requests.append((now, lookupd, client))
 
     def on_consumer_step(self, consumer: str, max_in_flight: int, now: float) -> None:
-        """After each consumer step: the RDY it has sent, summed over its live connections."""
+        """After each consumer step: the RDY it has sent, summed over its live connections
+        (and what it holds, when messages nsqd sent blind arrived in this step)."""
+        if consumer in self.check_after_step:
+            self.check_after_step.discard(consumer)
+            self._check_held(consumer, now)
         pipes = self._consumer_pipes.get(consumer)
         if not pipes:
             return
@@ -434,6 +528,8 @@ class Monitor:
         return [key for key in self.expected if key not in done]
 
     def check_final(self, now: float, *, discovery: bool = True) -> None:
+        """The end-of-run invariants: every accepted message finished or given up, the brokers
+        empty, drains complete (and discovery, unless ``discovery`` is False)."""
         missing = self.outstanding()
         if missing:
             sample = ", ".join(repr(k[2]) for k in missing[:5])
@@ -477,7 +573,8 @@ class Monitor:
                         )
 
     def check_discovery(self, now: float) -> None:
-
+        """At the end: every live consumer that uses lookupd (and is not draining) is connected
+        to exactly the live nsqd: discovery found them all once the faults healed."""
         live = {n.address for n in self.sim.nodes.values() if isinstance(n, NsqdNode) and n.alive}
         for node in self.sim.nodes.values():
             if (

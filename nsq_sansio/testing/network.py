@@ -131,6 +131,7 @@ class SimConn:
         return CLIENT_TO_SERVER if node is self.client else SERVER_TO_CLIENT
 
     def peer_of(self, node: Endpoint) -> Endpoint | None:
+        """The other end of this connection from ``node`` (None if ``node`` is neither)."""
         return self.server if node is self.client else self.client
 
     def __repr__(self) -> str:
@@ -164,6 +165,7 @@ class Network:
     # -- topology -------------------------------------------------------------------------------
 
     def add_node(self, node: Endpoint) -> None:
+        """Attach an endpoint under its unique name (a duplicate is a ValueError)."""
         if node.name in self.nodes:
             raise ValueError(f"duplicate node name {node.name!r}")
         self.nodes[node.name] = node
@@ -179,6 +181,7 @@ class Network:
 
     @property
     def partitioned(self) -> bool:
+        """Whether any partition is in force right now."""
         return bool(self._cuts)
 
     def partition(self, groups: Iterable[Iterable[str]]) -> int:

@@ -73,6 +73,9 @@ def _timeouts(sim: Simulator) -> int:
 
 @dataclass(frozen=True, slots=True)
 class LongJobResult:
+    """What :func:`long_jobs` measured for one long message: deliveries, when nsqd handed it
+    out again, whether two handlers ran it at once, TOUCHes, give-ups."""
+
     deliveries: int  # deliveries of the one long message
     redelivered_at: tuple[float, ...]  # when nsqd handed it out again (seconds after the first)
     overlapping: bool  # two handlers ran it at the same time
@@ -130,6 +133,9 @@ def long_jobs(
 
 @dataclass(frozen=True, slots=True)
 class RestartResult:
+    """What :func:`rolling_restart` measured: messages nsqd had to time out, and the longest
+    time from publish to handling."""
+
     timeouts: int  # messages nsqd had to time out
     max_latency: float  # longest publish -> first successful handling
     finished: int
@@ -176,6 +182,9 @@ def rolling_restart(*, drain: bool, consumers: int = 2, seed: int = 0) -> Restar
 
 @dataclass(frozen=True, slots=True)
 class StarvationResult:
+    """What :func:`starvation` measured: how many messages finished, when the last one did,
+    and how many each nsqd delivered."""
+
     finished: int
     expected: int
     done_at: float  # when the last message was handled (seconds after the first publish)
@@ -219,6 +228,9 @@ def starvation(
 
 @dataclass(frozen=True, slots=True)
 class HerdResult:
+    """What :func:`thundering_herd` measured: lookupd polls, and the most of them in any
+    ``window`` seconds (spread polls keep that low)."""
+
     polls: int
     busiest_window: int  # most lookupd requests within any ``window`` seconds (steady state)
     window: float

@@ -25,7 +25,7 @@ from .handler import Handler
 from .invariants import InvariantViolation, Monitor
 from .network import Endpoint, LinkSpec, Network
 from .nodes import ConsumerNode, LookupdNode, NsqdNode, ProducerNode, SimNode
-from .specs import ClusterSpec, ConsumerSpec, Fault, FaultKind, Scenario, Workload
+from .specs import FLAP_CYCLES, ClusterSpec, ConsumerSpec, Fault, FaultKind, Scenario, Workload
 
 __all__ = [
     "ClusterSpec",
@@ -85,10 +85,13 @@ class Simulator:
         self.producers: list[ProducerNode] = []
         self._generation: dict[str, int] = {}
         self._hooks: list[Callable[[Simulator], None]] = []
+        #: Set by heal_all(): no fault starts after it.
+        self.faults_over = False
         self._build()
 
     @property
     def now(self) -> float:
+        """The virtual time, in seconds since the run started."""
         return self.scheduler.now
 
     # -- building -------------------------------------------------------------------------------
@@ -166,6 +169,8 @@ class Simulator:
             self.after(node)
 
     def add_producer(self, nsqd: NsqdNode) -> ProducerNode:
+        """Add a TCP producer node publishing to ``nsqd`` (the workload's publishes go
+        through it)."""
         node = ProducerNode(self, f"p{len(self.producers)}", nsqd.address, self.spec.topic)
         self.producers.append(node)
         self._add(node)
@@ -244,6 +249,7 @@ class Simulator:
         self.after(nsqd)
 
     def schedule_fault(self, fault: Fault) -> None:
+        """Apply ``fault`` at its time (``fault.at``), ending it after its duration."""
         self.scheduler.call_at(fault.at, self._apply_fault, fault)
 
     def _apply_fault(self, fault: Fault) -> None:
@@ -257,9 +263,12 @@ class Simulator:
                 if conn.client is node or conn.server is node:
                     self.net.drop(conn)
         elif kind is FaultKind.PARTITION:
-            others = [name for name in self.nodes if name != node.name]
-            cut = self.net.partition([[node.name], others])
-            self.scheduler.call_at(now + fault.duration, self._heal, cut)
+            self._cut_off(node.name, fault.duration)
+        elif kind is FaultKind.FLAP:
+            for cycle in range(FLAP_CYCLES):
+                self.scheduler.call_at(
+                    now + 2 * cycle * fault.duration, self._flap, (node.name, fault.duration)
+                )
         elif kind is FaultKind.CRASH or kind is FaultKind.STOP:
             if isinstance(node, NsqdNode):
                 node.crash(now, clean=kind is FaultKind.STOP)
@@ -285,6 +294,16 @@ class Simulator:
                 start_at=now + fault.duration,
             )
 
+    def _cut_off(self, name: str, duration: float) -> None:
+        """Partition node ``name`` from every other node (these at the time) for ``duration``."""
+        others = [other for other in self.nodes if other != name]
+        cut = self.net.partition([[name], others])
+        self.scheduler.call_at(self.now + duration, self._heal, cut)
+
+    def _flap(self, item: tuple[str, float]) -> None:
+        if not self.faults_over:  # a flap still going when everything heals stops there
+            self._cut_off(*item)
+
     def _heal(self, cut: int) -> None:
         self.net.heal(cut)
 
@@ -294,7 +313,9 @@ class Simulator:
         self.after(node)
 
     def heal_all(self) -> None:
-        """End partitions and restart every crashed broker (the settle phase begins)."""
+        """End partitions and restart every crashed broker (the settle phase begins: faults
+        still under way, such as a flapping link's next cut, stop)."""
+        self.faults_over = True
         self.net.heal()
         for node in self.nodes.values():
             if not node.alive and isinstance(node, (NsqdNode, LookupdNode)):
@@ -320,6 +341,7 @@ class Simulator:
         self.raise_if_violated()
 
     def run_for(self, seconds: float) -> None:
+        """Run the simulation ``seconds`` of virtual time further."""
         self.run_until(self.now + seconds)
 
     def settle(self, limit: float, step: float = 5.0, *, patience: float = 300.0) -> bool:
@@ -356,10 +378,14 @@ class Simulator:
         return True
 
     def raise_if_violated(self) -> None:
+        """Raise :class:`InvariantViolation` (every violation so far, and the replay line)
+        if any invariant broke."""
         if self.monitor.violations:
             raise InvariantViolation(list(self.monitor.violations), self.replay)
 
     def result(self) -> RunResult:
+        """What the run did so far: messages expected and finished, deliveries, events, the
+        end time."""
         monitor = self.monitor
         done = monitor.finished | monitor.given_up
         return RunResult(
@@ -482,11 +508,14 @@ def _decode(value: Any) -> Any:
 
 
 def scenario_blob(scenario: Scenario) -> str:
+    """``scenario`` as one line of text (compressed JSON, URL-safe base64): what a replay
+    line carries."""
     raw = json.dumps(_encode(scenario), separators=(",", ":"), sort_keys=True).encode()
     return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode()
 
 
 def scenario_from_blob(blob: str) -> Scenario:
+    """The scenario a :func:`scenario_blob` line holds (the replay command reads it)."""
     raw = zlib.decompress(base64.urlsafe_b64decode(blob.encode()))
     scenario = _decode(json.loads(raw))
     assert isinstance(scenario, Scenario)

@@ -16,7 +16,15 @@ from ..server.options import NSQDOptions
 from .handler import Handler
 from .network import LinkSpec
 
-__all__ = ["ClusterSpec", "ConsumerSpec", "Fault", "FaultKind", "Scenario", "Workload"]
+__all__ = [
+    "FLAP_CYCLES",
+    "ClusterSpec",
+    "ConsumerSpec",
+    "Fault",
+    "FaultKind",
+    "Scenario",
+    "Workload",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +84,8 @@ class ClusterSpec:
     lookup_ping_interval: float = 5.0
 
     def channels_of(self, topic: str) -> tuple[str, ...]:
+        """The channels consumers subscribe to on ``topic``, in order (none for another
+        topic)."""
         if topic != self.topic:
             return ()
         seen: dict[str, None] = {}
@@ -84,6 +94,7 @@ class ClusterSpec:
         return tuple(seen)
 
     def topics_channels(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The topic with its channels, as nsqd registers them with lookupd."""
         return [(self.topic, self.channels_of(self.topic))]
 
 
@@ -105,16 +116,27 @@ class Workload:
 
 
 class FaultKind(enum.Enum):
+    """What a fault does to its target (the comment on each member says how it ends)."""
+
     DROP_CONNECTIONS = "drop"  # reset every connection of a node
     PARTITION = "partition"  # cut a node off from everyone for ``duration``
     CRASH = "crash"  # kill a node (nsqd loses what is not on disk), restart after ``duration``
     STOP = "stop"  # clean shutdown of an nsqd (everything to disk), restart after ``duration``
     KILL_CONSUMER = "kill_consumer"  # a consumer dies; a new one replaces it after ``duration``
     DRAIN_CONSUMER = "drain_consumer"  # a consumer drains; a new one replaces it after ``duration``
+    #: cut a node off for ``duration``, reconnect it for ``duration``, FLAP_CYCLES times over
+    FLAP = "flap"
+
+
+#: How many times a :attr:`FaultKind.FLAP` cuts its node off.
+FLAP_CYCLES = 3
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
+    """One fault of a schedule: ``kind`` applied to node ``target`` at ``at`` seconds, for
+    ``duration`` seconds."""
+
     at: float
     kind: FaultKind
     target: str

@@ -144,6 +144,8 @@ def cluster_specs(
 
 
 def workloads(*, max_messages: int = 200) -> SearchStrategy[Workload]:
+    """Hypothesis strategy of workloads: message counts up to ``max_messages``, rates,
+    batch sizes, start times, over TCP or HTTP."""
     return st.builds(
         Workload,
         messages=st.integers(0, max_messages),
@@ -154,43 +156,91 @@ def workloads(*, max_messages: int = 200) -> SearchStrategy[Workload]:
     )
 
 
-_BROKER_FAULTS = [FaultKind.DROP_CONNECTIONS, FaultKind.PARTITION, FaultKind.CRASH, FaultKind.STOP]
+_BROKER_FAULTS = [
+    FaultKind.DROP_CONNECTIONS,
+    FaultKind.PARTITION,
+    FaultKind.CRASH,
+    FaultKind.STOP,
+    FaultKind.FLAP,
+]
+_LOOKUPD_FAULTS = [
+    FaultKind.DROP_CONNECTIONS,
+    FaultKind.PARTITION,
+    FaultKind.CRASH,
+    FaultKind.FLAP,
+]
 _CONSUMER_FAULTS = [
     FaultKind.DROP_CONNECTIONS,
     FaultKind.PARTITION,
     FaultKind.KILL_CONSUMER,
     FaultKind.DRAIN_CONSUMER,
+    FaultKind.FLAP,
 ]
+#: Fault lengths: blips that heal in the middle of whatever was under way (a fetch, a drain,
+#: a backoff test, a handshake), up to outages longer than nsqd's heartbeat timeout.
+_LENGTHS = [0.05, 0.2, 0.5, 3.0, 15.0]
 
 
 def fault_schedules(
     cluster: ClusterSpec, *, duration: float = 30.0, max_faults: int = 4
 ) -> SearchStrategy[tuple[Fault, ...]]:
-    """Faults on the nodes of ``cluster`` at times within ``duration``."""
+    """Faults on the nodes of ``cluster`` at times within ``duration``: single faults (blips to
+    long outages, flapping links), and combinations that make a fault heal while something
+    else is under way: a partition ending during a drain of that consumer, an nsqd restarted
+    on the same address while a partition still hides its old connections."""
     nsqds = [f"nsqd{i}" for i in range(cluster.nsqd)]
     lookupds = [f"lookupd{i}" for i in range(cluster.lookupd)]
     consumers = [f"c{g}.{i}" for g, spec in enumerate(cluster.consumers) for i in range(spec.count)]
+    times = st.floats(0.5, duration - 0.5, allow_nan=False).map(lambda x: round(x, 3))
 
     @st.composite
-    def one(draw: Any) -> Fault:
-        at = draw(st.floats(0.5, duration - 0.5, allow_nan=False).map(lambda x: round(x, 3)))
-        length = draw(st.sampled_from([0.5, 3.0, 15.0]))
+    def one(draw: Any) -> tuple[Fault, ...]:
+        at = draw(times)
+        length = draw(st.sampled_from(_LENGTHS))
         group = draw(st.sampled_from(["nsqd", "lookupd", "consumer"]))
         if group == "nsqd":
-            return Fault(
-                at, draw(st.sampled_from(_BROKER_FAULTS)), draw(st.sampled_from(nsqds)), length
-            )
+            kind = draw(st.sampled_from(_BROKER_FAULTS))
+            return (Fault(at, kind, draw(st.sampled_from(nsqds)), length),)
         if group == "lookupd":
-            kind = draw(
-                st.sampled_from([FaultKind.DROP_CONNECTIONS, FaultKind.PARTITION, FaultKind.CRASH])
-            )
-            return Fault(at, kind, draw(st.sampled_from(lookupds)), length)
-        return Fault(
-            at, draw(st.sampled_from(_CONSUMER_FAULTS)), draw(st.sampled_from(consumers)), length
+            kind = draw(st.sampled_from(_LOOKUPD_FAULTS))
+            return (Fault(at, kind, draw(st.sampled_from(lookupds)), length),)
+        kind = draw(st.sampled_from(_CONSUMER_FAULTS))
+        return (Fault(at, kind, draw(st.sampled_from(consumers)), length),)
+
+    @st.composite
+    def drain_under_partition(draw: Any) -> tuple[Fault, ...]:
+        """A consumer drains while it, or an nsqd, is cut off; the cut heals mid-drain."""
+        at = draw(times)
+        consumer = draw(st.sampled_from(consumers))
+        cut = draw(st.sampled_from([consumer, *nsqds]))
+        before = draw(st.sampled_from([0.0, 0.3, 1.0]))
+        heals_after = draw(st.sampled_from([0.05, 0.5, 1.5]))
+        restart = draw(st.sampled_from([1.0, 5.0]))
+        return (
+            Fault(round(max(0.0, at - before), 3), FaultKind.PARTITION, cut, before + heals_after),
+            Fault(at, FaultKind.DRAIN_CONSUMER, consumer, restart),
         )
 
-    return st.lists(one(), max_size=max_faults).map(
-        lambda faults: tuple(sorted(faults, key=lambda f: f.at))
+    @st.composite
+    def restart_behind_partition(draw: Any) -> tuple[Fault, ...]:
+        """An nsqd cut off, then crashed (or stopped) and back on the same address before or
+        after the partition heals: its clients' old connections die unseen."""
+        at = draw(times)
+        nsqd = draw(st.sampled_from(nsqds))
+        cut = draw(st.sampled_from([0.5, 3.0, 15.0]))
+        down_after = draw(st.sampled_from([0.05, 0.3]))
+        down_for = draw(st.sampled_from([0.05, 0.5, 5.0]))
+        kind = draw(st.sampled_from([FaultKind.CRASH, FaultKind.STOP]))
+        return (
+            Fault(at, FaultKind.PARTITION, nsqd, cut),
+            Fault(round(at + down_after, 3), kind, nsqd, down_for),
+        )
+
+    groups = st.one_of(one(), one(), one(), drain_under_partition(), restart_behind_partition())
+    return st.lists(groups, max_size=max_faults).map(
+        lambda parts: tuple(
+            sorted((fault for part in parts for fault in part), key=lambda f: f.at)[:max_faults]
+        )
     )
 
 

@@ -14,6 +14,8 @@ __all__ = ["Invariant", "InvariantViolation", "Violation"]
 
 
 class Invariant(enum.Enum):
+    """The properties the monitor checks (each violation names one)."""
+
     RDY_SUM = "rdy_sum"
     RDY_IN_FLIGHT = "rdy_in_flight"
     HELD = "held"
@@ -28,6 +30,8 @@ class Invariant(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Violation:
+    """One broken invariant: which, at what virtual time, and what was seen."""
+
     invariant: Invariant
     time: float
     detail: str

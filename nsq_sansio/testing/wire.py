@@ -83,10 +83,13 @@ class CommandParser:
 class FrameParser:
     """Incremental parser of nsqd's frame stream."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_buf", "consumed")
 
     def __init__(self) -> None:
         self._buf = bytearray()
+        #: Bytes of the stream parsed into frames so far (during ``on_frame``: up to the end
+        #: of that frame).
+        self.consumed = 0
 
     def feed(self, data: bytes, on_frame: Callable[[ServerFrame], None]) -> None:
         buf = self._buf
@@ -99,6 +102,7 @@ class FrameParser:
             if stop > end:
                 break
             (frame_type,) = _I32.unpack_from(buf, pos + 4)
+            self.consumed += stop - pos
             if frame_type == 2:
                 _, attempts = _MSG.unpack_from(buf, pos + 8)
                 message = (bytes(buf[pos + 18 : pos + 34]), attempts, bytes(buf[pos + 34 : stop]))

@@ -1,13 +1,18 @@
 """A tiny in-memory world for coordinator tests: real nsqd server roles, a virtual clock.
 
 The coordinator's actions are carried out at once (connects succeed unless the node is down),
-bytes move instantly, and the "user" is a list of deliveries the test answers explicitly.
-Only what the tests need; the full simulator is issue 6's.
+and the "user" is a list of deliveries the test answers explicitly. Bytes move instantly, or,
+with ``latency``, wait in each connection's two FIFO pipes: a test (or a stateful rule)
+delivers the head of any pipe early (so connections reorder), and time never moves past a
+chunk's due time without delivering it (the latency bound the coordinator's settle time
+assumes). :meth:`World.stall` holds a node's bytes until :meth:`World.heal` (a partition,
+which breaks that bound). The full simulator is :mod:`nsq_sansio.testing`.
 """
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Iterable
 
 from nsq_sansio.config import Config
@@ -29,6 +34,9 @@ from nsq_sansio.server.options import NSQDOptions
 
 TOPIC, CHANNEL = "events", "work"
 
+#: Pipe directions: what the coordinator wrote to nsqd, what nsqd wrote to the coordinator.
+TO_SERVER, TO_CLIENT = 0, 1
+
 
 class World:
     """nsqd nodes + one coordinator, wired through memory."""
@@ -43,9 +51,21 @@ class World:
         lookupd: Iterable[str] = (),
         direct: bool = True,
         node_options: dict[str, object] | None = None,
+        latency: float = 0.0,
         dead_letter: bool = False,
     ) -> None:
         self.now = 0.0
+        #: The longest a chunk waits in a pipe (0: bytes move at once).
+        self.latency = latency
+        #: (conn_id, direction) -> chunks on their way: (due time, bytes), oldest first.
+        self.pipes: dict[tuple[int, int], deque[tuple[float, bytes]]] = {}
+        #: Nodes cut off: their pipes hold everything until heal().
+        self.stalled: set[NSQDAddress] = set()
+        #: FIN commands nsqd read (those lost with a broken connection never count), and
+        #: those it refused (E_FIN_FAILED: the message was no longer in flight there), as
+        #: nsqd wrote them (the client may never read the refusal: its connection broke).
+        self.fins_read = 0
+        self.fins_refused = 0
         self.addresses = [NSQDAddress(f"10.0.0.{i + 1}", 4150) for i in range(n_nodes)]
         options = NSQDOptions(**(node_options or {}))  # type: ignore[arg-type]
         self.nodes: dict[NSQDAddress, NSQD] = {
@@ -98,14 +118,19 @@ class World:
             if not due:
                 break
             self.now = max(self.now, min(due))
+            self.deliver_due()
             self._timers()
             self.pump()
         self.now = end
+        self.deliver_due()
         self._timers()
         self.pump()
 
     def _deadlines(self) -> list[float]:
         out = []
+        for (conn_id, _), pipe in self.pipes.items():
+            if pipe and not self._is_stalled(conn_id):
+                out.append(pipe[0][0])
         d = self.coordinator.next_deadline()
         if d is not None:
             out.append(d)
@@ -122,13 +147,14 @@ class World:
                 self._server_event(address, event)
 
     def kill(self, node: int) -> None:
-        """The nsqd process dies: every socket to it breaks."""
+        """The nsqd process dies: every socket to it breaks (bytes on the way are lost)."""
         address = self.addresses[node]
         self.down.add(address)
         for conn_id, (addr, server_id) in list(self.wire.items()):
             if addr == address:
                 del self.wire[conn_id]
                 self.wire_rdy.pop(conn_id, None)
+                self._drop_pipes(conn_id)
                 self.nodes[address].connection_lost(server_id, self.now)
                 self.coordinator.connection_failed(conn_id, "connection reset", self.now)
         self.pump()
@@ -136,8 +162,19 @@ class World:
     def revive(self, node: int) -> None:
         self.down.discard(self.addresses[node])
 
+    def stall(self, node: int) -> None:
+        """Cut ``node`` off (a partition): bytes to and from it wait until :meth:`heal`."""
+        self.stalled.add(self.addresses[node])
+
+    def heal(self, node: int) -> None:
+        """End :meth:`stall`: what waited arrives at once, in order."""
+        self.stalled.discard(self.addresses[node])
+        self.deliver_due()
+        self.pump()
+
     def pump(self) -> None:
-        """Carry out actions and move bytes until nothing changes."""
+        """Carry out actions and move bytes until nothing changes (with ``latency``, bytes
+        only enter the pipes here: :meth:`deliver` and time move them on)."""
         for _ in range(10_000):
             progressed = False
             for action in self.coordinator.take_actions():
@@ -153,10 +190,93 @@ class World:
                     conn_id = self._client_of(address, server_id)
                     if data and conn_id is not None:
                         progressed = True
-                        self.coordinator.receive_data(conn_id, data, self.now)
+                        self.fins_refused += data.count(b"E_FIN_FAILED")
+                        self._send(conn_id, TO_CLIENT, data)
             if not progressed:
                 return
         raise AssertionError("pump did not settle")
+
+    # --- pipes -----------------------------------------------------------------------------
+
+    def in_transit(self) -> list[tuple[int, int]]:
+        """The pipes with bytes on the way that can move now: (conn_id, direction), sorted."""
+        return sorted(
+            key for key, pipe in self.pipes.items() if pipe and not self._is_stalled(key[0])
+        )
+
+    def deliver(self, key: tuple[int, int]) -> None:
+        """The oldest chunk of one pipe arrives now (before its due time: a fast path)."""
+        pipe = self.pipes.get(key)
+        if pipe and not self._is_stalled(key[0]):
+            _, data = pipe.popleft()
+            self._arrive(key[0], key[1], data)
+            self.pump()
+
+    def deliver_due(self) -> None:
+        """Every chunk due by now arrives (each pipe in order)."""
+        while True:
+            due = [
+                key
+                for key, pipe in self.pipes.items()
+                if pipe and pipe[0][0] <= self.now and not self._is_stalled(key[0])
+            ]
+            if not due:
+                return
+            for key in sorted(due):
+                self.deliver(key)
+
+    def deliver_all(self) -> None:
+        """Everything on the way arrives (but what a stalled node holds)."""
+        while self.in_transit():
+            for key in self.in_transit():
+                self.deliver(key)
+
+    def answers_in_transit(self, conn_id: int) -> int:
+        """FIN and REQ the coordinator wrote on ``conn_id`` that nsqd has not read yet."""
+        pipe = self.pipes.get((conn_id, TO_SERVER), ())
+        return sum(
+            1
+            for _, data in pipe
+            for line in data.split(b"\n")
+            if line.startswith((b"FIN ", b"REQ "))
+        )
+
+    def _is_stalled(self, conn_id: int) -> bool:
+        wired = self.wire.get(conn_id)
+        return wired is not None and wired[0] in self.stalled
+
+    def _send(self, conn_id: int, direction: int, data: bytes) -> None:
+        key = (conn_id, direction)
+        pipe = self.pipes.get(key)
+        if not pipe and not self.latency and not self._is_stalled(conn_id):
+            self._arrive(conn_id, direction, data)
+            return
+        if pipe is None:
+            pipe = self.pipes[key] = deque()
+        pipe.append((self.now + self.latency, data))
+
+    def _arrive(self, conn_id: int, direction: int, data: bytes) -> None:
+        wired = self.wire.get(conn_id)
+        if wired is None:
+            return
+        if direction == TO_CLIENT:
+            self.coordinator.receive_data(conn_id, data, self.now)
+            return
+        address, server_id = wired
+        self.fins_read += sum(1 for line in data.split(b"\n") if line.startswith(b"FIN "))
+        for event in self.nodes[address].receive_data(server_id, data, self.now):
+            self._server_event(address, event)
+
+    def _drop_pipes(self, conn_id: int) -> None:
+        self.pipes.pop((conn_id, TO_SERVER), None)
+        self.pipes.pop((conn_id, TO_CLIENT), None)
+
+    def _flush_to_server(self, conn_id: int) -> None:
+        """A closing client: what it wrote still reaches nsqd first."""
+        pipe = self.pipes.pop((conn_id, TO_SERVER), None)
+        while pipe:
+            self._arrive(conn_id, TO_SERVER, pipe.popleft()[1])
+        self.pipes.pop((conn_id, TO_CLIENT), None)
 
     def _client_of(self, address: NSQDAddress, server_id: int) -> int | None:
         for conn_id, (addr, sid) in self.wire.items():
@@ -174,8 +294,9 @@ class World:
             self.wire[action.conn_id] = (action.address, server_id)
             c.connection_made(action.conn_id, self.now)
         elif isinstance(action, CloseConnection):
+            self._flush_to_server(action.conn_id)
             if action.final_data:
-                self._to_server(action.conn_id, action.final_data)
+                self._to_server(action.conn_id, action.final_data, at_once=True)
             wired = self.wire.pop(action.conn_id, None)
             self.wire_rdy.pop(action.conn_id, None)
             if wired is not None:
@@ -191,11 +312,11 @@ class World:
         elif isinstance(action, CloseHTTPRequest):
             self.http.pop(action.request_id, None)
 
-    def _to_server(self, conn_id: int, data: bytes) -> None:
-        wired = self.wire.get(conn_id)
-        if wired is None:
+    def _to_server(self, conn_id: int, data: bytes, *, at_once: bool = False) -> None:
+        """The coordinator wrote ``data`` on ``conn_id`` (recorded now, read by nsqd when it
+        arrives)."""
+        if conn_id not in self.wire:
             return
-        address, server_id = wired
         for line in data.split(b"\n"):
             if line.startswith(b"RDY "):
                 count = int(line[4:])
@@ -207,19 +328,27 @@ class World:
                     self.over_budget.append((self.now, total, self.coordinator.max_in_flight))
             if line[:4] in (b"RDY ", b"FIN ", b"REQ ", b"TOUC", b"CLS", b"SUB "):
                 self.sent.append((conn_id, line))
-        for event in self.nodes[address].receive_data(server_id, data, self.now):
-            self._server_event(address, event)
+        if at_once:
+            self._arrive(conn_id, TO_SERVER, data)
+        else:
+            self._send(conn_id, TO_SERVER, data)
 
     def _server_event(self, address: NSQDAddress, event: object) -> None:
         if isinstance(event, server_events.CloseConnection):
+            # nsqd closes: what it wrote, then EOF, reach the client at once (in order).
             node = self.nodes[address]
             conn_id = self._client_of(address, event.conn_id)
             data = node.data_to_send(event.conn_id)
             node.connection_lost(event.conn_id, self.now)
             if conn_id is not None:
+                pending = self.pipes.pop((conn_id, TO_CLIENT), deque())
+                self.pipes.pop((conn_id, TO_SERVER), None)
                 del self.wire[conn_id]
                 self.wire_rdy.pop(conn_id, None)
+                for _, chunk in pending:
+                    self.coordinator.receive_data(conn_id, chunk, self.now)
                 if data:
+                    self.fins_refused += data.count(b"E_FIN_FAILED")
                     self.coordinator.receive_data(conn_id, data, self.now)
                 self.coordinator.receive_data(conn_id, b"", self.now)
 
@@ -265,8 +394,9 @@ class World:
 
 
 def held_by_connected_clients(world: World) -> int:
-    """Messages nsqd counts in flight on the consumer's open connections (sent, not answered,
-    not timed out): what the user holds. Those of a lost connection are nsqd's again."""
+    """Messages nsqd counts in flight on the consumer's open connections (sent, not timed
+    out), less the answers on their way to nsqd: what the user holds. Those of a lost
+    connection are nsqd's again."""
     total = 0
     for node in world.nodes.values():
         stats = node.stats(world.now, topic=TOPIC, channel=CHANNEL)
@@ -274,6 +404,9 @@ def held_by_connected_clients(world: World) -> int:
             for channel in topic["channels"]:
                 for client in channel["clients"]:
                     total += client["in_flight_count"]
+                    if world.pipes:
+                        conn_id = int(client["remote_address"].rsplit(":", 1)[1])
+                        total -= world.answers_in_transit(conn_id)
     return total
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nsq_sansio.backoff import BackoffPhase
 from nsq_sansio.config import Config
 from nsq_sansio.consumer import GiveUp, MessageGone, TakenBack
 from nsq_sansio.errors import LocalProtocolError, ServerError
@@ -27,6 +28,43 @@ def test_message_over_max_attempts_is_finished_and_given_up() -> None:
     assert w.lines(b"FIN ") == [b"FIN " + give_up.message.id]
     assert w.server_in_flight() == 0 and w.server_depth() == 0
     assert w.coordinator.stats["given_up"] == 1
+
+
+@pytest.mark.parametrize("pull", [False, True], ids=["push", "pull"])
+def test_a_failing_message_gets_exactly_max_attempts_deliveries_with_backoff_on(
+    pull: bool,
+) -> None:
+    # The default path when a handler fails: REQ with backoff, so every later read comes in
+    # while the consumer backs off, where each delivery is checked one by one (the give-up
+    # rule, not the hot path's inlined test; pull mode has its own fast path). max_attempts
+    # 3: the user sees attempts 1, 2 and 3, and the 4th is given up without reaching the user.
+    config = Config(max_attempts=3, backoff_multiplier=0.1, default_requeue_delay=0.0)
+    assert config.backoff_active
+    w = World(1, config, pull=pull)
+    w.start()
+    w.publish(0)
+    seen = []
+    for _ in range(20):
+        if pull:
+            w.coordinator.fetch(1, w.now, expires=1.0)
+            w.pump()
+            w.advance(0.01)
+            w.inbox.extend(d for result in w.results for d in result.messages)
+            w.results.clear()
+        if w.inbox:
+            (d,) = w.inbox
+            w.inbox.clear()
+            seen.append(d.attempts)
+            assert w.coordinator.requeue(d, w.now)  # backoff=True: a failure
+            w.pump()
+            assert w.coordinator.backoff_phase is not BackoffPhase.NORMAL
+        if w.of_type(GiveUp):
+            break
+        w.advance(0.5)  # through the backoff window and its test
+    assert seen == [1, 2, 3]
+    (give_up,) = w.of_type(GiveUp)
+    assert isinstance(give_up, GiveUp) and give_up.message.attempts == 4
+    assert w.server_in_flight() == 0 and w.server_depth() == 0
 
 
 def test_zero_max_attempts_means_unlimited() -> None:
@@ -204,15 +242,65 @@ def test_taken_back_names_the_copy_it_is_about() -> None:
 
 
 def test_refused_touch_names_the_held_copy_refused_fin_names_none() -> None:
+    # Bytes take 0.5 s each way: nsqd's deadline (from its send) comes 0.5 s before ours (from
+    # our read), and a TOUCH sent in between is refused by nsqd.
+    w = World(1, Config(max_in_flight=1), node_options={"msg_timeout": 60.0}, latency=0.5)
+    w.start()
+    w.advance(5.0)  # the handshake and RDY, 0.5 s each way
+    w.publish(0)
+    w.advance(0.5)
+    (d,) = w.inbox
+    w.coordinator.set_max_in_flight(0, w.now)  # so nsqd cannot hand it back to us at once
+    w.advance(d.deadline - 0.3 - w.now)  # nsqd timed it out; our deadline is still ahead
+    assert d.deadline > w.now
+    assert w.coordinator.touch(d, w.now) is not None
+    w.pump()
+    w.advance(1.5)  # E_TOUCH_FAILED comes back: no longer counted as held
+    assert w.coordinator.deadline(d) is not None and w.coordinator.deadline(d) <= w.now
+    assert w.coordinator.finish(d, w.now)
+    w.pump()
+    w.advance(1.5)
+    taken = [a for a in w.of_type(TakenBack) if isinstance(a, TakenBack)]
+    assert [(t.command, t.delivery) for t in taken] == [("TOUCH", d), ("FIN", None)]
+    assert all(isinstance(t.error, ServerError) for t in taken)
+
+
+def test_touch_after_the_deadline_sends_nothing_and_reports_the_message_gone() -> None:
+    # nsqd's deadline (from its send) is never after ours (from our read): past ours, nsqd has
+    # taken the message back, and a TOUCH could only fail. Believing it touched would count a
+    # message nsqd no longer holds against max_in_flight.
     w = World(1, Config(max_in_flight=1), node_options={"msg_timeout": 60.0})
     w.start()
     w.publish(0)
     (d,) = w.inbox
-    w.coordinator.set_max_in_flight(0, w.now)  # so nsqd cannot hand it back to us at once
-    w.advance(70.0)  # nsqd timed it out; we still hold it
-    assert w.coordinator.touch(d, w.now) is not None
+    w.coordinator.set_max_in_flight(0, w.now)
+    w.advance(70.0)
+    assert w.coordinator.touch(d, w.now) is None
     w.pump()
-    assert w.coordinator.finish(d, w.now)
-    w.pump()
-    taken = [a for a in w.of_type(TakenBack) if isinstance(a, TakenBack)]
-    assert [(t.command, t.delivery) for t in taken] == [("TOUCH", d), ("FIN", None)]
+    assert not w.lines(b"TOUCH")
+    (taken,) = w.of_type(TakenBack)
+    assert isinstance(taken, TakenBack) and taken.command == "TOUCH" and taken.delivery is d
+    assert isinstance(taken.error, MessageGone)
+
+
+def test_a_message_sent_into_a_slot_nsqd_freed_by_its_timeout_is_taken_not_handed_back() -> None:
+    # Bytes take up to 0.5 s each way, and may come sooner. nsqd times the held m0 out 0.5 s
+    # before our deadline (its clock runs from its send) and fills the slot with m1, which may
+    # arrive before our deadline for m0: nsqd was allowed to send it, so it is taken. Counting
+    # m0 as still in flight handed m1 back (REQ 0), nsqd sent it again at once, and so on,
+    # for as long as the bytes came back before our deadline.
+    w = World(1, Config(max_in_flight=1), node_options={"msg_timeout": 60.0}, latency=0.5)
+    w.start()
+    w.advance(5.0)  # the handshake and RDY, 0.5 s each way
+    w.publish(0)
+    w.advance(0.5)
+    (m0,) = w.inbox
+    w.publish(0)  # m1 waits on nsqd: its one RDY is taken by m0
+    w.advance(m0.deadline - 0.5 - w.now + 0.01)  # nsqd timed m0 out and sent m1
+    conn_id = m0.conn_id
+    for _ in range(10):  # the bytes come early, both ways, as fast as they can
+        for direction in (1, 0):
+            w.deliver((conn_id, direction))
+    assert w.now < m0.deadline
+    assert not w.lines(b"REQ")
+    assert len(w.inbox) == 2 and w.inbox[1].id != m0.id

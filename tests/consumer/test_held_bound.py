@@ -121,3 +121,58 @@ def test_a_joining_nsqd_is_not_starved_by_a_connection_that_holds_nothing() -> N
     b = next(conn_id for conn_id in c.connection_ids() if conn_id != 1)
     assert len(w.inbox) == 5 and all(d.conn_id == b for d in w.inbox)
     assert sorted(w.rdy_by_conn().values()) == [5, 5]
+
+
+def test_a_message_delayed_past_the_settle_time_is_handed_back_when_it_does_not_fit() -> None:
+    # max_in_flight 1 over two nsqd. The RDY holder A is cut off (a partition): the RDY moves
+    # to B once A's RDY 0 "settled", but A never read that RDY 0 and sends a message under its
+    # old RDY 1, which waits in the network while the user holds one message from B.
+    config = Config(max_in_flight=1, low_rdy_idle_timeout=1.0, rdy_redistribute_interval=0.5)
+    w = World(2, config, seed=1)
+    w.start()
+    a = next(conn_id for conn_id, count in w.rdy_by_conn().items() if count)
+    b = next(conn_id for conn_id in w.coordinator.connection_ids() if conn_id != a)
+    node_a = w.addresses.index(w.coordinator._links[a].address)
+    w.stall(node_a)
+    while w.rdy_by_conn()[b] == 0:  # A idle: its RDY 0 is written (held), then B gets RDY 1
+        w.advance(0.1)
+        assert w.now < 20.0
+    w.publish(node_a, 1)  # nsqd A still counts RDY 1: it sends, the partition holds it
+    w.publish(1 - node_a, 1)
+    assert [d.conn_id for d in w.inbox] == [b]
+    w.heal(node_a)
+    assert [d.conn_id for d in w.inbox] == [b], "the late message must not reach the user"
+    requeued = [(conn_id, line) for conn_id, line in w.sent if line.startswith(b"REQ ")]
+    assert len(requeued) == 1 and requeued[0][0] == a and requeued[0][1].endswith(b" 0")
+    assert held_by_connected_clients(w) == 1
+    assert w.coordinator.in_flight_count() == 1
+    w.finish_all()
+    w.advance(30.0)  # the requeued message comes back (from A or B) and is delivered
+    assert len(w.inbox) == 1 and w.inbox[0].attempts == 2
+    w.finish_all()
+    assert w.server_depth() == 0 and w.server_in_flight() == 0
+
+
+def test_a_message_delayed_past_the_settle_time_is_kept_when_budget_is_free() -> None:
+    # Pull mode: a fetch gets RDY 1, the node is cut off, the fetch expires (RDY 0, held by
+    # the partition) and nsqd sends a message under its old RDY 1. Nothing else is claimed when
+    # it arrives: it is kept (for the next fetch), not handed back.
+    w = World(1, Config(max_in_flight=1), pull=True)
+    w.start()
+    c = w.coordinator
+    c.fetch(1, w.now, expires=1.0)
+    w.pump()
+    assert w.rdy_by_conn() == {1: 1}
+    w.stall(0)
+    w.advance(2.0)  # expired: RDY 0 written, and released once "settled"
+    assert w.rdy_by_conn() == {1: 0} and w.results[-1].messages == ()
+    w.publish(0, 1)
+    w.heal(0)
+    assert not w.lines(b"REQ ")
+    assert held_by_connected_clients(w) == 1
+    c.fetch(1, w.now, no_wait=True)
+    w.pump()
+    assert len(w.results[-1].messages) == 1
+    assert c.finish(w.results[-1].messages[0], w.now)
+    w.pump()
+    assert held_by_connected_clients(w) == 0

@@ -38,21 +38,27 @@ class SimNode:
 
     # network callbacks (overridden)
     def on_accept(self, conn: SimConn, now: float) -> None:
+        """A client connected to one of this node's ports (``conn`` is the new connection)."""
         raise NotImplementedError
 
     def on_connected(self, conn: SimConn, now: float) -> None:
+        """A connection this node opened is established."""
         raise NotImplementedError
 
     def on_connect_failed(self, conn: SimConn, now: float) -> None:
+        """A connection this node opened was refused or timed out."""
         raise NotImplementedError
 
     def on_data(self, conn: SimConn, data: bytes, now: float) -> None:
+        """``data`` arrived on ``conn`` (in whatever pieces the network cut it)."""
         raise NotImplementedError
 
     def on_eof(self, conn: SimConn, now: float) -> None:
+        """The peer closed ``conn`` (or the network broke it)."""
         raise NotImplementedError
 
     def next_deadline(self) -> float | None:
+        """The earliest virtual time :meth:`handle_timer` must run (None: nothing pending)."""
         return None
 
     def handle_timer(self, now: float) -> None:

@@ -105,6 +105,8 @@ class ConsumerNode(SimNode):
         self.waiting: deque[Deliver] = deque()
 
     def start(self, now: float) -> None:
+        """Start the consumer: its coordinator connects, and a pull consumer places its first
+        fetches."""
         self.started = True
         self.coord.start(now)
         self._fetch_more(now)
@@ -124,6 +126,8 @@ class ConsumerNode(SimNode):
         self.coord.fetch(self.fetch_batch, now, expires=2.0)
 
     def drain(self, now: float, timeout: float | None = None) -> None:
+        """Start a graceful drain of this consumer (RDY 0 everywhere, finish what is held),
+        recorded by the monitor so the drain invariant watches it."""
         self.drain_started_at = now
         self.sim.monitor.on_drain_started(self.name, now)
         self.coord.drain(now, timeout)
@@ -143,9 +147,12 @@ class ConsumerNode(SimNode):
 
     # network
     def on_accept(self, conn: SimConn, now: float) -> None:  # pragma: no cover - never listens
+        """A consumer never listens: a connection to it is closed at once."""
         self.sim.net.close(conn, self)
 
     def on_connected(self, conn: SimConn, now: float) -> None:
+        """A connection opened: an nsqd connection starts its handshake, a lookupd one sends
+        its HTTP request."""
         cid = self.coord_id.get(conn.id)
         if cid is not None:
             self.coord.connection_made(cid, now)
@@ -156,6 +163,8 @@ class ConsumerNode(SimNode):
         self._pump(now)
 
     def on_connect_failed(self, conn: SimConn, now: float) -> None:
+        """A connection to an nsqd or an HTTP request to lookupd failed: the coordinator is
+        told, as a transport would."""
         cid = self.coord_id.pop(conn.id, None)
         if cid is not None:
             self.conn_of.pop(cid, None)
@@ -168,6 +177,8 @@ class ConsumerNode(SimNode):
         self._pump(now)
 
     def on_data(self, conn: SimConn, data: bytes, now: float) -> None:
+        """Bytes from an nsqd go to the coordinator's receive_data, from lookupd to its HTTP
+        response parser."""
         cid = self.coord_id.get(conn.id)
         if cid is not None:
             self.coord.receive_data(cid, data, now)
@@ -178,6 +189,8 @@ class ConsumerNode(SimNode):
         self._pump(now)
 
     def on_eof(self, conn: SimConn, now: float) -> None:
+        """The peer closed: the coordinator sees the end of the stream, as a transport
+        reports it."""
         cid = self.coord_id.pop(conn.id, None)
         if cid is not None:
             self.conn_of.pop(cid, None)
@@ -192,6 +205,7 @@ class ConsumerNode(SimNode):
             self.sim.net.close(conn, self)
 
     def next_deadline(self) -> float | None:
+        """The coordinator's next deadline (its timers drive this node)."""
         return self.coord.next_deadline()
 
     def handle_timer(self, now: float) -> None:

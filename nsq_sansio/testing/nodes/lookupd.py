@@ -32,19 +32,24 @@ class LookupdNode(SimNode):
 
     @property
     def http_address(self) -> str:
+        """The HTTP address consumers query (``http://name:port``)."""
         return f"http://{self.name}:{self.options.http_port}"
 
     @property
     def tcp_address(self) -> str:
+        """The TCP address nsqd register at (``name:port``)."""
         return f"{self.name}:{self.options.tcp_port}"
 
     def on_accept(self, conn: SimConn, now: float) -> None:
+        """An nsqd (TCP port) or a consumer's HTTP request (HTTP port) connected."""
         if conn.port == self.options.tcp_port:
             self.tcp[conn.id] = self.lookupd.connect(f"{conn.client.name}:{conn.id}", now)
         else:
             self.http[conn.id] = h11.Connection(h11.SERVER)
 
     def on_data(self, conn: SimConn, data: bytes, now: float) -> None:
+        """Bytes from an nsqd's registration connection or from an HTTP client: answered
+        by the sans-IO lookupd."""
         handle = self.tcp.get(conn.id)
         if handle is not None:
             events = self.lookupd.receive_data(handle, data, now)
@@ -123,6 +128,7 @@ class LookupdNode(SimNode):
         self.sim.net.close(conn, self)
 
     def on_eof(self, conn: SimConn, now: float) -> None:
+        """A peer closed: an nsqd's registrations go with its connection."""
         handle = self.tcp.pop(conn.id, None)
         if handle is not None:
             self.lookupd.connection_lost(handle, now)
@@ -130,6 +136,7 @@ class LookupdNode(SimNode):
         self.sim.net.close(conn, self)
 
     def crash(self, now: float) -> None:
+        """Kill lookupd: every connection breaks and its registrations are forgotten."""
         if self.alive:
             self.sim.net.crash_node(self)
             self.alive = False
@@ -137,6 +144,7 @@ class LookupdNode(SimNode):
             self.http.clear()
 
     def restart(self, now: float) -> None:
+        """Bring a crashed lookupd back, empty: nsqd re-register as they reconnect."""
         if not self.alive:
             self.alive = True
             self.lookupd = Lookupd(self.options)

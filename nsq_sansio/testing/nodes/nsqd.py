@@ -70,6 +70,7 @@ class SimDisk:
         self.metadata: dict[str, Any] | None = None
 
     def factory(self, name: str) -> Backend:
+        """The disk queue named ``name`` (nsqd's backend factory): survives restarts."""
         return _DiskQueue(self.queues.setdefault(name, deque()))
 
     def bodies(self) -> dict[str, set[bytes]]:
@@ -84,6 +85,7 @@ class SimDisk:
         return found
 
     def lose_volatile(self) -> None:
+        """A crash without a durable disk: the queues and metadata are gone."""
         if not self.durable:
             self.queues.clear()
             self.metadata = None
@@ -140,10 +142,13 @@ class NsqdNode(SimNode):
 
     @property
     def address(self) -> str:
+        """The TCP address consumers and producers connect to (``name:port``)."""
         return f"{self.name}:{self.options.tcp_port}"
 
     # admin (the HTTP API, called directly)
     def publish(self, topic: str, bodies: list[bytes], now: float) -> bool:
+        """Publish ``bodies`` on ``topic`` directly (as over HTTP); False if nsqd is down or
+        refused them."""
         if not self.alive:
             return False
         try:
@@ -158,17 +163,22 @@ class NsqdNode(SimNode):
         return True
 
     def create_channel(self, topic: str, channel: str, now: float) -> None:
+        """Create ``channel`` on ``topic`` ahead of any consumer (as an admin would), so
+        messages published before a consumer subscribes are kept for it."""
         self.nsqd.create_channel(topic, channel, now)
         self._flush(now)
 
     # network
     def on_accept(self, conn: SimConn, now: float) -> None:
+        """A client connected: nsqd gets a new client connection."""
         cid = self.nsqd.connect(now, f"{conn.client.name}:{conn.id}")
         self.by_conn[conn.id] = cid
         self.conns[cid] = conn
         self._flush(now)
 
     def on_connected(self, conn: SimConn, now: float) -> None:
+        """A connection to a lookupd is up: nsqd identifies and registers its topics and
+        channels."""
         for index, peer_conn in self.peer_conns.items():
             if peer_conn is conn:
                 peer = self.peers[index]
@@ -180,12 +190,14 @@ class NsqdNode(SimNode):
                 return
 
     def on_connect_failed(self, conn: SimConn, now: float) -> None:
+        """A connection to a lookupd failed: that peer retries later."""
         for index, peer_conn in list(self.peer_conns.items()):
             if peer_conn is conn:
                 del self.peer_conns[index]
                 self.peers[index].connection_failed(now)
 
     def on_data(self, conn: SimConn, data: bytes, now: float) -> None:
+        """Bytes from a client go to nsqd, from a lookupd to that peer."""
         cid = self.by_conn.get(conn.id)
         if cid is not None:
             self._events(self.nsqd.receive_data(cid, data, now), now)
@@ -201,6 +213,8 @@ class NsqdNode(SimNode):
                 return
 
     def on_eof(self, conn: SimConn, now: float) -> None:
+        """A client or lookupd closed: nsqd handles the lost connection (its in-flight
+        messages go back to the queue as nsqd does)."""
         cid = self.by_conn.pop(conn.id, None)
         if cid is not None:
             self.conns.pop(cid, None)
@@ -260,6 +274,7 @@ class NsqdNode(SimNode):
                 net.send(peer_conn, self, data)
 
     def next_deadline(self) -> float | None:
+        """The earliest deadline of nsqd itself or of its lookupd peers."""
         best = self.nsqd.next_deadline()
         for peer in self.peers:
             deadline = peer.next_deadline()
@@ -297,6 +312,7 @@ class NsqdNode(SimNode):
         self.sim.monitor.on_nsqd_down(self.name, self.disk.bodies(), now)
 
     def restart(self, now: float) -> None:
+        """Bring a crashed or stopped nsqd back on the same address, with what its disk kept."""
         if self.alive:
             return
         self.restarts += 1

@@ -35,6 +35,8 @@ class ProducerNode(SimNode):
         self.acked = 0
 
     def publish(self, bodies: list[bytes], now: float) -> None:
+        """Queue ``bodies`` for one publish (one message: PUB, more: MPUB), sent when
+        connected."""
         self.queue.append(bodies)
         self._kick(now)
 
@@ -59,14 +61,17 @@ class ProducerNode(SimNode):
         self.sim.net.send(self.conn, self, proto.data_to_send())
 
     def on_connected(self, conn: SimConn, now: float) -> None:
+        """The connection to nsqd is up: the handshake goes out."""
         if conn is self.conn and self.proto is not None:
             self.sim.net.send(conn, self, self.proto.data_to_send())
 
     def on_connect_failed(self, conn: SimConn, now: float) -> None:
+        """The connection to nsqd failed: what was queued is retried after a delay."""
         if conn is self.conn:
             self._lost(now)
 
     def on_data(self, conn: SimConn, data: bytes, now: float) -> None:
+        """nsqd's answers: acknowledged publishes are reported to the monitor as accepted."""
         if conn is not self.conn or self.proto is None:
             return
         for event in self.proto.receive_data(data, now):
@@ -93,6 +98,8 @@ class ProducerNode(SimNode):
             self.sim.net.send(conn, self, self.proto.data_to_send())
 
     def on_eof(self, conn: SimConn, now: float) -> None:
+        """nsqd closed: unacknowledged publishes go back to the queue, retried on a new
+        connection after a delay."""
         if conn is self.conn:
             self.sim.net.close(conn, self)
             self._lost(now)
@@ -107,6 +114,7 @@ class ProducerNode(SimNode):
         self.retry_at = now + self.retry_delay
 
     def next_deadline(self) -> float | None:
+        """When to retry a lost connection, or the connection's own next deadline."""
         if self.retry_at is not None:
             return self.retry_at
         if self.proto is not None:
