@@ -119,7 +119,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "RDY bound",
         "a lowered RDY keeps its old value as the ceiling until nsqd has read it",
         RDY_BOUND,
-        "            if link.rdy > link.ceiling:\n                link.ceiling = link.rdy\n",
+        "            if link.rdy >= link.ceiling:\n                link.ceiling = link.rdy\n",
         "            if link.rdy != link.ceiling:\n                link.ceiling = link.rdy\n",
         (T_RDY, T_HELD),
     ),
