@@ -107,7 +107,7 @@ class DeadLetterEnvelope:
     @property
     def first_seen(self) -> str:
         """When the message was first published (nsqd's timestamp), UTC ISO 8601."""
-        return _iso(self.timestamp / 1e9)
+        return _iso(self.timestamp // 1000)
 
 
 def _days_from_civil(year: int, month: int, day: int) -> int:
@@ -134,9 +134,9 @@ def _civil_from_days(days: int) -> tuple[int, int, int]:
     return yoe + era * 400 + (month <= 2), month, day
 
 
-def _iso(seconds: float) -> str:
-    """``seconds`` since the epoch as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``."""
-    micros = round(seconds * 1_000_000)
+def _iso(micros: int) -> str:
+    """``micros`` microseconds since the epoch as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (an integer:
+    a float of seconds cannot hold every microsecond of dates this far from 1970)."""
     days, rest = divmod(micros, 86_400_000_000)
     year, month, day = _civil_from_days(days)
     second, fraction = divmod(rest, 1_000_000)
@@ -152,12 +152,12 @@ def encode_envelope(envelope: DeadLetterEnvelope) -> bytes:
         "id": envelope.id,
         "attempts": envelope.attempts,
         "timestamp": envelope.timestamp,
-        "first_seen": _iso(envelope.timestamp / 1e9),
+        "first_seen": _iso(envelope.timestamp // 1000),
         "topic": envelope.topic,
         "channel": envelope.channel,
         "nsqd": envelope.nsqd,
         "error": envelope.error,
-        "dead_lettered_at": _iso(envelope.dead_lettered_at),
+        "dead_lettered_at": _iso(round(envelope.dead_lettered_at * 1_000_000)),
         "body": base64.b64encode(envelope.body).decode("ascii"),
     }
     return json.dumps(document, separators=(",", ":")).encode()
