@@ -47,8 +47,14 @@ Every transport takes the fields as keyword arguments, or a base `config=`:
 from nsq_sansio.config import Config
 from transports.anyio import Consumer
 
-Consumer("events", "archive", lookupd=["http://127.0.0.1:4161"],
-         max_in_flight=200, max_attempts=10, snappy=True)
+Consumer(
+    "events",
+    "archive",
+    lookupd=["http://127.0.0.1:4161"],
+    max_in_flight=200,
+    max_attempts=10,
+    snappy=True,
+)
 
 base = Config(max_in_flight=200, heartbeat_interval=10.0)
 Consumer("events", "audit", nsqd=["127.0.0.1:4150"], config=base.replace(max_attempts=0))
