@@ -119,7 +119,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "RDY bound",
         "a lowered RDY keeps its old value as the ceiling until nsqd has read it",
         RDY_BOUND,
-        "            if link.rdy > link.ceiling:\n                link.ceiling = link.rdy\n",
+        "            if link.rdy >= link.ceiling:\n                link.ceiling = link.rdy\n",
         "            if link.rdy != link.ceiling:\n                link.ceiling = link.rdy\n",
         (T_RDY, T_HELD),
     ),
@@ -255,6 +255,26 @@ MUTANTS: tuple[Mutant, ...] = (
         "            self._allowance = held + 1\n",
         "            self._allowance = 1\n",
         (T_BACKOFF, T_POLICY),
+    ),
+    Mutant(
+        "backoff-test-waits-on-taken-back",
+        "backoff",
+        "a test with nothing held still in flight on nsqd (hung handlers, their messages taken "
+        "back) lets one message in: no result can come of those",
+        DISTRIBUTION,
+        "        return max(new, 1) if in_flight == 0 else new\n",
+        "        return new\n",
+        (T_POLICY + "::test_a_hung_handler_never_keeps_the_test_message_out",),
+    ),
+    Mutant(
+        "backoff-test-rdy-never-moves",
+        "backoff",
+        "while the test lets fewer messages in than there are connections, its RDY moves off "
+        "an idle holder (an nsqd with nothing to send)",
+        DISTRIBUTION,
+        "            scarce = self._testing_room(links, live) < len(links)\n",
+        "            scarce = self._budget() < len(links)\n",
+        (T_POLICY + "::test_the_test_message_rdy_moves_off_an_nsqd_with_nothing_to_send",),
     ),
     Mutant(
         "backoff-success-while-testing-opens-window",
