@@ -27,7 +27,9 @@ pynsq, successes always count): one poison message among handlers that succeed c
 nothing, while a downstream where most calls fail keeps the window. The test phase lets in
 one message more than the consumer holds when it begins (handlers still running keep their
 messages and do not hold the test back); the coordinator turns :meth:`Backoff.rdy_budget`
-into RDY.
+into RDY, counting messages nsqd took back (past their deadline: a handler that hangs) out
+of ``max_in_flight``, and letting one message in whenever nothing held is still in flight
+(no result can come of a taken-back message: the test must never wait for one).
 
 Also here: :func:`reconnect_delay`, the capped, jittered exponential delay for direct-mode
 reconnection.

@@ -64,7 +64,7 @@ class RdyDistribution(RdyBound):
                 link.alloc = alloc
                 targets.append(n + alloc if alloc else 0)
         elif self._backoff.phase is BackoffPhase.TESTING:
-            targets = self._testing_targets(links, budget, exclude)
+            targets = self._testing_targets(links, exclude, now)
         elif budget >= len(links):
             targets = even_shares(budget, [link.max_rdy if link.warm else 1 for link in links])
         else:
@@ -83,23 +83,37 @@ class RdyDistribution(RdyBound):
             return
         self._raise_to_targets(links, now)
 
-    def _testing_targets(
-        self, links: list[Link], budget: int, exclude: frozenset[int]
-    ) -> list[int]:
-        """Backoff's test: the messages it lets in (``budget`` beyond what is held) go to one
-        connection at random (a few once successes let more in), each given RDY = what it
-        holds + its share. RDY counts messages in flight on nsqd, so a plain RDY 1 on a
-        connection whose handlers still run would let no test message in at all."""
-        held = [max(link.held_count(), 0) for link in links]
-        new = budget - sum(held)
+    def _testing_targets(self, links: list[Link], exclude: frozenset[int], now: float) -> list[int]:
+        """Backoff's test: the messages it lets in (:meth:`_testing_room`) go to one
+        connection at random (a few once successes let more in), each given RDY = what nsqd
+        counts in flight there + its share. RDY counts messages in flight on nsqd, so a plain
+        RDY 1 on a connection whose handlers still run would let no test message in at all."""
+        live = [link.live_count(now)[0] for link in links]
+        new = self._testing_room(links, live)
         if new <= 0:
             return [0] * len(links)
-        room = [max(0, link.max_rdy - count) for link, count in zip(links, held, strict=True)]
+        room = [max(0, link.max_rdy - count) for link, count in zip(links, live, strict=True)]
         if new >= len(links):
             shares = even_shares(new, room)
         else:
             shares = pick_holders(links, new, exclude, [min(1, r) for r in room], self._rng)
-        return [count + share if share else 0 for count, share in zip(held, shares, strict=True)]
+        return [count + share if share else 0 for count, share in zip(live, shares, strict=True)]
+
+    def _testing_room(self, links: list[Link], live: list[int]) -> int:
+        """How many new messages backoff's test lets in now: what its allowance leaves beside
+        every message the user holds, within what max_in_flight leaves beside those nsqd
+        still counts in flight (``live``). A message whose deadline passed was taken back by
+        nsqd (a handler that hangs): no result can come of it, so when nothing held is still
+        in flight the test lets one message in whatever the handlers hold; else a test held
+        back by hung handlers would wait for good (and with max_in_flight 1, one hung message
+        held when the window ended left room for none)."""
+        budget = self._budget()
+        if budget <= 0:
+            return 0
+        in_flight = sum(live)
+        held = sum(max(link.held_count(), 0) for link in links)
+        new = min(self._backoff.allowance - held, self._config.max_in_flight - in_flight)
+        return max(new, 1) if in_flight == 0 else new
 
     def _backoff_moved(self, now: float) -> None:
         """Backoff changed phase or level: RDY follows, and a change of phase, a window
@@ -195,7 +209,12 @@ class RdyDistribution(RdyBound):
         idle_after = self._config.low_rdy_idle_timeout
         held_too_long = self._config.low_rdy_timeout
         released: set[int] = set()
-        scarce = self._budget() < len(links) or (self._pull and self._alloc_total < len(links))
+        if self._backoff.phase is BackoffPhase.TESTING and not self._pull:
+            # the test's few messages: their RDY moves off an nsqd that has nothing to send
+            live = [link.live_count(now)[0] for link in links]
+            scarce = self._testing_room(links, live) < len(links)
+        else:
+            scarce = self._budget() < len(links) or (self._pull and self._alloc_total < len(links))
         # One move at a time: while a connection waits for the budget a move freed (a lowered
         # RDY settling), no holder gives RDY up. Else, with an idle timeout shorter than the
         # settle time, each tick took the RDY of one idle holder and handed it to another

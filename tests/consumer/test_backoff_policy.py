@@ -269,3 +269,82 @@ def test_the_worked_timeline_of_the_docs() -> None:
     assert again.attempts == 2
     answer(again, ok=False)  # a repeated failure: level 1 again, not 3
     assert _changes(w)[-1] == ("waiting", 1, 2.0, 1)
+
+
+def test_a_hung_handler_never_keeps_the_test_message_out() -> None:
+    # max_in_flight 1: m0's handler hangs (never answers), nsqd takes m0 back after its
+    # msg_timeout and sends m1, which fails. When the window ends the user still holds m0:
+    # a test that counted it against max_in_flight 1 had room for no message, so no result
+    # could ever come and the consumer stayed in the test with RDY 0 for good, messages
+    # waiting. nsqd counts m0 no more: the test lets one message in beside it.
+    w = World(
+        1,
+        Config(max_in_flight=1, default_requeue_delay=0.0),
+        node_options={"msg_timeout": 10.0},
+    )
+    w.start()
+    for i in range(3):
+        w.publish(0, 1, b"m%d" % i)
+    c = w.coordinator
+    hung = w.inbox.pop(0)
+    assert hung.body == b"m0"
+    w.advance(10.5)  # m0 timed out on nsqd: RDY 1 lets m1 in
+    failed = w.inbox.pop(0)
+    assert failed.body == b"m1" and c.in_flight_count() == 2
+    c.requeue(failed, w.now)
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.WAITING
+    w.advance(2.0)
+    assert c.backoff_phase is BackoffPhase.TESTING
+    assert w.rdy_by_conn() == {1: 1}  # one test message beside the hung handler
+    (test,) = w.inbox
+    w.inbox.clear()
+    # The test message's handler hangs too: once nsqd took it back, another one comes (at
+    # the next RDY redistribution, every 5 s by default).
+    w.advance(15.0)
+    assert c.backoff_phase is BackoffPhase.TESTING and len(w.inbox) == 1
+    c.finish(w.inbox.pop(), w.now)  # a success: level 0, running normally again
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.NORMAL and test.id != hung.id
+    for _ in range(10):
+        w.finish_all()
+        w.advance(1.0)
+    assert w.server_depth() == 0 and w.server_in_flight() == 0
+
+
+def test_the_test_message_rdy_moves_off_an_nsqd_with_nothing_to_send() -> None:
+    # Two nsqd, only the second has messages; max_in_flight 4. One message fails while two
+    # handlers hang: the test lets one message in (allowance 3, budget 3, not fewer RDY than
+    # connections), and with this seed its RDY goes to the empty nsqd. Redistribution judged
+    # scarcity on the budget (3 >= 2 connections), so that RDY was never moved: the consumer
+    # waited on the empty nsqd for good (even once nsqd took the hung messages back). Scarcity while
+    # testing is what the test lets in (1 < 2): the idle holder passes it on.
+    w = World(
+        2,
+        Config(max_in_flight=4, default_requeue_delay=0.0, low_rdy_idle_timeout=10.0),
+        seed=1,
+    )
+    w.start()
+    w.advance(1.0)
+    w.publish(1, 10)
+    w.advance(0.5)
+    c = w.coordinator
+    failed = w.inbox.pop(0)
+    c.requeue(failed, w.now)
+    w.pump()
+    w.inbox.clear()  # the two others hang
+    w.advance(2.0)
+    assert c.backoff_phase is BackoffPhase.TESTING
+    assert w.rdy_by_conn() == {1: 1, 2: 0}  # the test's RDY on the empty nsqd
+    while w.now < 200.0 and not w.inbox:
+        w.advance(0.5)
+    (test,) = w.inbox  # from the second nsqd, once the idle holder passed the RDY on
+    assert test.address == w.addresses[1]
+    assert w.now <= 15.0, w.now  # the idle timeout, long before nsqd takes the two back (60 s)
+    assert c.finish(w.inbox.pop(), w.now)
+    w.pump()
+    assert c.backoff_phase is BackoffPhase.NORMAL
+    for _ in range(80):  # the rest (nsqd takes the two hung ones back at 60 s)
+        w.finish_all()
+        w.advance(1.0)
+    assert w.server_depth() == 0 and w.server_in_flight() == 0

@@ -257,6 +257,26 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_BACKOFF, T_POLICY),
     ),
     Mutant(
+        "backoff-test-waits-on-taken-back",
+        "backoff",
+        "a test with nothing held still in flight on nsqd (hung handlers, their messages taken "
+        "back) lets one message in: no result can come of those",
+        DISTRIBUTION,
+        "        return max(new, 1) if in_flight == 0 else new\n",
+        "        return new\n",
+        (T_POLICY + "::test_a_hung_handler_never_keeps_the_test_message_out",),
+    ),
+    Mutant(
+        "backoff-test-rdy-never-moves",
+        "backoff",
+        "while the test lets fewer messages in than there are connections, its RDY moves off "
+        "an idle holder (an nsqd with nothing to send)",
+        DISTRIBUTION,
+        "            scarce = self._testing_room(links, live) < len(links)\n",
+        "            scarce = self._budget() < len(links)\n",
+        (T_POLICY + "::test_the_test_message_rdy_moves_off_an_nsqd_with_nothing_to_send",),
+    ),
+    Mutant(
         "backoff-success-while-testing-opens-window",
         "backoff",
         "a success while testing above level 0 widens the test (two more in), no new window",

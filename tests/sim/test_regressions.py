@@ -328,3 +328,59 @@ SCARCE_RDY_NEVER_REACHES_THE_WAITING_NSQD = Scenario(
 @pytest.mark.parametrize("seed", [530, 2, 3])
 def test_scarce_rdy_reaches_the_nsqd_waiting_for_it(seed: int) -> None:
     accounted(dataclasses.replace(SCARCE_RDY_NEVER_REACHES_THE_WAITING_NSQD, seed=seed))
+
+
+# --- backoff: the test phase must always let a message in ----------------------------------------
+
+#: Four nsqd; the "archive" consumer (push, max_in_flight 1, backoff with 1 s windows) has a
+#: handler that fails 5% of the time and hangs 2% of the time: a hung handler holds its message
+#: until nsqd's msg_timeout (10 s) takes it back and sends another. A failure while the user
+#: still held a hung message opened a window; the test after it counted that message against
+#: max_in_flight 1 and had room for none, so no result ever came and the consumer stayed in
+#: the test with RDY 0 for good: 104 messages in depth on every nsqd, none in flight (no fault
+#: involved).
+HUNG_HANDLER_HOLDS_THE_TEST = Scenario(
+    cluster=ClusterSpec(
+        nsqd=4,
+        lookupd=2,
+        durable=False,
+        consumers=(
+            ConsumerSpec(
+                count=2,
+                channel="audit",
+                config=quick(
+                    max_in_flight=3,
+                    max_attempts=5,
+                    backoff_multiplier=0.5,
+                    max_backoff_duration=4.0,
+                    lookupd_poll_interval=5.0,
+                    lookupd_poll_jitter=0.3,
+                    low_rdy_idle_timeout=1.0,
+                    drain_timeout=10.0,
+                ),
+                handler=Handler(duration=0.001, jitter=0.2, failure_rate=0.3, concurrency=4),
+                use_lookupd=False,
+                pull=True,
+            ),
+            ConsumerSpec(
+                channel="archive",
+                config=quick(
+                    max_in_flight=1,
+                    max_attempts=5,
+                    default_requeue_delay=2.0,
+                    backoff_multiplier=0.5,
+                    lookupd_poll_interval=5.0,
+                    lookupd_poll_jitter=0.3,
+                ),
+                handler=Handler(duration=0.5, jitter=0.01, failure_rate=0.05, hang_rate=0.02),
+                use_lookupd=False,
+            ),
+        ),
+    ),
+    workload=Workload(messages=124, rate=1000.0, start=0.5),
+    seed=15856783,
+)
+
+
+def test_a_hung_handler_never_keeps_the_backoff_test_out_for_good() -> None:
+    accounted(HUNG_HANDLER_HOLDS_THE_TEST)
