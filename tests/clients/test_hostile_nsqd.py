@@ -172,22 +172,27 @@ async def test_a_paced_flood_that_claims_a_tiny_msg_timeout_is_not_read_faster_t
 async def test_reading_pauses_while_messages_wait_and_resumes_when_taken(
     runtime: Runtime,
 ) -> None:
-    """RDY 1, and nsqd sends 2 (within the bound: twice RDY): 2 wait for user code, more than
-    max_in_flight, so the consumer stops reading: a heartbeat sent then is not answered.
-    Once user code took one, it reads again at once (the pause limit here is 15 s): the
-    heartbeat is answered."""
-    with FloodingNSQD(body_size=10, burst=2, bursts=1) as server:
+    """RDY 1; nsqd's message timeout (4 s) passes with the first message still waiting for
+    user code, so nsqd sends a second into the slot it freed, which the consumer takes: 2
+    wait for user code, more than max_in_flight, so the consumer stops reading: a heartbeat
+    sent then is not answered. Once user code took one, it reads again at once (the pause
+    limit here is a quarter of the message timeout, 1 s): the heartbeat is answered.
+
+    (A second message sent within RDY's slack while the first is still in flight is handed
+    back at once, REQ 0, so it never waits: only a freed slot makes two wait.)"""
+    with FloodingNSQD(body_size=10, burst=1, bursts=2, interval=4.3, msg_timeout_ms=4000) as server:
         async with runtime.consumer(
             unique("pause"), "c", nsqd=[server.address], max_in_flight=1
         ) as consumer:
-            with anyio.fail_after(10):
+            with anyio.fail_after(15):
                 while consumer.stats().received < 2:
                     await anyio.sleep(0.01)
             await anyio.to_thread.run_sync(server.send_heartbeat)
-            answered = await anyio.to_thread.run_sync(server.nop_received.wait, 0.5)
+            answered = await anyio.to_thread.run_sync(server.nop_received.wait, 0.4)
             assert not answered, "the heartbeat was read while 2 messages waited (max 1)"
             assert await consumer.get(timeout=5) is not None
-            answered = await anyio.to_thread.run_sync(server.nop_received.wait, 5.0)
+            # at once: well before the pause limit (1 s from the second message) would end it
+            answered = await anyio.to_thread.run_sync(server.nop_received.wait, 0.4)
             assert answered, "reading did not resume once user code took the messages"
             assert consumer.stats().connection_errors == 0
 
