@@ -178,9 +178,7 @@ def test_a_message_delayed_past_the_settle_time_is_kept_when_budget_is_free() ->
     assert held_by_connected_clients(w) == 0
 
 
-def test_a_late_message_beyond_the_rdy_written_does_not_take_the_slot_of_one_near_its_deadline() -> (
-    None
-):
+def test_a_late_message_beyond_the_rdy_written_does_not_take_a_slot_near_its_deadline() -> None:
     # Pull mode, max_in_flight 2 over two nsqd. The user holds m0 from A (never answered) when
     # A is cut off with RDY 2; the RDY 0 written since waits in the network, and the RDY moves
     # to B, whose m2 the user takes. Just before m0's deadline A's nsqd, still counting RDY 2,
