@@ -170,14 +170,19 @@ class ConsumerCoordinator(DeadLetters):
         partition held the bytes longer). True when they fit anyway (the ceiling grows into
         budget nobody claims); False: what does not fit must be handed back.
 
-        Only messages surely still in flight on nsqd count against the claim (deadline more
-        than a settle time ahead: nsqd's deadline runs from its send, before ours): one that
-        nsqd may have taken back freed its slot there, and nsqd may fill it; counting it here
-        would hand back, again and again, a message nsqd was allowed to send."""
-        live = link.live_count(now + link.settle_delay)[0] + arriving
-        excess = live - link.claim
-        if excess <= 0:
+        A held message near its deadline (less than a settle time ahead: nsqd's deadline runs
+        from its send, before ours) may already be taken back by nsqd, which may fill its slot:
+        handing that message back would have nsqd send it again, again and again. So what
+        arrives is taken when it fits the claim without the messages nsqd may have timed out,
+        and the RDY written, which nsqd may be using, covers it. Beyond that RDY nsqd sent under
+        an older, higher one (a partition held the lower one back), and the messages near their
+        deadline count: nsqd may not have timed them out yet."""
+        live = link.live_count(now)[0] + arriving
+        if live <= link.claim:
             return True
+        if link.live_count(now + link.settle_delay)[0] + arriving <= link.wire_rdy:
+            return True  # into slots nsqd's timeouts freed, under the RDY it has
+        excess = live - link.claim
         if (
             self._state is not ConsumerState.RUNNING
             or self._claimed + excess > self._config.max_in_flight

@@ -176,3 +176,42 @@ def test_a_message_delayed_past_the_settle_time_is_kept_when_budget_is_free() ->
     assert c.finish(w.results[-1].messages[0], w.now)
     w.pump()
     assert held_by_connected_clients(w) == 0
+
+
+def test_a_late_message_beyond_the_rdy_written_does_not_take_a_slot_near_its_deadline() -> None:
+    # Pull mode, max_in_flight 2 over two nsqd. The user holds m0 from A (never answered) when
+    # A is cut off with RDY 2; the RDY 0 written since waits in the network, and the RDY moves
+    # to B, whose m2 the user takes. Just before m0's deadline A's nsqd, still counting RDY 2,
+    # sends m1. It arrives beyond the RDY 0 written: nsqd never read it, so nsqd did not send m1
+    # into a slot its timeout freed (m0 is still in flight there, for 0.1 s): taking m1 would
+    # make 3 held; it is handed back.
+    w = World(2, Config(max_in_flight=2), pull=True, node_options={"msg_timeout": 10.0})
+    w.kill(1)
+    w.start()
+    c = w.coordinator
+    c.fetch(2, w.now, expires=1.0)
+    w.pump()
+    w.publish(0, 1)
+    a = next(iter(w.rdy_by_conn()))
+    w.stall(0)
+    w.revive(1)
+    w.advance(2.0)  # the fetch expired with m0: A's RDY 0 is written, held by the partition
+    (m0,) = w.results[0].messages
+    assert w.rdy_by_conn()[a] == 0 and len(c.connection_ids()) == 2
+    w.advance(m0.deadline - 1.0 - w.now)
+    c.fetch(1, w.now, expires=5.0)
+    w.pump()
+    b = next(conn_id for conn_id in c.connection_ids() if conn_id != a)
+    while not w.rdy_by_conn()[b]:  # A delivers nothing: its RDY passes to B
+        w.advance(0.05)
+        assert w.now < m0.deadline - 0.2
+    w.publish(1, 1)
+    assert [d.conn_id for d in w.results[-1].messages] == [b]
+    w.advance(m0.deadline - 0.1 - w.now)
+    w.publish(0, 1)  # nsqd A still counts RDY 2 and one in flight: it sends m1
+    w.heal(0)
+    assert w.now < m0.deadline
+    requeued = [(conn_id, line) for conn_id, line in w.sent if line.startswith(b"REQ ")]
+    assert len(requeued) == 1 and requeued[0][0] == a and requeued[0][1].endswith(b" 0")
+    assert held_by_connected_clients(w) == 2
+    assert c.in_flight_count() == 2

@@ -384,3 +384,66 @@ HUNG_HANDLER_HOLDS_THE_TEST = Scenario(
 
 def test_a_hung_handler_never_keeps_the_backoff_test_out_for_good() -> None:
     accounted(HUNG_HANDLER_HOLDS_THE_TEST)
+
+
+# --- the held bound: a message near its deadline does not free its slot on its own -----------
+
+#: Pull consumers (max_in_flight 5) over four direct nsqd, handlers that hang now and then.
+#: c0.1 holds a hung message from nsqd1 when nsqd1 is cut off (22.5 s for 3 s); meanwhile it
+#: FINs another, writes RDY 2 and then RDY 0 there, and the RDY moves to the other nsqd once
+#: that RDY 0 "settled". At the heal nsqd1 reads the RDY 2 and sends a message under it, 50 ms
+#: before the hung one's deadline: the consumer took it in as sent into a slot nsqd's timeout
+#: had freed, but nsqd had not timed the hung one out yet (6 held > 5).
+LATE_MESSAGE_BESIDE_A_MESSAGE_NEAR_ITS_DEADLINE = Scenario(
+    cluster=ClusterSpec(
+        nsqd=4,
+        lookupd=2,
+        consumers=(
+            ConsumerSpec(
+                count=2,
+                channel="audit",
+                config=quick(
+                    max_in_flight=5,
+                    max_attempts=3,
+                    default_requeue_delay=0.0,
+                    backoff_multiplier=0.5,
+                    max_backoff_duration=4.0,
+                    rdy_redistribute_interval=2.0,
+                ),
+                handler=Handler(duration=2.0, jitter=0.2, hang_rate=0.02),
+                use_lookupd=False,
+                start_at=3.0,
+                pull=True,
+            ),
+            ConsumerSpec(
+                count=2,
+                config=quick(
+                    max_in_flight=50,
+                    max_backoff_duration=4.0,
+                    lookupd_poll_interval=5.0,
+                    low_rdy_idle_timeout=1.0,
+                    rdy_redistribute_interval=2.0,
+                ),
+                handler=Handler(duration=0.5, failure_rate=0.3, backoff=False),
+                use_lookupd=False,
+                pull=True,
+                fetch_batch=1,
+            ),
+        ),
+        link=LinkSpec(jitter=0.01, connect_timeout=0.5),
+    ),
+    workload=Workload(messages=148, batch=20, start=2.0, via_tcp=False),
+    faults=(
+        Fault(1.5, FaultKind.DROP_CONNECTIONS, "nsqd3", 0.2),
+        Fault(5.572, FaultKind.PARTITION, "nsqd0", 0.35),
+        Fault(5.872, FaultKind.DRAIN_CONSUMER, "c1.0", 1.0),
+        Fault(10.26, FaultKind.PARTITION, "nsqd0", 0.5),
+        Fault(10.31, FaultKind.STOP, "nsqd0", 0.05),
+        Fault(22.486, FaultKind.PARTITION, "nsqd1", 3.0),
+    ),
+    seed=3096,
+)
+
+
+def test_a_late_message_is_not_taken_into_the_slot_of_one_nsqd_has_not_timed_out() -> None:
+    accounted(LATE_MESSAGE_BESIDE_A_MESSAGE_NEAR_ITS_DEADLINE)
