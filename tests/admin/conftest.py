@@ -22,7 +22,7 @@ from transports.anyio import admin as async_admin
 from transports.embedded import Cluster, ServerThread
 from transports.sync import admin as sync_admin
 from transports.testing.pytest_plugin import nsq_cluster, nsqd, nsqlookupd  # noqa: F401
-from transports.testing.real_nsq import RealLookupd, RealNSQD, find_binaries
+from transports.testing.real_nsq import MISSING_BINARIES, RealLookupd, RealNSQD, find_binaries
 
 RUNTIMES = ["asyncio", "trio", "blocking"]
 
@@ -133,7 +133,7 @@ def real_brokers(*nsqd_args: str) -> Iterator[Brokers]:
     """The real nsqlookupd and an nsqd registered with it (``nsqd_args``: extra flags);
     the test is skipped when the binaries are not there."""
     if find_binaries() is None:
-        pytest.skip("the real nsqd/nsqlookupd v1.3.0 binaries are not available")
+        pytest.skip(MISSING_BINARIES)
     with RealLookupd() as lookupd, RealNSQD(nsqd_args, lookupd=[lookupd.tcp_address]) as real:
         yield Brokers("real", real.tcp_address, real.http_address, lookupd.http_address)
 

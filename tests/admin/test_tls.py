@@ -14,7 +14,7 @@ from support.tls import TestCA, make_test_ca
 from nsq_sansio.errors import ConnectionLost
 from transports._common.tls import TLSOptions
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.testing.real_nsq import RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries, free_port
 
 from .conftest import AdminRuntime
 
@@ -37,7 +37,7 @@ def https_url(request: pytest.FixtureRequest, ca: TestCA) -> Iterator[str]:
             yield f"https://{server.https_address}"
         return
     if find_binaries() is None:
-        pytest.skip("the real nsqd v1.3.0 binary is not available")
+        pytest.skip(MISSING_BINARIES)
     port = free_port()
     flags = [f"--https-address=127.0.0.1:{port}", f"--tls-cert={ca.cert_file}"]
     with RealNSQD([*flags, f"--tls-key={ca.key_file}"]):

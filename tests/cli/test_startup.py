@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from transports.cli.main import COMMANDS, main
 from transports.cli.stat import format_stats
 from transports.embedded import EmbeddedNSQD
-from transports.testing.real_nsq import RealNSQD, find_binaries, tool
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries, tool
 
 from .conftest import STAT_COLUMNS, _env, cli, http_post, one_line_error, stat_tables
 
@@ -222,7 +222,7 @@ def test_stat_of_a_topic_or_channel_no_nsqd_has_is_an_error_as_in_nsq_stat(
         http_address = nsqd.http_address
         if broker == "real":
             if find_binaries() is None:
-                pytest.skip("real NSQ binaries not found")
+                pytest.skip(MISSING_BINARIES)
             http_address = stack.enter_context(RealNSQD([])).http_address
         http_post(http_address, "/topic/create?topic=orders")
         http_post(http_address, "/channel/create?topic=orders&channel=billing")

@@ -17,7 +17,7 @@ from nsq_sansio import PublishAcknowledged as Acked
 from nsq_sansio import errors as E
 from nsq_sansio.config import Config
 from nsq_sansio.connection import DEFAULT_MAX_REQ_TIMEOUT, MAX_ANSWER_SIZE
-from transports.testing.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
 from ._helpers import MID, OK, identify_answer, message, response, subscribed_conn
 
@@ -267,7 +267,7 @@ def test_the_embedded_nsqlookupds_tcp_port(nsqlookupd: Any) -> None:
 
 # --- against the real nsqd -----------------------------------------------------------------------
 
-needs_real_nsqd = pytest.mark.skipif(find_binaries() is None, reason="real NSQ binaries not found")
+needs_real_nsqd = pytest.mark.skipif(find_binaries() is None, reason=MISSING_BINARIES)
 
 
 @needs_real_nsqd

@@ -24,7 +24,7 @@ import pytest
 from conformance.wire import RawConn, http_json, http_request, unique, wait_for
 
 from transports.embedded import EmbeddedLookupd, EmbeddedNSQD, ServerThread
-from transports.testing.real_nsq import RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries, free_port
 
 KINDS = ["embedded", "real"]
 TIMEOUT = 1.0  # --http-client-request-timeout: how long a topic may wait for nsqlookupd
@@ -103,7 +103,7 @@ def nsqd(kind: str, lookupd_tcp: str) -> Iterator[tuple[str, str]]:
             yield embedded.tcp_address, embedded.http_address
         return
     if find_binaries() is None:
-        pytest.skip("real NSQ binaries not found")
+        pytest.skip(MISSING_BINARIES)
     flags = [f"--http-client-request-timeout={int(TIMEOUT * 1000)}ms"]
     with RealNSQD(flags, lookupd=[lookupd_tcp]) as real:
         yield real.tcp_address, real.http_address

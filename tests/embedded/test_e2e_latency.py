@@ -17,7 +17,7 @@ from conformance.wire import RawConn, http_json, http_request, unique
 
 from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.sync.admin import NSQDAdmin
-from transports.testing.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
 KINDS = ["embedded", "real"]
 HELD = 0.3  # seconds each message waits between its publish and its FIN, at least
@@ -31,7 +31,7 @@ def broker(kind: str, **e2e: object) -> Iterator[str]:
             yield nsqd.http_address
         return
     if find_binaries() is None:
-        pytest.skip("real NSQ binaries not found")
+        pytest.skip(MISSING_BINARIES)
     flags = []
     if "e2e_processing_latency_percentiles" in e2e:
         values = e2e["e2e_processing_latency_percentiles"]

@@ -30,7 +30,13 @@ from pathlib import Path
 
 import pytest
 
-from transports.testing.real_nsq import RealLookupd, RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import (
+    MISSING_BINARIES,
+    RealLookupd,
+    RealNSQD,
+    find_binaries,
+    free_port,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 #: 16M NOPs: 64 MiB of commands, about 62 KiB once deflated.
@@ -52,7 +58,7 @@ def _broker(kind: str, flags: list[str], *, role: str = "nsqd") -> Iterator[tupl
     process."""
     if kind == "real":
         if find_binaries() is None:
-            pytest.skip("the real nsqd binaries are not available")
+            pytest.skip(MISSING_BINARIES)
         with RealNSQD(flags) if role == "nsqd" else RealLookupd(flags) as real:
             assert real.pid is not None
             yield real.tcp_address, real.http_address, real.pid

@@ -18,7 +18,13 @@ import pytest
 from nsq_sansio.errors import ConfigError
 from transports.embedded import Cluster, EmbeddedLookupd, EmbeddedNSQD, ServerThread
 from transports.embedded.errors import ListenError, TLSFileError
-from transports.testing.real_nsq import RealNSQD, find_binaries, free_port, nsqd_flags
+from transports.testing.real_nsq import (
+    MISSING_BINARIES,
+    RealNSQD,
+    find_binaries,
+    free_port,
+    nsqd_flags,
+)
 from transports.testing.tls import self_signed_certificate
 
 IN_USE = os.strerror(errno.EADDRINUSE)
@@ -151,7 +157,7 @@ def test_requiring_tls_without_a_certificate_is_refused_at_start(
         assert "tls_cert" in str(raised.value) and "tls_key" in str(raised.value)
         return
     if find_binaries() is None:
-        pytest.skip("real NSQ binaries not found")
+        pytest.skip(MISSING_BINARIES)
     flags, _ = nsqd_flags(**options)
     real = RealNSQD(flags)
     try:

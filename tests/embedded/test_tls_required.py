@@ -14,7 +14,13 @@ from conformance.wire import RawConn, http_request
 
 from transports.cli.servers import _nsqd_parser
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.testing.real_nsq import RealNSQD, find_binaries, free_port, nsqd_flags
+from transports.testing.real_nsq import (
+    MISSING_BINARIES,
+    RealNSQD,
+    find_binaries,
+    free_port,
+    nsqd_flags,
+)
 from transports.testing.tls import self_signed_certificate
 
 
@@ -34,7 +40,7 @@ def broker(kind: str, mode: str, cert: str, key: str) -> Iterator[tuple[str, str
             yield nsqd.tcp_address, nsqd.http_address
         return
     if find_binaries() is None:
-        pytest.skip("real NSQ binaries not found")
+        pytest.skip(MISSING_BINARIES)
     flags, _ = nsqd_flags(tls_cert=cert, tls_key=key, tls_required=mode)
     with RealNSQD(flags) as real:
         yield real.tcp_address, real.http_address
@@ -89,7 +95,7 @@ def policy_broker(kind: str, cert: str, key: str, https_port: int) -> Iterator[t
             yield nsqd.tcp_address, nsqd.http_address
         return
     if find_binaries() is None:
-        pytest.skip("real NSQ binaries not found")
+        pytest.skip(MISSING_BINARIES)
     flags = [
         f"--tls-cert={cert}",
         f"--tls-key={key}",

@@ -172,10 +172,10 @@ def test_every_exported_family_is_on_the_dashboard() -> None:
 def test_end_to_end_latency_queries_name_what_the_real_nsqd_gives() -> None:
     """The latency panel against an nsqd that measures it (the real one; skipped without)."""
     from transports.sync import Consumer, Producer
-    from transports.testing.real_nsq import RealNSQD, find_binaries
+    from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
     if find_binaries() is None:
-        pytest.skip("the real NSQ binaries are not on this machine")
+        pytest.skip(MISSING_BINARIES)
     e2e = [(where, expr) for where, expr in _panel_queries(_dashboard()) if E2E.search(expr)]
     assert e2e
     with RealNSQD(["--e2e-processing-latency-percentile=0.99,0.5"]) as real:

@@ -427,10 +427,10 @@ def test_nsqd_collector_exports_end_to_end_latency_when_nsqd_measures_it() -> No
     seconds, per channel and per topic (skips without the real binaries)."""
     from transports.sync import Consumer, Producer
     from transports.sync.admin import NSQDAdmin
-    from transports.testing.real_nsq import RealNSQD, find_binaries
+    from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
     if find_binaries() is None:
-        pytest.skip("the real NSQ binaries are not on this machine")
+        pytest.skip(MISSING_BINARIES)
     flag = "--e2e-processing-latency-percentile=0.99,0.5"
     with (
         RealNSQD([flag]) as real,
@@ -507,10 +507,10 @@ def test_instrumented_producer_measures_publish_latency(
 def test_nsqd_collector_reads_the_real_nsqd() -> None:
     """The real nsqd is the referee: the same series from its /stats (skips without it)."""
     from transports.sync import Consumer, Producer
-    from transports.testing.real_nsq import RealNSQD, find_binaries
+    from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
     if find_binaries() is None:
-        pytest.skip("the real NSQ binaries are not on this machine")
+        pytest.skip(MISSING_BINARIES)
     with RealNSQD() as real:
         with Producer(real.tcp_address) as producer:
             producer.multi_publish("orders", [b"a", b"b", b"c"])

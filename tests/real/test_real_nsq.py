@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from transports.sync import Consumer
-from transports.testing.real_nsq import RealLookupd, RealNSQD, find_binaries
+from transports.testing.real_nsq import MISSING_BINARIES, RealLookupd, RealNSQD, find_binaries
 
-pytestmark = pytest.mark.skipif(find_binaries() is None, reason="real NSQ binaries not found")
+pytestmark = pytest.mark.skipif(find_binaries() is None, reason=MISSING_BINARIES)
 
 
 def test_real_nsqd_registers_with_real_lookupd_and_keeps_messages_across_restart() -> None:

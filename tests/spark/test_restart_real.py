@@ -15,13 +15,13 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from transports.testing.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
 from .helpers import channel_stats, crash_after, create_channel, publish, wait_for
 
 pytestmark = [
     pytest.mark.spark,
-    pytest.mark.skipif(find_binaries() is None, reason="no real nsqd binaries"),
+    pytest.mark.skipif(find_binaries() is None, reason=MISSING_BINARIES),
 ]
 
 TOPIC, CHANNEL = "restart_real", "spark"

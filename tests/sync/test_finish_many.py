@@ -14,7 +14,7 @@ import pytest
 
 from nsq_sansio.errors import LocalProtocolError
 from transports.sync import Consumer, Message, Producer
-from transports.testing.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
 from ._helpers import channel_stats, running_nsqd, unique, wait_for
 
@@ -34,7 +34,7 @@ def two_brokers(request: pytest.FixtureRequest) -> Iterator[Brokers]:
                 )
             else:
                 if find_binaries() is None:
-                    pytest.skip("real NSQ binaries not found")
+                    pytest.skip(MISSING_BINARIES)
                 nsqd = stack.enter_context(RealNSQD())
                 brokers.append((nsqd.tcp_address, nsqd.channel_stats))
         yield brokers

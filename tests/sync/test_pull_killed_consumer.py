@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from transports.sync import Consumer, Message, Producer
-from transports.testing.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
 from ._helpers import running_nsqd, unique
 
@@ -97,7 +97,7 @@ def _embedded_pair() -> Iterator[list[str]]:
 @contextlib.contextmanager
 def _real_pair() -> Iterator[list[str]]:
     if find_binaries() is None:
-        pytest.skip("real NSQ binaries not found")
+        pytest.skip(MISSING_BINARIES)
     with RealNSQD() as a, RealNSQD() as b:
         yield [a.tcp_address, b.tcp_address]
 

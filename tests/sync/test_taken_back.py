@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from transports.sync import Consumer, Producer
-from transports.testing.real_nsq import RealNSQD, find_binaries
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
 from ._helpers import channel_stats, running_nsqd, unique, wait_for
 
@@ -24,7 +24,7 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
             yield server.tcp_address, lambda t, c: channel_stats(runner, t, c)
         return
     if find_binaries() is None:
-        pytest.skip("real NSQ binaries not found")
+        pytest.skip(MISSING_BINARIES)
     with RealNSQD(["--msg-timeout=1s"]) as nsqd:
         yield nsqd.tcp_address, nsqd.channel_stats
 
