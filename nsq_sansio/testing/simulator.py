@@ -87,6 +87,8 @@ class Simulator:
         self._hooks: list[Callable[[Simulator], None]] = []
         #: Set by heal_all(): no fault starts after it.
         self.faults_over = False
+        #: Workload publishes scheduled and not yet handed to a producer or taken by an nsqd.
+        self.publishes_scheduled = 0
         self._build()
 
     @property
@@ -230,6 +232,7 @@ class Simulator:
             count += size
             target = index % len(nsqds)
             at = workload.start + index * interval
+            self.publishes_scheduled += 1
             if workload.via_tcp:
                 self.scheduler.call_at(at, self._publish_tcp, (producers[target], bodies))
             else:
@@ -238,6 +241,7 @@ class Simulator:
 
     def _publish_tcp(self, item: tuple[ProducerNode, list[bytes]]) -> None:
         producer, bodies = item
+        self.publishes_scheduled -= 1
         producer.publish(bodies, self.now)
         self.after(producer)
 
@@ -246,6 +250,8 @@ class Simulator:
         if not nsqd.publish(self.spec.topic, bodies, self.now):
             # refused (down): try again later, as an HTTP publisher with retries would
             self.scheduler.call_at(self.now + 1.0, self._publish_http, item)
+        else:
+            self.publishes_scheduled -= 1
         self.after(nsqd)
 
     def schedule_fault(self, fault: Fault) -> None:
@@ -345,19 +351,26 @@ class Simulator:
         self.run_until(self.now + seconds)
 
     def settle(self, limit: float, step: float = 5.0, *, patience: float = 300.0) -> bool:
-        """Run until every accepted message is finished, given up or excused and the brokers
-        are empty; True when it settled. Gives up after ``limit`` simulated seconds without
-        reaching that, or after ``patience`` seconds in which no message got done (slow
-        consumers with a long backlog keep going as long as they make progress)."""
+        """Run until the whole workload is published (none waits in a producer for a broker
+        the faults kept away), every accepted message is finished, given up or excused and the
+        brokers are empty; True when it settled. Gives up after ``limit`` simulated seconds
+        without reaching that, or after ``patience`` seconds in which no message got accepted
+        or done (slow consumers with a long backlog keep going as long as they make
+        progress)."""
         monitor = self.monitor
         patience = min(patience, limit)
         deadline = self.now + limit
         last_progress = self.now
         done = -1
         while True:
-            if not monitor.outstanding() and self._brokers_empty():
+            if not self.publishing() and not monitor.outstanding() and self._brokers_empty():
                 return True
-            count = len(monitor.finished) + len(monitor.given_up) + len(monitor.excused)
+            count = (
+                len(monitor.expected)
+                + len(monitor.finished)
+                + len(monitor.given_up)
+                + len(monitor.excused)
+            )
             if count != done:
                 done = count
                 last_progress = self.now
@@ -365,6 +378,14 @@ class Simulator:
             if self.now >= deadline or self.now - last_progress >= patience:
                 return False
             self.run_until(min(deadline, self.now + step))
+
+    def publishing(self) -> bool:
+        """Whether some of the workload is not accepted by an nsqd yet: a publish still to
+        come, or bodies a producer holds (queued behind a reconnect, or sent and not
+        acknowledged)."""
+        if self.publishes_scheduled:
+            return True
+        return any(p.queue or p.pending for p in self.producers)
 
     def _brokers_empty(self) -> bool:
         for node in self.nsqds:

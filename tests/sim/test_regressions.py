@@ -447,3 +447,52 @@ LATE_MESSAGE_BESIDE_A_MESSAGE_NEAR_ITS_DEADLINE = Scenario(
 
 def test_a_late_message_is_not_taken_into_the_slot_of_one_nsqd_has_not_timed_out() -> None:
     accounted(LATE_MESSAGE_BESIDE_A_MESSAGE_NEAR_ITS_DEADLINE)
+
+
+# --- settling: the workload is published before the run counts as settled ----------------------
+
+#: One nsqd, crashed and cut off for most of the run: the producer's 94 messages all wait
+#: behind its reconnect when the faults end at 30 s, so nothing was accepted yet and the broker
+#: was empty. The settle phase took that as done at once; the producer reconnected a second
+#: later and the two slow consumers (max_in_flight 1, 0.5 s jobs, 30% requeued) had only the
+#: discovery check's 26 s for them: 55 left, reported as stuck though they were still flowing.
+WORKLOAD_STILL_WAITING_IN_THE_PRODUCER = Scenario(
+    cluster=ClusterSpec(
+        nsqd=1,
+        lookupd=1,
+        consumers=(
+            ConsumerSpec(
+                count=2,
+                channel="archive",
+                config=quick(
+                    max_in_flight=1,
+                    max_attempts=3,
+                    default_requeue_delay=0.0,
+                    backoff_enabled=False,
+                    lookupd_poll_interval=5.0,
+                    rdy_redistribute_interval=2.0,
+                ),
+                handler=Handler(duration=0.5, jitter=0.2, failure_rate=0.3, backoff=False),
+            ),
+        ),
+        durable=True,
+        link=LinkSpec(
+            latency=0.005, jitter=0.05, bandwidth=100e6, connect_timeout=0.5, segment=1460
+        ),
+    ),
+    workload=Workload(messages=94, rate=10.0, batch=20, start=2.0, via_tcp=True),
+    faults=(
+        Fault(1.541, FaultKind.PARTITION, "nsqd0", 15.0),
+        Fault(1.591, FaultKind.CRASH, "nsqd0", 5.0),
+        Fault(15.0, FaultKind.PARTITION, "c0.1", 3.0),
+        Fault(16.116, FaultKind.PARTITION, "nsqd0", 15.0),
+        Fault(16.416, FaultKind.CRASH, "nsqd0", 0.5),
+        Fault(19.409, FaultKind.KILL_CONSUMER, "c0.0", 0.5),
+    ),
+    duration=30.0,
+    seed=3719757,
+)
+
+
+def test_the_run_settles_only_once_the_producer_has_published_everything() -> None:
+    accounted(WORKLOAD_STILL_WAITING_IN_THE_PRODUCER)
