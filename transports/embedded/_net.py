@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
+import h11
 from anyio.abc import SocketAttribute
 
 from .errors import ListenError
@@ -21,6 +22,7 @@ __all__ = [
     "format_address",
     "local_port",
     "parse_address",
+    "read_http_answer",
     "remote_address",
 ]
 
@@ -179,3 +181,30 @@ async def aclose_quietly(stream: anyio.abc.AsyncResource) -> None:
     with anyio.CancelScope(shield=True):
         with contextlib.suppress(Exception):
             await stream.aclose()
+
+
+async def read_http_answer(
+    stream: anyio.abc.ByteStream, conn: h11.Connection, *, limit: int, error: type[Exception]
+) -> tuple[int, bytes]:
+    """Read one HTTP answer on ``conn`` (h11, client side): its status and body. A body over
+    ``limit`` bytes, or a connection closed before the answer ended, raises ``error``."""
+    status = 0
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            try:
+                chunk = await stream.receive(65536)
+            except anyio.EndOfStream:
+                chunk = b""
+            conn.receive_data(chunk)
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > limit:
+                raise error(f"answer larger than {limit} bytes")
+        elif isinstance(event, h11.EndOfMessage):
+            return status, bytes(body)
+        elif isinstance(event, h11.ConnectionClosed):
+            raise error("connection closed before the answer ended")

@@ -41,7 +41,7 @@ from nsq_sansio.server.options import (
 )
 from transports._common.logs import fields
 
-from ._net import format_address, parse_address
+from ._net import format_address, parse_address, read_http_answer
 
 __all__ = ["AuthServerError", "AuthURL", "parse_auth_address", "parse_auth_state", "query_auth"]
 
@@ -221,7 +221,9 @@ async def _query_one(
             out = conn.send(h11.Request(method="GET", target=target, headers=headers)) or b""
             out += conn.send(h11.EndOfMessage()) or b""
             await stream.send(out)
-            status, body = await _read_response(stream, conn)
+            status, body = await read_http_answer(
+                stream, conn, limit=MAX_ANSWER, error=AuthServerError
+            )
     if status != 200:
         raise AuthServerError(f"answered HTTP {status}")
     try:
@@ -242,27 +244,3 @@ async def _query_one(
                     MAX_PATTERN_LENGTH,
                 )
     return state
-
-
-async def _read_response(stream: anyio.abc.ByteStream, conn: h11.Connection) -> tuple[int, bytes]:
-    status = 0
-    body = bytearray()
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            try:
-                chunk = await stream.receive(65536)
-            except anyio.EndOfStream:
-                chunk = b""
-            conn.receive_data(chunk)
-            continue
-        if isinstance(event, h11.Response):
-            status = event.status_code
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_ANSWER:
-                raise AuthServerError(f"answer larger than {MAX_ANSWER} bytes")
-        elif isinstance(event, h11.EndOfMessage):
-            return status, bytes(body)
-        elif isinstance(event, h11.ConnectionClosed):
-            raise AuthServerError("connection closed before the answer ended")

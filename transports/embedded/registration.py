@@ -24,7 +24,7 @@ from nsq_sansio.server.lookupd_client import (
     sync_registrations,
 )
 
-from ._net import IO_ERRORS, aclose_quietly, format_address, parse_address
+from ._net import IO_ERRORS, aclose_quietly, format_address, parse_address, read_http_answer
 
 __all__ = ["MAX_CHANNELS_ANSWER", "query_lookupd_channels", "serve_lookupd_peer"]
 
@@ -131,30 +131,9 @@ async def query_lookupd_channels(
                 method="GET", target=channels_request_target(topic), headers=headers
             )
             await stream.send((conn.send(request) or b"") + (conn.send(h11.EndOfMessage()) or b""))
-            status, body = await _read_answer(stream, conn)
+            status, body = await read_http_answer(
+                stream, conn, limit=MAX_CHANNELS_ANSWER, error=ValueError
+            )
     if status != 200:
         raise ValueError(f"answered HTTP {status}")
     return parse_channels_answer(body)
-
-
-async def _read_answer(stream: anyio.abc.ByteStream, conn: h11.Connection) -> tuple[int, bytes]:
-    status = 0
-    body = bytearray()
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            try:
-                chunk = await stream.receive(65536)
-            except anyio.EndOfStream:
-                chunk = b""
-            conn.receive_data(chunk)
-        elif isinstance(event, h11.Response):
-            status = event.status_code
-        elif isinstance(event, h11.Data):
-            body += event.data
-            if len(body) > MAX_CHANNELS_ANSWER:
-                raise ValueError(f"answer larger than {MAX_CHANNELS_ANSWER} bytes")
-        elif isinstance(event, h11.EndOfMessage):
-            return status, bytes(body)
-        elif isinstance(event, h11.ConnectionClosed):
-            raise ValueError("connection closed before the answer ended")
