@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -35,3 +36,14 @@ def _profile() -> str:
 
 
 settings.load_profile(_profile())
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` (the README's test command): two workers per usable core. Most tests wait
+    (on loopback sockets, on a broker's timers, on child processes) rather than compute: on 2
+    cores, tests/clients runs in 146 s on 2 workers and 93 s on 6. ``PYTEST_XDIST_AUTO_NUM_WORKERS``
+    still decides when it is set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return 2 * (cores or 1)
