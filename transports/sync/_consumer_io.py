@@ -59,7 +59,7 @@ from transports._common.reports import (
 )
 
 from ._dead_letter import DeadLetterPublisher
-from ._loop import IOLoop, Link
+from ._loop import IOLoop, LoopSocket
 from .message import (
     OP_FIN,
     OP_KEEPALIVE_OFF,
@@ -124,8 +124,8 @@ class ConsumerIO:
         self.on_event = on_event
         self.ssl_context = options.ssl_context() if config.tls_v1 else None
         self.loop = IOLoop(self, name=f"nsq-sync-consumer-{self.topic}/{self.channel}")
-        self.links: dict[int, Link] = {}  # by conn_id
-        self.http: dict[int, Link] = {}  # lookupd requests, by request_id
+        self.links: dict[int, LoopSocket] = {}  # by conn_id
+        self.http: dict[int, LoopSocket] = {}  # lookupd requests, by request_id
         #: Deliveries waiting for user code, and the condition user threads sleep on.
         self.ready: deque[Message] = deque()
         self.cond = threading.Condition(threading.Lock())
@@ -146,7 +146,7 @@ class ConsumerIO:
         #: Connections made to each address (reconnects are the ones after the first).
         self.connects: Counter[str] = Counter()
         #: Connections whose reads are paused, and when each must be read again at the latest.
-        self.paused: dict[Link, float] = {}
+        self.paused: dict[LoopSocket, float] = {}
         self.resume_check_at = 0.0
         self.reconnects = 0
         self.connection_errors = 0
@@ -215,7 +215,7 @@ class ConsumerIO:
 
     # --- the IO loop's callbacks ------------------------------------------------------------
 
-    def on_connected(self, link: Link, now: float) -> None:
+    def on_connected(self, link: LoopSocket, now: float) -> None:
         key = link.key
         if isinstance(key, int):
             self.coordinator.connection_made(key, now)
@@ -226,7 +226,7 @@ class ConsumerIO:
                 self.loop.start_tls(link, context, hostname, b"")
             self.loop.write(link, key.data)
 
-    def on_data(self, link: Link, data: bytes, now: float) -> None:
+    def on_data(self, link: LoopSocket, data: bytes, now: float) -> None:
         key = link.key
         if isinstance(key, int):
             if self.posted:
@@ -243,7 +243,7 @@ class ConsumerIO:
             self.coordinator.http_data(key.request_id, data, now)
         self.pump(now)
 
-    def pause_reading(self, link: Link, conn_id: int, now: float) -> None:
+    def pause_reading(self, link: LoopSocket, conn_id: int, now: float) -> None:
         """More messages wait for user threads than ``max_in_flight``: stop reading ``link``
         until they are no more than that, or until the core's ``read_pause_limit`` passed
         (heartbeats must be answered), whichever comes first (:meth:`check_paused`). Checked
@@ -269,7 +269,7 @@ class ConsumerIO:
         if now is not None:
             self.resume_check_at = now + _RESUME_POLL
 
-    def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+    def on_link_error(self, link: LoopSocket, error: BaseException, now: float) -> None:
         key = link.key
         if isinstance(key, int):
             self.coordinator.connection_failed(key, error, now)
@@ -278,7 +278,7 @@ class ConsumerIO:
             self.coordinator.http_failed(key.request_id, error, now)
         self.pump(now)
 
-    def on_tls_established(self, link: Link, now: float) -> None:
+    def on_tls_established(self, link: LoopSocket, now: float) -> None:
         if isinstance(link.key, int):
             self.coordinator.tls_established(link.key, now)
 
