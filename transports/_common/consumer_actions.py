@@ -32,6 +32,7 @@ from time import monotonic
 from typing import Protocol
 
 from nsq_sansio.consumer import (
+    Action,
     CloseConnection,
     CloseHTTPRequest,
     Connect,
@@ -152,11 +153,12 @@ class ConsumerActions:
         #: The ids of the messages the drain's deadline requeued (``DrainResult.requeued``).
         self.drain_held: list[bytes] = []
 
-    def take(self) -> list[Deliver]:
-        """Carry out what the core decided since the last call; returns its messages for user
-        code, in order (the core's own list when it holds nothing else: no copy)."""
-        actions = self.coordinator.take_actions()
-        if not actions or all(map(is_, map(type, actions), repeat(Deliver))):
+    def split(self, actions: list[Action]) -> list[Deliver]:
+        """Carry out ``actions`` (what the core's ``take_actions()`` returned: the runtime
+        calls this only when there are some, so an idle pass costs nothing here); returns
+        their messages for user code, in order (the list itself when it holds nothing else:
+        no copy)."""
+        if all(map(is_, map(type, actions), repeat(Deliver))):
             return actions  # type: ignore[return-value]
         deliveries: list[Deliver] = []
         for action in actions:

@@ -815,12 +815,15 @@ class Consumer(ConsumerConnections):
         """Act on everything the coordinator decided; queue its bytes for the writers.
         Returns how many messages were delivered (for the reader's per-connection count)."""
         coord = self._coord
-        deliveries = self._actions.take()
-        delivered = len(deliveries)
-        if delivered:
-            self._inbox.extend(deliveries)
-            if self._waiters:
-                self._wake_one()
+        actions = coord.take_actions()
+        delivered = 0
+        if actions:  # (an idle pass of the pump makes no call more)
+            deliveries = self._actions.split(actions)
+            delivered = len(deliveries)
+            if delivered:
+                self._inbox.extend(deliveries)
+                if self._waiters:
+                    self._wake_one()
         conns = self._conns
         for conn_id, data in coord.pending_data():
             conn = conns.get(conn_id)

@@ -502,7 +502,10 @@ class ConsumerIO:
 
     def pump(self, now: float | None) -> None:
         """Carry out everything the coordinator decided; its messages go to user threads."""
-        deliveries = self.actions.take()
+        actions = self.coordinator.take_actions()
+        if not actions:
+            return
+        deliveries = self.actions.split(actions)
         if not deliveries:
             return
         delivered = list(map(Message, repeat(self), deliveries))
