@@ -463,30 +463,6 @@ async def test_lookupd_mode_reconnects_to_a_rediscovered_nsqd(
     assert stats.reconnects >= 1 and stats.connection_errors >= 1
 
 
-async def test_run_requeues_when_the_handler_raises(nsqd: EmbeddedNSQD) -> None:
-    topic = fresh()
-    await publish(nsqd.tcp_address, topic, [b"flaky"])
-    seen: list[int] = []
-    async with Consumer(
-        topic, "ch", nsqd=[nsqd.tcp_address], backoff_enabled=False, default_requeue_delay=0
-    ) as c:
-
-        async def handler(msg: Message) -> None:
-            seen.append(msg.attempts)
-            if msg.attempts == 1:
-                raise RuntimeError("downstream is down")
-
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(c.run, handler)
-                while c.stats().finished < 1:
-                    await anyio.sleep(0.01)
-                tg.cancel_scope.cancel()
-    assert seen == [1, 2]
-    stats = c.stats()
-    assert (stats.requeued, stats.finished) == (1, 1)
-
-
 async def test_touch_requeue_delay_and_pause(nsqd: EmbeddedNSQD) -> None:
     topic = fresh()
     await publish(nsqd.tcp_address, topic, [b"a", b"b"])

@@ -13,42 +13,12 @@ from typing import Any
 import pytest
 
 from nsq_sansio.consumer import ConnectionUp
-from transports.embedded import Cluster, EmbeddedLookupd, EmbeddedNSQD, ServerThread
+from transports.embedded import EmbeddedLookupd, EmbeddedNSQD, ServerThread
 from transports.sync import Consumer, NoNSQDAvailable, Producer, drain_on_signals
 
-from ._helpers import channel_stats, running_cluster, running_nsqd, unique, wait_for
+from ._helpers import channel_stats, running_nsqd, unique, wait_for
 
 Pair = tuple[EmbeddedNSQD, ServerThread[EmbeddedNSQD]]
-
-
-def test_several_nsqd_through_lookupd() -> None:
-    topic = unique()
-    with running_cluster(2) as runner:
-        cluster: Cluster = runner.server
-        for index, nsqd in enumerate(cluster.nsqds):
-            with Producer(nsqd.tcp_address) as producer:
-                producer.multi_publish(topic, [b"%d-%d" % (index, i) for i in range(20)])
-        runner.portal.call(cluster.wait_registered, topic)
-        got: set[bytes] = set()
-        addresses: set[str] = set()
-        with Consumer(
-            topic,
-            "c",
-            lookupd=cluster.lookupd_http_urls,
-            max_in_flight=10,
-            lookupd_poll_interval=0.5,
-        ) as consumer:
-            while len(got) < 40:
-                msg = consumer.get(timeout=5)
-                assert msg is not None
-                got.add(msg.body)
-                addresses.add(msg.nsqd_address)
-                msg.finish()
-            stats = consumer.stats()
-    assert got == {b"%d-%d" % (n, i) for n in range(2) for i in range(20)}
-    assert addresses == {n.tcp_address for n in cluster.nsqds}
-    assert stats.connected == 2
-    assert sum(c.rdy for c in stats.connections) <= 10
 
 
 def test_broker_killed_and_restarted_consumer_reconnects_and_continues() -> None:
