@@ -321,13 +321,23 @@ class BlockingProducer(ProducerDriver):
     ) -> list[BaseException | None]:
         # started together on one thread (a burst, as tasks started in one loop pass are): a
         # ``*_async`` call waits there while no slot is free
+        # (a call that fails while starting, e.g. no slot within its deadline, is its outcome)
         def start_all() -> list[Any]:
-            return [getattr(self.client, f"{method}_async")(*args) for method, args in calls]
+            started: list[Any] = []
+            for method, args in calls:
+                try:
+                    started.append(getattr(self.client, f"{method}_async")(*args))
+                except Exception as exc:
+                    started.append(exc)
+            return started
 
         futures = await _in_thread(start_all)
         deadline = time.monotonic() + timeout
         outcomes: list[BaseException | None] = []
         for future in futures:
+            if isinstance(future, BaseException):
+                outcomes.append(future)
+                continue
             left = max(0.0, deadline - time.monotonic())
             outcomes.append(await _in_thread(future.exception, left))
         return outcomes
