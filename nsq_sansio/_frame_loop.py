@@ -1,5 +1,4 @@
-"""A client connection's frame loop: the bytes nsqd sends, decoded into events, with nsqd held
-to the RDY it was given.
+"""A client connection's frame loop: the bytes nsqd sends, decoded into events.
 
 Rules:
 
@@ -11,9 +10,8 @@ Rules:
 * Answers are matched to commands in order (:class:`Awaiting`); heartbeats are answered with
   NOP; late-answer errors (``E_FIN_FAILED``, ``E_REQ_FAILED``, ``E_TOUCH_FAILED``) are events,
   every other error ends the connection. Heartbeats and late-answer errors per read are bounded.
-* Messages held (received, unanswered, not old enough to have timed out on nsqd) stay within
-  the RDY bound (see ``send_ready()``): beyond it, the peer is refused with
-  :class:`~nsq_sansio.errors.ReadyCountExceeded` and the messages beyond are not delivered.
+* Each run of messages is counted against the RDY bound (``_subscribing.py``) before any
+  other frame is handled.
 * Nothing the peer sends raises: a broken stream ends the connection with the error as a value.
 """
 
@@ -31,7 +29,6 @@ from .errors import (
     CompressionError,
     IdentifyRejected,
     NSQError,
-    ReadyCountExceeded,
     RemoteProtocolError,
     ServerError,
 )
@@ -82,16 +79,6 @@ class FrameLoop:
     #: Heartbeats and late-answer errors in the current receive_data() call.
     _unsolicited: int
     _close_wait_received: bool
-    #: The RDY bound: the RDY nsqd may still be applying, and how many messages may still
-    #: come under it after a lower RDY was sent (nsqd reads the new one later).
-    _ceiling: int
-    _credit: int
-    _allowed: int
-    #: A message received this long ago (s) may have timed out on nsqd (half its timeout).
-    _expiry_window: float
-    #: [when, most messages held after a read then]: one entry per 1/32 of the window, so
-    #: how many held messages may have timed out is known without a time per message.
-    _held_history: deque[list[float]]
     # The connection's, shared with its other parts.
     _state: ConnectionState
     _switch: bool
@@ -102,7 +89,8 @@ class FrameLoop:
     _in_flight: set[bytes]
     _rdy: int
     _rdy_remaining: int
-    _last_received: float | None
+    _ceiling: int
+    _credit: int
     topic: str | None
     channel: str | None
 
@@ -112,6 +100,7 @@ class FrameLoop:
         def max_rdy_count(self) -> int: ...
         def _enter(self, event: Lifecycle) -> None: ...
         def _fail(self, error: NSQError | None, events: list[Event]) -> None: ...
+        def _count_received(self, count: int, events: list[Any]) -> None: ...
         def _on_identify(self, payload: bytes, events: list[Event]) -> None: ...
         def _on_upgraded(self, kind: Awaiting, payload: bytes, events: list[Event]) -> None: ...
         def _on_auth(self, payload: bytes, events: list[Event]) -> None: ...
@@ -250,75 +239,6 @@ class FrameLoop:
             self._pending_need = need
         if self._switch:
             self._apply_switch(events)
-
-    def _count_received(self, count: int, events: list[Any]) -> None:
-        """``count`` messages arrived (the last ones of ``events``): RDY left goes down by as
-        many (not below 0), and the messages held must stay within the RDY bound."""
-        left = self._rdy_remaining - count
-        self._rdy_remaining = left if left > 0 else 0
-        held = len(self._in_flight)
-        if held > self._allowed:
-            self._check_bound(count, events)  # raises when nsqd broke it
-        if self._credit:  # messages that came under an RDY higher than the last one
-            credit = self._credit - count
-            if credit > 0:
-                self._credit = credit
-            else:
-                self._credit = 0
-                self._ceiling = self._rdy
-                self._allowed = 2 * self._rdy
-        now = self._last_received
-        if now is not None:
-            history = self._held_history
-            if history and now < history[-1][0] + self._expiry_window / 32:
-                last = history[-1]
-                if held > last[1]:
-                    last[1] = held
-            else:
-                history.append([now, held])
-                cutoff = now - self._expiry_window  # older entries can no longer matter
-                while len(history) > 1 and history[1][0] <= cutoff:
-                    history.popleft()
-
-    def _check_bound(self, count: int, events: list[Any]) -> None:
-        """More messages are held than the bound allows: leave out those that nsqd may have
-        timed out already, and if that is still too many, refuse the peer (the messages beyond
-        the bound are taken out of ``events``: nsqd requeues them when the connection closes).
-
-        A message received before ``now - expiry window`` may have timed out: at most as many
-        as were held then (the history's entry for that time), and none of this read's."""
-        in_flight = self._in_flight
-        held = len(in_flight)
-        now = self._last_received
-        if now is not None:
-            cutoff = now - self._expiry_window
-            held_then = 0
-            for when, most in self._held_history:
-                if when > cutoff:
-                    break
-                held_then = int(most)
-            held -= min(held_then, held - count)
-        allowed = self._allowed
-        if held <= allowed:
-            return
-        excess = min(held - allowed, count)
-        index = 0 if self._as is None else 1  # where a Message or a handle keeps the id
-        for event in events[len(events) - excess :]:
-            in_flight.discard(event[index])
-        del events[len(events) - excess :]
-        rdy = (
-            f"RDY {self._rdy}"
-            if self._ceiling == self._rdy
-            else f"RDY {self._ceiling} (until nsqd reads the RDY {self._rdy} sent after it)"
-        )
-        raise ReadyCountExceeded(
-            f"nsqd sent more messages than RDY allows: {held} would be held (unanswered and "
-            f"within their timeout) with {rdy}, at most {allowed} allowed; the last {excess} "
-            "were not delivered (nsqd requeues them when the connection closes)",
-            held=held,
-            rdy=self._ceiling,
-            allowed=allowed,
-        )
 
     def _apply_switch(self, events: list[Event]) -> None:
         self._switch = False

@@ -17,27 +17,22 @@ a peer that pushes more messages than that is refused with
 :class:`~nsq_sansio.errors.ReadyCountExceeded`, and the messages beyond the bound are not
 delivered, so what one read can produce stays bounded even when it is compressed.
 
-The connection is one object made of parts that each do one job, in their own modules: the
-handshake (IDENTIFY, TLS, compression, AUTH), the frame loop (bytes in, events out, the RDY
-bound), publishing (PUB coalescing); this module holds the rest: construction, the subscriber's
-commands, closing and failing.
+The connection is one object made of parts that each do one job in their own module, with
+their rules at its top: the handshake (``_negotiation``: IDENTIFY, TLS, compression, AUTH), the
+frame loop (``_frame_loop``: bytes in, events out, answers matched to commands), the subscriber
+(``_subscribing``: SUB, RDY and its bound, FIN, REQ, TOUCH), publishing (``_publishing``: PUB,
+MPUB, DPUB, coalescing), and the lifecycle's table (``_connection_lifecycle``). This module
+holds construction, bytes in and out, the timer, closing and failing.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import frames
-from ._connection_lifecycle import (
-    INITIAL_STATE,
-    MESSAGE_STATES,
-    Awaiting,
-    ConnectionState,
-    Lifecycle,
-    next_state,
-)
+from ._connection_lifecycle import INITIAL_STATE, Awaiting, ConnectionState, Lifecycle, next_state
 from ._frame_loop import FrameLoop
 from ._negotiation import MAX_ANSWER_SIZE, Negotiation, identify_fields
 from ._publishing import (
@@ -49,18 +44,10 @@ from ._publishing import (
     delay_error,
     milliseconds,
 )
+from ._subscribing import Subscribing
 from .compression import Codec
-from .errors import (
-    ConnectionLost,
-    LocalProtocolError,
-    NSQError,
-)
-from .events import (
-    AuthResult,
-    ConnectionClosed,
-    Event,
-    ServerSettings,
-)
+from .errors import ConnectionLost, LocalProtocolError, NSQError
+from .events import AuthResult, ConnectionClosed, Event, ServerSettings
 
 if TYPE_CHECKING:
     from .config import Config
@@ -80,7 +67,7 @@ _S = ConnectionState
 _DEFAULT_MSG_TIMEOUT_MS = 60_000
 
 
-class ClientConnection(FrameLoop, Negotiation, Publishing):
+class ClientConnection(FrameLoop, Negotiation, Subscribing, Publishing):
     """Client side of one nsqd connection. Construction queues the magic and IDENTIFY.
 
     ``identify`` holds IDENTIFY's JSON fields (``client_id``, ``hostname``, ``user_agent``,
@@ -97,19 +84,14 @@ class ClientConnection(FrameLoop, Negotiation, Publishing):
     """
 
     __slots__ = (  # noqa: RUF023 (grouped by the part each field belongs to)
-        # The connection's own: its state, what it writes, what it awaits, what it holds.
+        # The connection's own: its state, what it writes and awaits, its limits and clock.
         "_state",
         "_out",
         "_awaiting",
-        "_in_flight",
-        "_rdy",
-        "_rdy_remaining",
         "_max_frame_size",
         "_max_req_timeout",
         "_last_received",
         "heartbeat_interval",
-        "topic",
-        "channel",
         # The handshake's (Negotiation).
         "_requested",
         "_auth_secret",
@@ -120,7 +102,7 @@ class ClientConnection(FrameLoop, Negotiation, Publishing):
         "_out_plain",
         "settings",
         "auth",
-        # The frame loop's (FrameLoop), with the RDY bound it holds nsqd to.
+        # The frame loop's (FrameLoop).
         "_pending",
         "_pending_need",
         "_frame_limit",
@@ -128,6 +110,12 @@ class ClientConnection(FrameLoop, Negotiation, Publishing):
         "_as",
         "_unsolicited",
         "_close_wait_received",
+        # The subscriber's (Subscribing): messages in flight, RDY and its bound.
+        "topic",
+        "channel",
+        "_in_flight",
+        "_rdy",
+        "_rdy_remaining",
         "_ceiling",
         "_credit",
         "_allowed",
@@ -163,12 +151,7 @@ class ClientConnection(FrameLoop, Negotiation, Publishing):
         self._state = INITIAL_STATE
         self._out: list[bytes] = [frames.MAGIC_V2, frames.encode_identify(fields)]
         self._awaiting: deque[tuple[Awaiting, int]] = deque([(Awaiting.IDENTIFY, 0)])
-        self._in_flight: set[bytes] = set()
-        self._rdy = 0
-        self._rdy_remaining = 0
         self._last_received: float | None = None
-        self.topic: str | None = None
-        self.channel: str | None = None
         # The handshake.
         self._requested = fields
         if isinstance(auth_secret, str):
@@ -189,6 +172,12 @@ class ClientConnection(FrameLoop, Negotiation, Publishing):
         self._as = None
         self._unsolicited = 0
         self._close_wait_received = False
+        # The subscriber: nothing in flight, no RDY yet.
+        self.topic: str | None = None
+        self.channel: str | None = None
+        self._in_flight: set[bytes] = set()
+        self._rdy = 0
+        self._rdy_remaining = 0
         self._ceiling = 0
         self._credit = 0
         self._allowed = 0
@@ -224,36 +213,6 @@ class ClientConnection(FrameLoop, Negotiation, Publishing):
     def state(self) -> ConnectionState:
         """Where the connection is in its lifecycle (handshake, ready, subscribed, closing...)."""
         return self._state
-
-    @property
-    def rdy(self) -> int:
-        """The last RDY count sent."""
-        return self._rdy
-
-    @property
-    def rdy_remaining(self) -> int:
-        """RDY count left: the last one sent minus the messages received since."""
-        return self._rdy_remaining
-
-    @property
-    def in_flight(self) -> frozenset[bytes]:
-        """Ids of messages received and not yet finished or requeued (a snapshot)."""
-        return frozenset(self._in_flight)
-
-    @property
-    def in_flight_count(self) -> int:
-        """Messages delivered on this connection and not answered yet (FIN, REQ) here."""
-        return len(self._in_flight)
-
-    def is_in_flight(self, message_id: bytes) -> bool:
-        """Whether ``message_id`` was delivered here and is still unanswered."""
-        return message_id in self._in_flight
-
-    @property
-    def rdy_bound(self) -> int:
-        """The most messages nsqd may have this connection hold (unanswered and not timed out)
-        before the connection refuses it: twice the RDY nsqd may still be applying."""
-        return self._allowed
 
     @property
     def max_req_timeout(self) -> float | None:
@@ -369,101 +328,6 @@ class ClientConnection(FrameLoop, Negotiation, Publishing):
 
     # --- commands ------------------------------------------------------------------------------
 
-    def subscribe(self, topic: str, channel: str) -> None:
-        """``SUB``: receive messages of ``topic`` on ``channel`` (after RDY)."""
-        self._require("subscribe()", (_S.READY,))
-        self._out.append(frames.encode_sub(topic, channel))
-        self._awaiting.append((Awaiting.SUB, 0))
-        self.topic = topic
-        self.channel = channel
-        self._enter(Lifecycle.SUB_SENT)
-
-    def send_ready(self, count: int) -> None:
-        """``RDY count``: allow up to ``count`` messages in flight on this connection.
-
-        nsqd sends a message only while the messages in flight to this client are fewer than
-        its RDY, so the connection holds it to that: when the messages held (received, not
-        answered, and not old enough to have timed out on nsqd: half the message timeout)
-        would exceed :attr:`rdy_bound`, the connection fails with
-        :class:`~nsq_sansio.errors.ReadyCountExceeded` and the messages beyond are not
-        delivered. The bound is twice the RDY (nsqd forgets the messages in flight when a
-        channel is emptied, and may then send a whole RDY again); after a lower RDY, the old
-        one still applies to as many messages as it allowed (sent before nsqd read the new one).
-        """
-        self._require("send_ready()", (_S.SUBSCRIBING, _S.SUBSCRIBED, _S.CLOSING))
-        if isinstance(count, bool) or not isinstance(count, int):
-            raise LocalProtocolError(f"RDY count must be an int, got {count!r}")
-        limit = self.max_rdy_count
-        if not 0 <= count <= limit:
-            raise LocalProtocolError(
-                f"RDY count {count} is outside 0..{limit} (nsqd's max_rdy_count)"
-            )
-        if self._state is _S.CLOSING and count:
-            raise LocalProtocolError(f"RDY {count} in state CLOSING: only RDY 0 makes sense")
-        self._out.append(b"RDY %d\n" % count)
-        self._rdy = self._rdy_remaining = count
-        if count >= self._ceiling:  # nsqd may apply a lower one until it reads this: no matter
-            self._ceiling = count
-            self._credit = 0
-            self._allowed = 2 * count
-        else:  # up to the old RDY's worth may still come under it
-            self._credit = self._ceiling
-
-    def finish(self, message_id: bytes) -> None:
-        """``FIN``: the message was handled and can be forgotten."""
-        try:
-            self._in_flight.remove(message_id)  # only ever filled in SUBSCRIBED or CLOSING
-        except (KeyError, TypeError):
-            self._settle("finish()", message_id)  # raises the precise error
-        self._out.append(b"FIN " + message_id + b"\n")
-
-    def finish_many(self, message_ids: Sequence[bytes]) -> None:
-        """``FIN`` each id, in order: :meth:`finish` on each, in one call (the FIN lines are
-        joined in C). All or nothing: when one id is not in flight (or comes twice), nothing
-        is sent and the error :meth:`finish` would raise for it is raised."""
-        if type(message_ids) is not list and type(message_ids) is not tuple:
-            message_ids = list(message_ids)
-        in_flight = self._in_flight
-        try:
-            if in_flight.issuperset(message_ids):
-                before = len(in_flight)
-                in_flight.difference_update(message_ids)
-                if before - len(in_flight) == len(message_ids):
-                    if message_ids:
-                        self._out.append(b"FIN " + b"\nFIN ".join(message_ids) + b"\n")
-                    return
-                in_flight.update(message_ids)  # an id came twice: put them back
-        except TypeError:  # an unhashable id: finish() says what is wrong with it
-            pass
-        seen: set[bytes] = set()
-        for message_id in message_ids:  # find the one finish() refuses, and raise its error
-            if not isinstance(message_id, bytes) or message_id not in in_flight:
-                self._settle("finish()", message_id)
-            if message_id in seen:
-                raise self._not_in_flight("finish()", message_id)
-            seen.add(message_id)
-        for message_id in message_ids:  # pragma: no cover - not reached (one was refused)
-            self.finish(message_id)
-
-    def requeue(self, message_id: bytes, delay: float = 0.0) -> None:
-        """``REQ``: hand the message back, to be delivered again after ``delay`` seconds.
-
-        A delay above :attr:`max_req_timeout`, when it is known, raises
-        :class:`~nsq_sansio.errors.DelayOutOfRange` (nsqd would shorten it silently)."""
-        delay_ms = milliseconds("requeue() delay", delay)
-        if self._max_req_timeout is not None and delay > self._max_req_timeout:
-            raise delay_error("requeue()", delay, self._max_req_timeout, assumed=False)
-        self._settle("requeue()", message_id)
-        self._out.append(frames.encode_req(message_id, delay_ms))
-
-    def touch(self, message_id: bytes) -> None:
-        """``TOUCH``: reset the message's timeout on nsqd (up to its max_msg_timeout)."""
-        self._require("touch()", MESSAGE_STATES)
-        frames.check_message_id(message_id)
-        if message_id not in self._in_flight:
-            raise self._not_in_flight("touch()", message_id)
-        self._out.append(frames.encode_touch(message_id))
-
     def nop(self) -> None:
         """``NOP``."""
         self._require("nop()", tuple(s for s in _S if s is not _S.CLOSED))
@@ -507,22 +371,6 @@ class ClientConnection(FrameLoop, Negotiation, Publishing):
             raise LocalProtocolError(
                 f"{what} is not allowed in state {self._state.name} (only in {allowed})"
             )
-
-    def _not_in_flight(self, what: str, message_id: bytes) -> LocalProtocolError:
-        return LocalProtocolError(
-            f"{what}: message {message_id.decode('ascii', 'backslashreplace')} is not in flight "
-            "on this connection "
-            "(already answered, or never received here)"
-        )
-
-    def _settle(self, what: str, message_id: bytes) -> None:
-        if self._state is not _S.SUBSCRIBED and self._state is not _S.CLOSING:
-            self._require(what, MESSAGE_STATES)
-        frames.check_message_id(message_id)
-        try:
-            self._in_flight.remove(message_id)
-        except KeyError:
-            raise self._not_in_flight(what, message_id) from None
 
     def _enter(self, event: Lifecycle) -> None:
         """Move to the state ``event`` leads to from this one: every state change goes

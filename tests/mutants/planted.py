@@ -39,9 +39,9 @@ class Mutant:
         return ((self.file, self.original, self.replacement), *self.also)
 
 
-CORE_CONN = "nsq_sansio/connection.py"
 CORE_FRAME_LOOP = "nsq_sansio/_frame_loop.py"
 CORE_NEGOTIATION = "nsq_sansio/_negotiation.py"
+CORE_SUBSCRIBING = "nsq_sansio/_subscribing.py"
 BACKOFF = "nsq_sansio/backoff.py"
 RETRY = "nsq_sansio/consumer/retry.py"
 RDY_BOUND = "nsq_sansio/consumer/rdy_bound.py"
@@ -139,7 +139,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-rdy-refusal-off-by-one",
         "RDY bound",
         "the connection refuses nsqd when more messages are held than the RDY bound",
-        CORE_FRAME_LOOP,
+        CORE_SUBSCRIBING,
         "        if held > self._allowed:\n",
         "        if held > self._allowed + 1:\n",
         (T_RDY_BOUND,),
@@ -148,7 +148,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-rdy-bound-triple",
         "RDY bound",
         "the bound is twice the RDY (nsqd may send a whole RDY again after emptying a channel)",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "            self._allowed = 2 * count\n",
         "            self._allowed = 3 * count\n",
         (T_RDY_BOUND,),
@@ -157,7 +157,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-rdy-over-max-rdy-count",
         "RDY bound",
         "RDY outside 0..max_rdy_count is refused locally",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "        if not 0 <= count <= limit:\n",
         "        if not 0 <= count <= limit + 1:\n",
         (T_CONN,),
@@ -566,7 +566,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-fin-twice",
         "FIN once",
         "a message is FIN'd at most once (a second answer is refused locally)",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "            self._in_flight.remove(message_id)  # only ever filled in SUBSCRIBED or CLOSING\n",  # noqa: E501
         "            self._in_flight.discard(message_id)  # only ever filled in SUBSCRIBED or CLOSING\n",  # noqa: E501
         (T_CONN,),
@@ -575,7 +575,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-finish-many-repeated-id",
         "FIN once",
         "finish_many with an id twice sends nothing and raises",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "                if before - len(in_flight) == len(message_ids):\n",
         "                if True:\n",
         (T_CONN,),
