@@ -39,7 +39,9 @@ class Mutant:
         return ((self.file, self.original, self.replacement), *self.also)
 
 
-CORE_CONN = "nsq_sansio/connection.py"
+CORE_FRAME_LOOP = "nsq_sansio/_frame_loop.py"
+CORE_NEGOTIATION = "nsq_sansio/_negotiation.py"
+CORE_SUBSCRIBING = "nsq_sansio/_subscribing.py"
 BACKOFF = "nsq_sansio/backoff.py"
 RETRY = "nsq_sansio/consumer/retry.py"
 RDY_BOUND = "nsq_sansio/consumer/rdy_bound.py"
@@ -137,7 +139,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-rdy-refusal-off-by-one",
         "RDY bound",
         "the connection refuses nsqd when more messages are held than the RDY bound",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "        if held > self._allowed:\n",
         "        if held > self._allowed + 1:\n",
         (T_RDY_BOUND,),
@@ -146,7 +148,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-rdy-bound-triple",
         "RDY bound",
         "the bound is twice the RDY (nsqd may send a whole RDY again after emptying a channel)",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "            self._allowed = 2 * count\n",
         "            self._allowed = 3 * count\n",
         (T_RDY_BOUND,),
@@ -155,7 +157,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-rdy-over-max-rdy-count",
         "RDY bound",
         "RDY outside 0..max_rdy_count is refused locally",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "        if not 0 <= count <= limit:\n",
         "        if not 0 <= count <= limit + 1:\n",
         (T_CONN,),
@@ -564,7 +566,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-fin-twice",
         "FIN once",
         "a message is FIN'd at most once (a second answer is refused locally)",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "            self._in_flight.remove(message_id)  # only ever filled in SUBSCRIBED or CLOSING\n",  # noqa: E501
         "            self._in_flight.discard(message_id)  # only ever filled in SUBSCRIBED or CLOSING\n",  # noqa: E501
         (T_CONN,),
@@ -573,7 +575,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-finish-many-repeated-id",
         "FIN once",
         "finish_many with an id twice sends nothing and raises",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "                if before - len(in_flight) == len(message_ids):\n",
         "                if True:\n",
         (T_CONN,),
@@ -612,7 +614,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "coalesced-refusal-blames-every-member",
         "coalescing refusal",
         "a refused coalesced MPUB fails no member by itself: each is resent alone",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "                refused = CoalescedPublishRefused(error)\n",
         "                refused = error\n",
         (T_COALESCE, "tests/clients/test_producer_guarantees.py"),
@@ -647,7 +649,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "tls-upgrade-drops-trailing-bytes",
         "upgrade byte",
         "bytes after the IDENTIFY answer in the same read belong to the TLS handshake",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "            events.append(TLSUpgradeRequired(trailing))\n",
         '            events.append(TLSUpgradeRequired(b""))\n',
         (T_CONN,),
@@ -656,7 +658,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "compression-trailing-read-plain",
         "upgrade byte",
         "bytes after the switch to compression are decompressed",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "        elif trailing:\n            self._decompress_and_process(trailing, events)\n",
         "        elif trailing:\n            self._process(trailing, events)\n",
         (T_CONN,),
@@ -665,7 +667,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "upgrade-decodes-past-the-switch",
         "upgrade byte",
         "decoding stops at exactly the byte where nsqd switches (TLS or compression)",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "                if self._switch or self._state is _S.CLOSED:\n                    break\n",
         "                if self._state is _S.CLOSED:\n                    break\n",
         (T_CONN,),
@@ -674,7 +676,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "compression-compresses-queued-output",
         "upgrade byte",
         "what was queued before the switch goes out uncompressed",
-        CORE_CONN,
+        CORE_NEGOTIATION,
         '        self._out_plain += b"".join(self._out)\n        self._out.clear()\n',
         "",
         (T_CONN, T_CAUGHT),
@@ -684,7 +686,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "heartbeat-unanswered",
         "heartbeat",
         "a heartbeat is answered with NOP by the core",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         '            self._count_unsolicited("heartbeats")\n            self._out.append(b"NOP\\n")\n',  # noqa: E501
         '            self._count_unsolicited("heartbeats")\n',
         (T_CONN,),
@@ -693,7 +695,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "identify-refusal-retried",
         "IDENTIFY refusal",
         "a refused IDENTIFY is IdentifyRejected (the configuration's fault: fail, not retry)",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "                self._fail(IdentifyRejected(error), events)\n",
         "                self._fail(error, events)\n",
         (T_CONN, T_IDENTIFY),
@@ -702,7 +704,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "late-answer-errors-fatal",
         "late answers",
         "E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED are not fatal",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "        command = _NON_FATAL_COMMANDS.get(error.code)\n        if command is not None:\n",
         "        command = _NON_FATAL_COMMANDS.get(error.code)\n        if False:\n",
         (T_CONN, T_MESSAGES),
