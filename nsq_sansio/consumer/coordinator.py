@@ -227,11 +227,7 @@ class ConsumerCoordinator:
         self.dead_lettered = 0
         self.dead_letter_failures = 0
 
-    # --- the parts' fields, read by tests and invariants ---------------------------------------
-
-    @property
-    def _state(self) -> ConsumerState:
-        return self._lifecycle.state
+    # --- the parts' fields, read by tests' invariants ------------------------------------------
 
     @property
     def _claimed(self) -> int:

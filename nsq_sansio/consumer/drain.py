@@ -120,9 +120,6 @@ class Drain:
                 self._report(DrainTimedOut(tuple(held)))
         self.check_done()
 
-    def next_deadline(self) -> float | None:
-        return self.deadline
-
     def maybe_close(self, link: Link, now: float) -> None:
         """CLS ``link`` once it holds nothing; close it once nsqd said CLOSE_WAIT."""
         if self._lifecycle.state is ConsumerState.RUNNING or link.conn_id not in self._links:

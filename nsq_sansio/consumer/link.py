@@ -18,7 +18,7 @@ from operator import itemgetter
 from ..connection import ClientConnection
 from ..discovery import NSQDAddress
 from ..errors import LocalProtocolError
-from .actions import Deliver
+from .actions import DELIVER_ID, Deliver
 
 __all__ = ["RDY_SETTLE_MIN", "Link", "LinkPhase", "current_link"]
 
@@ -28,7 +28,7 @@ __all__ = ["RDY_SETTLE_MIN", "Link", "LinkPhase", "current_link"]
 #: decided (at least; 4x the connection's handshake time when that is longer).
 RDY_SETTLE_MIN = 0.25
 
-_id: Callable[[Deliver], bytes] = itemgetter(1)  # Deliver.id
+_id: Callable[[Deliver], bytes] = itemgetter(DELIVER_ID)
 
 
 def fin_before_setup(message_id: bytes) -> None:  # pragma: no cover - never called: no message yet
