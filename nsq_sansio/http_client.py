@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import h11
 
-from .errors import ConnectionLost, LocalProtocolError, RemoteProtocolError
+from .errors import ConfigError, ConnectionLost, LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "DEFAULT_MAX_BODY_SIZE",
@@ -73,8 +73,10 @@ class HTTPClient:
         max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
         user_agent: str = "nsq-sansio",
     ) -> None:
-        if max_body_size < 0 or max_header_size <= 0:
-            raise ValueError("max_body_size must be >= 0 and max_header_size > 0")
+        if max_body_size < 0:
+            raise ConfigError(f"max_body_size must be >= 0, got {max_body_size}")
+        if max_header_size <= 0:
+            raise ConfigError(f"max_header_size must be > 0, got {max_header_size}")
         self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=max_header_size)
         self._header_host = (
             host_header.encode("idna") if not host_header.isascii() else (host_header.encode())

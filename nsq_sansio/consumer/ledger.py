@@ -115,10 +115,16 @@ class RdyLedger:
             if count >= link.ceiling and link.conn_id in self.settling:
                 self.settled(link)  # its claim is this RDY now: the ceiling no longer counts
         elif count < link.rdy:
-            link.settle_at = now + link.settle_delay
+            # The settle time runs from the write (emit), not from this decision: a step
+            # that lowers RDY and raises it back (a fetch that expires, the next one at once)
+            # writes nothing, and nsqd still has the RDY written before. Restarting the
+            # settle time here kept a ceiling from ever settling when fetches came and went
+            # faster than the settle time: its claim held the others' budget at 0 for good.
+            link.lowered_at = now
             if link.ceiling > link.wire_rdy and link.conn_id not in self.settling:
                 # Raised over its ceiling and lowered again before either was written: the
                 # old capacity still counts (writing nothing would not put it back).
+                link.settle_at = now + link.settle_delay
                 self._start_settling(link)
         self.total += count - link.rdy
         link.rdy = count
@@ -132,6 +138,10 @@ class RdyLedger:
         self.due.discard(link.conn_id)
         if link.rdy != link.wire_rdy or link.rdy_refresh:
             assert link.proto is not None
+            if link.rdy < link.wire_rdy:
+                # nsqd may send under the old RDY until it reads this one: that has arrived
+                # a settle time after the lowering.
+                link.settle_at = link.lowered_at + link.settle_delay
             link.proto.send_ready(link.rdy)
             link.wire_rdy = link.rdy
             if link.rdy >= link.ceiling:

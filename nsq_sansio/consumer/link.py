@@ -69,6 +69,7 @@ class Link:
         "held",
         "last_message_at",
         "live_floor",
+        "lowered_at",
         "marks",
         "max_msg_timeout",
         "max_rdy",
@@ -119,6 +120,8 @@ class Link:
         #: by then nsqd has read the lowered RDY and what it sent before has arrived.
         self.settle_at: float | None = None
         self.settle_delay = RDY_SETTLE_MIN
+        #: When RDY was last decided lower (its settle time starts when it is written).
+        self.lowered_at = -math.inf
         self.connected_at = deadline
         self.remaining = 0
         self.target = 0

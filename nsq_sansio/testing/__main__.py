@@ -2,7 +2,7 @@
 
 * ``python -m nsq_sansio.testing replay <blob> [--rdy-per-step]``: run a printed scenario
   again, exactly (``--rdy-per-step`` checks the RDY sum after each consumer step only, not
-  after every RDY written).
+  after every RDY written). ``--help`` prints the usage; a line that is not a blob exits 2.
 * ``python -m nsq_sansio.testing soak --schedules N [--seed S] [--batch B]
   [--property NAME ...]``: the long search (:mod:`nsq_sansio.testing.soak`); exits 1 on any
   violation, each printed with its replay line. (``tests/sim/soak.py`` bounds it in minutes.)
@@ -26,12 +26,19 @@ USAGE = (
 def main(argv: list[str]) -> int:
     if argv[:1] == ["soak"]:
         return _soak(argv[1:])
+    if "-h" in argv or "--help" in argv:
+        print(USAGE)
+        return 0
     per_write = "--rdy-per-step" not in argv
     args = [a for a in argv if a not in ("--rdy-per-step", "--rdy-per-write")]
     if len(args) != 2 or args[0] != "replay":
         print(USAGE, file=sys.stderr)
         return 2
-    scenario = scenario_from_blob(args[1])
+    try:
+        scenario = scenario_from_blob(args[1])
+    except Exception as exc:  # bad base64, zlib, JSON or fields: all mean "not a blob"
+        print(f"not a replay blob ({type(exc).__name__}: {exc})\n{USAGE}", file=sys.stderr)
+        return 2
     print(scenario)
     try:
         result = run_scenario(scenario, rdy_per_write=per_write)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsq_sansio.errors import ConnectionLost, LocalProtocolError, RemoteProtocolError
+from nsq_sansio.errors import ConfigError, ConnectionLost, LocalProtocolError, RemoteProtocolError
 from nsq_sansio.http_client import HTTPAnswer, HTTPClient
 
 OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{"topics":[]}'
@@ -144,3 +144,14 @@ def test_bytes_after_the_answer_end_the_connection() -> None:
     client.request("GET", "/ping")
     answer = client.receive_data(OK + OK)
     assert answer is not None and answer.body == b'{"topics":[]}' and not answer.keep_alive
+
+
+@pytest.mark.parametrize(
+    ("sizes", "field"),
+    [({"max_body_size": -1}, "max_body_size"), ({"max_header_size": 0}, "max_header_size")],
+)
+def test_bad_size_limits_are_a_config_error_naming_the_field(
+    sizes: dict[str, int], field: str
+) -> None:
+    with pytest.raises(ConfigError, match=field):
+        HTTPClient("nsqd:4151", **sizes)

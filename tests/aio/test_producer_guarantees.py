@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import anyio
 import pytest
@@ -23,33 +22,6 @@ from transports.testing.real_nsq import RealNSQD
 pytestmark = pytest.mark.anyio
 
 # --- per-call deadline, cancellation -----------------------------------------------------------
-
-
-@needs_real
-async def test_each_publish_has_its_own_deadline_real() -> None:
-    with RealNSQD() as nsqd:
-        topic = unique()
-        async with Producer(nsqd.tcp_address, timeout=0.6) as p:
-            await p.publish(topic, b"warm")
-            raised: dict[str, float] = {}
-
-            async def publish(name: str, delay: float) -> None:
-                await anyio.sleep(delay)
-                with pytest.raises(TimeoutError):
-                    await p.publish(topic, name.encode())
-                raised[name] = time.monotonic()
-
-            with paused(nsqd):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(publish, "early", 0.0)
-                    tg.start_soon(publish, "late", 0.45)
-            # The late one had its own deadline, not the early one's.
-            assert raised["late"] - raised["early"] > 0.2
-            # nsqd answers the two timed-out publishes after SIGCONT: the answers are matched to
-            # them (and dropped), so the next publish gets its own.
-            with anyio.fail_after(5):
-                await p.publish(topic, b"after")
-        assert topic_count(nsqd, topic) == 4
 
 
 @needs_real
@@ -122,29 +94,6 @@ async def test_no_reachable_nsqd_still_raises_no_nsqd_available() -> None:
 
 
 # --- waiting for a slot, partial writes ------------------------------------------------------
-
-
-@needs_real
-async def test_waiting_for_a_slot_counts_against_the_deadline_real() -> None:
-    with RealNSQD() as nsqd:
-        seen, observe = recorder()
-        async with Producer(
-            nsqd.tcp_address, max_pending=1, timeout=0.5, publish_observer=observe
-        ) as p:
-            await p.publish("t", b"warm")
-            with paused(nsqd):
-                started = time.monotonic()
-                with anyio.fail_after(5):
-                    async with anyio.create_task_group() as tg:
-
-                        async def publish() -> None:
-                            with pytest.raises(TimeoutError):
-                                await p.publish("t", b"x")
-
-                        tg.start_soon(publish)  # takes the only slot, never answered
-                        tg.start_soon(publish)  # waits for the slot: same deadline
-                assert time.monotonic() - started < 2.0
-    assert [type(e) for _, _, _, e in seen] == [type(None), TimeoutError, TimeoutError]
 
 
 @needs_real

@@ -448,3 +448,13 @@ def test_tail_follows_until_sigint_and_leaves_nothing_in_flight(nsqd: EmbeddedNS
     assert b"Traceback" not in err
     stats = channel_stats(nsqd.http_address, "follow", "watch")
     assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+
+
+def test_nsqd_http_port_given_as_the_tcp_address_is_one_line(nsqd: EmbeddedNSQD) -> None:
+    """A common slip: nsqd's HTTP port where its TCP port belongs. Each command stops with one
+    line that names the address and says it is an HTTP port, not a hang or a traceback."""
+    for command in ("tail", "pub", "to-file"):
+        result = cli(command, "--topic", "t", "--nsqd-tcp-address", nsqd.http_address, input=b"x\n")
+        line = one_line_error(result)
+        assert nsqd.http_address in line, line
+        assert "HTTP" in line, line

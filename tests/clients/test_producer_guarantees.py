@@ -16,9 +16,17 @@ import struct
 import threading
 import time
 
+import anyio
 import pytest
-from support.brokers import embedded_topic_count, needs_real, running_nsqd, topic_count, unique
-from support.runtimes import Runtime, recorder
+from support.brokers import (
+    embedded_topic_count,
+    needs_real,
+    paused,
+    running_nsqd,
+    topic_count,
+    unique,
+)
+from support.runtimes import Runtime, recorder, wait_until
 
 import transports.anyio
 import transports.sync
@@ -364,3 +372,61 @@ async def test_a_connection_reset_fails_the_publish_not_the_producer(runtime: Ru
         assert server.resets >= 2
     finally:
         server.close()
+
+
+# --- deadlines: each publish its own, waiting for a slot counts against it -------------------
+
+
+@needs_real
+async def test_each_publish_has_its_own_deadline_real(runtime: Runtime) -> None:
+    """Two publishes to a stopped nsqd, started 0.45 s apart: each times out at its own
+    deadline, frees its slot, and the late answers (after SIGCONT) are matched to them and
+    dropped, so the next publish gets its own."""
+    with RealNSQD() as nsqd:
+        topic = unique()
+        async with runtime.producer(nsqd.tcp_address, timeout=0.6) as p:
+            await p.publish(topic, b"warm")
+            raised: dict[str, float] = {}
+
+            async def publish(name: str, delay: float) -> None:
+                await anyio.sleep(delay)
+                with pytest.raises(TimeoutError):
+                    await runtime.call(p.client.publish, topic, name.encode())
+                raised[name] = time.monotonic()
+
+            with paused(nsqd):
+                started = time.monotonic()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(publish, "early", 0.0)
+                    tg.start_soon(publish, "late", 0.45)
+                    await wait_until(lambda: "early" in raised, what="the early timeout")
+                    assert "late" not in raised  # its own, later deadline
+                assert raised["early"] - started < 1.0
+                assert raised["late"] - raised["early"] > 0.2
+                assert p.stats().pending == 0  # a timed-out publish frees its slot
+            await p.publish(topic, b"after", timeout=5)
+        assert topic_count(nsqd, topic) == 4
+
+
+@needs_real
+async def test_waiting_for_a_slot_counts_against_the_deadline_real(runtime: Runtime) -> None:
+    seen, observe = recorder()
+    with RealNSQD() as nsqd:
+        async with runtime.producer(
+            nsqd.tcp_address, max_pending=1, timeout=0.5, publish_observer=observe
+        ) as p:
+            await p.publish("t", b"warm")
+            with paused(nsqd):
+                started = time.monotonic()
+                # the first takes the only slot, never answered; the second waits for the
+                # slot within the same deadline
+                outcomes = await p.concurrently(
+                    [("publish", ("t", b"x")), ("publish", ("t", b"y"))], timeout=5
+                )
+                assert time.monotonic() - started < 2.0
+    assert [type(e) for e in outcomes] == [TimeoutError, TimeoutError]
+    assert sorted(type(e).__name__ for _, _, _, e in seen) == [
+        "NoneType",
+        "TimeoutError",
+        "TimeoutError",
+    ]

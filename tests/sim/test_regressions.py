@@ -290,6 +290,63 @@ def test_a_pull_holder_that_delivers_nothing_passes_its_rdy_on_across_fetches(se
     accounted(dataclasses.replace(PULL_HOLDER_NEVER_RUNS_DRY, seed=seed))
 
 
+#: Three nsqd found through nsqlookupd; the "archive" pull consumer (max_in_flight 10, backoff
+#: off) fetches 10 at a time with a 2 s ``expires``, the next fetch at once. It found nsqd2
+#: first and gave it RDY 10; when nsqd0 and nsqd1 came (the next lookupd poll), nsqd2's RDY went
+#: down to 4, its ceiling claiming the old 10 for a settle time of 2.1 s (a slow handshake).
+#: Every fetch that expired lowered RDY to 0 and the next one raised it back in the same step:
+#: nothing was written, yet each restarted the settle time, 2 s apart, so the ceiling never
+#: settled and nsqd0 and nsqd1 waited for budget for good: 40 messages stayed there (the
+#: faults touch other nodes; the stall began before them).
+PULL_CEILING_NEVER_SETTLES = Scenario(
+    cluster=ClusterSpec(
+        nsqd=3,
+        lookupd=2,
+        consumers=(
+            ConsumerSpec(
+                count=3,
+                channel="audit",
+                config=quick(
+                    max_in_flight=2, max_attempts=3, default_requeue_delay=0.0, reconnect_delay=1.0
+                ),
+                handler=Handler(duration=0.01),
+                start_at=3.0,
+                pull=True,
+            ),
+            ConsumerSpec(
+                config=quick(
+                    max_in_flight=10,
+                    backoff_enabled=False,
+                    backoff_multiplier=0.5,
+                    lookupd_poll_interval=5.0,
+                    reconnect_delay=1.0,
+                    low_rdy_idle_timeout=1.0,
+                    rdy_redistribute_interval=2.0,
+                    drain_timeout=10.0,
+                ),
+                handler=Handler(duration=0.01),
+                pull=True,
+            ),
+        ),
+        link=LinkSpec(latency=0.05, jitter=0.05, connect_timeout=0.5),
+    ),
+    workload=Workload(messages=60, rate=1000.0, batch=20, start=0.5),
+    faults=(
+        Fault(1.645, FaultKind.KILL_CONSUMER, "c0.0", 0.05),
+        Fault(17.589, FaultKind.KILL_CONSUMER, "c0.0", 3.0),
+        Fault(25.105, FaultKind.PARTITION, "nsqd0", 0.5),
+        Fault(25.405, FaultKind.CRASH, "nsqd0", 0.5),
+    ),
+    seed=17294,
+)
+
+
+@pytest.mark.parametrize("faults", [True, False])
+def test_a_lowered_pull_rdy_settles_while_fetches_expire_and_come_back(faults: bool) -> None:
+    scenario = PULL_CEILING_NEVER_SETTLES
+    accounted(scenario if faults else dataclasses.replace(scenario, faults=()))
+
+
 # --- push mode: scarce RDY moves one holder at a time ----------------------------------------
 
 #: One push consumer, max_in_flight 2 over three nsqd (fewer RDY than connections), an idle

@@ -88,6 +88,15 @@ def test_replay_command_runs_the_scenario(capsys: pytest.CaptureFixture[str]) ->
     assert main(["nonsense"]) == 2
 
 
+def test_replay_command_help_and_bad_blobs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--help"]) == 0
+    assert main(["-h"]) == 0
+    assert "usage: python -m nsq_sansio.testing replay <blob>" in capsys.readouterr().out
+    for bad in ("garbage", "eNq1VE1v2zAM", scenario_blob(SCENARIO)[:-8]):
+        assert main(["replay", bad]) == 2
+        assert "not a replay blob" in capsys.readouterr().err
+
+
 def test_violation_message_carries_the_replay_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from nsq_sansio.consumer.ledger import RdyLedger
 

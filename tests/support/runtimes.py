@@ -12,6 +12,7 @@ the two APIs is adapted: a deadline per call, publishes in flight together, the 
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -23,6 +24,7 @@ import anyio.to_thread
 
 import transports.anyio
 import transports.sync
+from support.brokers import http_channel_stats
 
 RUNTIMES = ["asyncio", "trio", "blocking"]
 
@@ -68,6 +70,31 @@ class Runtime:
     def anyio_backend(self) -> str:
         """The event loop the scenario itself runs on."""
         return "asyncio" if self.blocking else self.name
+
+    async def call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A client's or a message's own method, the same on every runtime: on a worker thread
+        (blocking), else called and awaited when it returns an awaitable."""
+        if self.blocking:
+            return await _in_thread(func, *args, **kwargs)
+        result = func(*args, **kwargs)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    @asynccontextmanager
+    async def keepalive(self, message: Any) -> AsyncIterator[Any]:
+        """``with message.keepalive()`` / ``async with``: TOUCHed for the block's length."""
+        if not self.blocking:
+            async with message.keepalive() as kept:
+                yield kept
+            return
+        manager = message.keepalive()
+        kept = await _in_thread(manager.__enter__)
+        try:
+            yield kept
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _in_thread(manager.__exit__, None, None, None)
 
     @asynccontextmanager
     async def consumer(self, *args: Any, **options: Any) -> AsyncIterator[ConsumerDriver]:
@@ -294,13 +321,23 @@ class BlockingProducer(ProducerDriver):
     ) -> list[BaseException | None]:
         # started together on one thread (a burst, as tasks started in one loop pass are): a
         # ``*_async`` call waits there while no slot is free
+        # (a call that fails while starting, e.g. no slot within its deadline, is its outcome)
         def start_all() -> list[Any]:
-            return [getattr(self.client, f"{method}_async")(*args) for method, args in calls]
+            started: list[Any] = []
+            for method, args in calls:
+                try:
+                    started.append(getattr(self.client, f"{method}_async")(*args))
+                except Exception as exc:
+                    started.append(exc)
+            return started
 
         futures = await _in_thread(start_all)
         deadline = time.monotonic() + timeout
         outcomes: list[BaseException | None] = []
         for future in futures:
+            if isinstance(future, BaseException):
+                outcomes.append(future)
+                continue
             left = max(0.0, deadline - time.monotonic())
             outcomes.append(await _in_thread(future.exception, left))
         return outcomes
@@ -327,3 +364,49 @@ class HTTPDriver:
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         await self._call("deferred_publish", topic, body, delay)
+
+
+async def wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, what: str = "") -> Any:
+    """Poll ``predicate`` (cheap, no IO) until it is truthy; returns its value. AssertionError
+    after ``timeout`` seconds: the awaited state never came."""
+    with anyio.move_on_after(timeout):
+        while True:
+            value = predicate()
+            if value:
+                return value
+            await anyio.sleep(0.01)
+    raise AssertionError(f"not reached in {timeout}s: {what or predicate}")
+
+
+async def broker_channel(server: Any, topic: str, channel: str) -> dict[str, Any]:
+    """The broker's own view of a channel (``/stats?format=json`` of an embedded nsqd or a
+    real one), {} when it does not exist."""
+    found = await anyio.to_thread.run_sync(http_channel_stats, server.http_url, topic, channel)
+    return found or {}
+
+
+async def wait_channel(
+    server: Any,
+    topic: str,
+    channel: str,
+    check: Callable[[dict[str, Any]], bool],
+    *,
+    timeout: float = 10.0,
+    what: str = "",
+) -> dict[str, Any]:
+    """Poll the broker's view of a channel until ``check(stats)`` holds; returns those stats.
+
+    A client's FIN/REQ/RDY is applied by the broker a little after the client sent it: read
+    broker state through this, never once right after an action. A ``check`` that raises
+    KeyError/IndexError counts as not yet."""
+    last: dict[str, Any] = {}
+    with anyio.move_on_after(timeout):
+        while True:
+            last = await broker_channel(server, topic, channel)
+            try:
+                if check(last):
+                    return last
+            except (KeyError, IndexError):
+                pass
+            await anyio.sleep(0.02)
+    raise AssertionError(f"broker state not reached in {timeout}s ({what or check}): {last}")

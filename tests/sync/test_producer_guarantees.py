@@ -10,9 +10,7 @@ import os
 import threading
 import time
 
-import pytest
 from support.brokers import embedded_topic_count, needs_real, paused, running_nsqd, topic_count
-from support.runtimes import recorder
 
 from nsq_sansio.errors import BadMessage
 from transports.sync import Producer
@@ -27,29 +25,6 @@ def rss_bytes() -> int:
 
 
 # --- deadlines, back-pressure -------------------------------------------------------------------
-
-
-@needs_real
-def test_each_publish_has_its_own_deadline_real() -> None:
-    with RealNSQD() as nsqd:
-        topic = unique()
-        with Producer(nsqd.tcp_address, timeout=30) as p:
-            p.publish(topic, b"warm")
-            with paused(nsqd):
-                short = p.publish_async(topic, b"short", timeout=0.4)
-                long = p.publish_async(topic, b"long", timeout=1.2)
-                started = time.monotonic()
-                assert isinstance(short.exception(5), TimeoutError)
-                short_at = time.monotonic() - started
-                assert not long.done()  # its own, later deadline
-                assert isinstance(long.exception(5), TimeoutError)
-                long_at = time.monotonic() - started
-                assert short_at < 0.9 and 1.0 < long_at < 2.5
-                assert p.stats().pending == 0  # a timed-out publish frees its slot
-            # The late answers to the two timed-out publishes are matched to them (and dropped):
-            # the next publish gets its own.
-            p.publish(topic, b"after", timeout=5)
-        assert topic_count(nsqd, topic) == 4
 
 
 @needs_real
@@ -87,28 +62,6 @@ def test_memory_with_100k_publishes_is_bounded_by_max_pending_real() -> None:
 
 
 # --- waiting for a slot -----------------------------------------------------------------------
-
-
-@needs_real
-def test_waiting_for_a_slot_counts_against_the_deadline_real() -> None:
-    seen, observe = recorder()
-    with (
-        RealNSQD() as nsqd,
-        Producer(nsqd.tcp_address, max_pending=1, publish_observer=observe) as p,
-    ):
-        p.publish("t", b"warm")
-        with paused(nsqd):
-            first = p.publish_async("t", b"x", timeout=0.5)
-            started = time.monotonic()
-            with pytest.raises(TimeoutError):
-                p.publish("t", b"y", timeout=0.5)  # no slot within its own deadline
-            assert time.monotonic() - started < 2.0
-            assert isinstance(first.exception(5), TimeoutError)
-    assert sorted(type(e).__name__ for _, _, _, e in seen) == [
-        "NoneType",
-        "TimeoutError",
-        "TimeoutError",
-    ]
 
 
 def test_threads_publishing_at_once_with_a_bad_body_fail_only_it() -> None:

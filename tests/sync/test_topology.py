@@ -8,82 +8,15 @@ import signal
 import socket
 import threading
 import time
-from typing import Any
 
 import pytest
 
-from nsq_sansio.consumer import ConnectionUp
-from transports.embedded import Cluster, EmbeddedLookupd, EmbeddedNSQD, ServerThread
+from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.sync import Consumer, NoNSQDAvailable, Producer, drain_on_signals
 
-from ._helpers import channel_stats, running_cluster, running_nsqd, unique, wait_for
+from ._helpers import channel_stats, running_nsqd, unique, wait_for
 
 Pair = tuple[EmbeddedNSQD, ServerThread[EmbeddedNSQD]]
-
-
-def test_several_nsqd_through_lookupd() -> None:
-    topic = unique()
-    with running_cluster(2) as runner:
-        cluster: Cluster = runner.server
-        for index, nsqd in enumerate(cluster.nsqds):
-            with Producer(nsqd.tcp_address) as producer:
-                producer.multi_publish(topic, [b"%d-%d" % (index, i) for i in range(20)])
-        runner.portal.call(cluster.wait_registered, topic)
-        got: set[bytes] = set()
-        addresses: set[str] = set()
-        with Consumer(
-            topic,
-            "c",
-            lookupd=cluster.lookupd_http_urls,
-            max_in_flight=10,
-            lookupd_poll_interval=0.5,
-        ) as consumer:
-            while len(got) < 40:
-                msg = consumer.get(timeout=5)
-                assert msg is not None
-                got.add(msg.body)
-                addresses.add(msg.nsqd_address)
-                msg.finish()
-            stats = consumer.stats()
-    assert got == {b"%d-%d" % (n, i) for n in range(2) for i in range(20)}
-    assert addresses == {n.tcp_address for n in cluster.nsqds}
-    assert stats.connected == 2
-    assert sum(c.rdy for c in stats.connections) <= 10
-
-
-def test_broker_killed_and_restarted_consumer_reconnects_and_continues() -> None:
-    topic = unique()
-    with running_nsqd() as (server, _):
-        address = server.tcp_address
-    consumer = Consumer(
-        topic, "c", nsqd=[address], max_in_flight=5, reconnect_delay=0.05, max_reconnect_delay=0.2
-    )
-    with consumer:
-        for round_ in range(2):
-            runner = ServerThread(EmbeddedNSQD(tcp_address=address))
-            runner.start()
-            try:
-                with Producer(address) as producer:
-                    producer.multi_publish(topic, [b"%d-%d" % (round_, i) for i in range(10)])
-                got: list[bytes] = []
-                while len(got) < 10:
-                    msg = consumer.get(timeout=10)
-                    assert msg is not None, f"round {round_}: got {got}"
-                    got.append(msg.body)
-                    msg.finish()
-                assert sorted(got) == sorted(b"%d-%d" % (round_, i) for i in range(10))
-                done = 10 * (round_ + 1)
-                wait_for(
-                    lambda done=done: consumer.stats().finished == done,  # type: ignore[misc]
-                    what="FINs handled",
-                )
-                time.sleep(0.05)  # let the last FINs reach the broker before killing it
-            finally:
-                runner.stop()  # kill the broker under the consumer
-            wait_for(lambda: consumer.stats().connected == 0, what="disconnect noticed")
-        stats = consumer.stats()
-    assert stats.finished == 20
-    assert stats.reconnects >= 1
 
 
 def test_producer_fails_over_to_another_nsqd() -> None:
@@ -177,47 +110,6 @@ def test_sigterm_drains_the_consumer() -> None:
         assert signal.getsignal(signal.SIGTERM) is previous
     assert seen == 3
     assert stats.finished == 3 and stats.requeued == 7
-
-
-def test_lookupd_mode_reconnects_only_to_a_rediscovered_nsqd() -> None:
-    topic = unique()
-    with ServerThread(EmbeddedLookupd()) as lookupd:
-        options: dict[str, Any] = {
-            "lookupd_tcp_addresses": [lookupd.tcp_address],
-            "lookupd_ping_interval": 0.2,
-        }
-        first = ServerThread(EmbeddedNSQD(**options))
-        address = first.start().tcp_address
-        events: list[object] = []
-        with Consumer(
-            topic,
-            "c",
-            lookupd=[lookupd.http_url],
-            lookupd_poll_interval=0.3,
-            lookupd_poll_jitter=0.0,
-            on_event=events.append,
-        ) as consumer:
-            with Producer(address) as producer:
-                producer.publish(topic, b"one")
-            msg = consumer.get(timeout=10)
-            assert msg is not None and msg.body == b"one"
-            msg.finish()
-            first.stop()
-            wait_for(lambda: consumer.stats().connected == 0, what="disconnect noticed")
-            time.sleep(1.0)  # several polls: the dead nsqd is not retried on its own
-            connects = sum(1 for e in events if isinstance(e, ConnectionUp))
-            assert connects == 1
-            second = ServerThread(EmbeddedNSQD(tcp_address=address, **options))
-            second.start()
-            try:
-                with Producer(address) as producer:
-                    producer.publish(topic, b"two")  # creates the topic: registered again
-                msg = consumer.get(timeout=10)
-                assert msg is not None and msg.body == b"two"
-                msg.finish()
-            finally:
-                second.stop()
-        assert sum(1 for e in events if isinstance(e, ConnectionUp)) == 2
 
 
 def test_an_exception_in_the_block_requeues_and_cleans_up(nsqd: Pair) -> None:

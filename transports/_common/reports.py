@@ -443,7 +443,11 @@ def log_producer_disconnect(
     """A producer's connection attempt failed, or its connection was lost."""
     text = without_address(log.address, error)  # the line starts with the address already
     if isinstance(error, IncompatibleNSQD):
-        log.error("nsqd cannot serve this producer: %s", text, extra=fields(error=text))
+        log.error(
+            "nsqd cannot serve this producer: %s",
+            text,
+            extra=fields(error=text, state="failed"),
+        )
     elif was_ready:
         log.warning(
             "connection lost: %s (%d unanswered publishes go again)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import logging
 import os
 import re
 import signal
@@ -162,13 +163,43 @@ def describe_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
+class _NotTheFailureItself(logging.Filter):
+    """Drops the library's "consumer failed" record: the command reports that failure itself,
+    as its one closing line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "nsq_state", None) != "failed"
+
+
+@contextlib.contextmanager
+def _library_warnings_on_stderr(command: str) -> Iterator[None]:
+    """While a command runs with logging left unconfigured, the library's warnings and errors
+    go to stderr as ``nsq-sansio <command>: <message>`` lines (Python's fallback would print
+    them bare), minus the failure the command reports itself. A program that configured
+    logging keeps its own handlers."""
+    library = logging.getLogger("nsq_sansio")
+    if logging.getLogger().handlers or library.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"nsq-sansio {command}: %(message)s"))
+    handler.addFilter(_NotTheFailureItself())
+    library.addHandler(handler)
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+
+
 def run_reporting_errors(command: str, body: Callable[[], int]) -> int:
     """Run ``body`` and turn every failure to start into one stderr line,
     ``nsq-sansio <command>: <what went wrong>``, and its exit code: :data:`EXIT_USAGE` for a
     wrong command line, :data:`EXIT_FAILURE` for everything else; never a traceback for an
     expected failure (an unexpected exception type is a bug and keeps its traceback)."""
     try:
-        return body()
+        with _library_warnings_on_stderr(command):
+            return body()
     except BrokenPipeError:  # `nsq-sansio tail ... | head`
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115
