@@ -44,16 +44,13 @@ CORE_NEGOTIATION = "nsq_sansio/_negotiation.py"
 CORE_SUBSCRIBING = "nsq_sansio/_subscribing.py"
 BACKOFF = "nsq_sansio/backoff.py"
 RETRY = "nsq_sansio/consumer/retry.py"
-RDY_BOUND = "nsq_sansio/consumer/rdy_bound.py"
-DISTRIBUTION = "nsq_sansio/consumer/distribution.py"
+LEDGER = "nsq_sansio/consumer/ledger.py"
+BACKOFF_CONTROL = "nsq_sansio/consumer/backoff_control.py"
 COORDINATOR = "nsq_sansio/consumer/coordinator.py"
-ANSWERS = "nsq_sansio/consumer/answers.py"
 DRAIN = "nsq_sansio/consumer/drain.py"
-STATE = "nsq_sansio/consumer/state.py"
 PULL = "nsq_sansio/consumer/pull.py"
 FETCHES = "nsq_sansio/consumer/fetches.py"
-RDY = "nsq_sansio/rdy.py"
-DEAD_LETTERS = "nsq_sansio/consumer/dead_letters.py"
+RDY = "nsq_sansio/consumer/rdy.py"
 
 T_CONN = "tests/core/test_connection.py"
 T_RDY_BOUND = "tests/core/test_rdy_bound.py"
@@ -84,16 +81,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "rdy-budget-one-over",
         "RDY bound",
         "the RDY a connection may have is max_in_flight minus what the others may hold",
-        RDY_BOUND,
-        "        return self._config.max_in_flight - self._claimed + link.claim\n",
-        "        return self._config.max_in_flight - self._claimed + link.claim + 1\n",
+        LEDGER,
+        "        return self.max_in_flight - self.claimed + link.claim\n",
+        "        return self.max_in_flight - self.claimed + link.claim + 1\n",
         (T_RDY, T_HELD),
     ),
     Mutant(
         "rdy-ceiling-ignores-held",
         "RDY bound",
         "at settle time the ceiling falls to the RDY or to what is still held, not below",
-        DISTRIBUTION,
+        LEDGER,
         "            ceiling = max(link.wire_rdy, live)\n",
         "            ceiling = link.wire_rdy\n",
         (T_HELD, T_STATEFUL),
@@ -102,13 +99,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "rdy-not-capped-by-max-rdy-count",
         "RDY bound",
         "a connection's RDY never exceeds nsqd's max_rdy_count",
-        RDY_BOUND,
+        LEDGER,
         "        count = max(0, min(count, link.max_rdy))\n",
         "        count = max(0, count)\n",
         (T_RDY,),
         also=(
             (
-                DISTRIBUTION,
+                COORDINATOR,
                 "            targets = even_shares(budget, [link.max_rdy if link.warm else 1 "
                 "for link in links])\n",
                 "            targets = even_shares(budget, [budget if link.warm else 1 "
@@ -120,7 +117,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "rdy-ceiling-drops-at-once",
         "RDY bound",
         "a lowered RDY keeps its old value as the ceiling until nsqd has read it",
-        RDY_BOUND,
+        LEDGER,
         "            if link.rdy >= link.ceiling:\n                link.ceiling = link.rdy\n",
         "            if link.rdy != link.ceiling:\n                link.ceiling = link.rdy\n",
         (T_RDY, T_HELD),
@@ -129,10 +126,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "rdy-expired-answer-frees-a-slot",
         "RDY bound",
         "an answer to a message nsqd may have timed out frees no slot of a lowered RDY",
-        DISTRIBUTION,
-        "        if delivery.deadline - now <= link.settle_delay:\n            return\n"
-        "        if link.ceiling > link.wire_rdy:\n            link.ceiling -= 1\n",
-        "        if link.ceiling > link.wire_rdy:\n            link.ceiling -= 1\n",
+        LEDGER,
+        "        count = sum(map(after.__lt__, deadlines))\n",
+        "        count = len(deadlines)\n",
         (T_RDY, T_HELD, T_CAUGHT),
     ),
     Mutant(
@@ -263,7 +259,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff",
         "a test with nothing held still in flight on nsqd (hung handlers, their messages taken "
         "back) lets one message in: no result can come of those",
-        DISTRIBUTION,
+        BACKOFF_CONTROL,
         "        return max(new, 1) if in_flight == 0 else new\n",
         "        return new\n",
         (T_POLICY + "::test_a_hung_handler_never_keeps_the_test_message_out",),
@@ -273,7 +269,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff",
         "while the test lets fewer messages in than there are connections, its RDY moves off "
         "an idle holder (an nsqd with nothing to send)",
-        DISTRIBUTION,
+        COORDINATOR,
         "            scarce = self._testing_room(links, live) < len(links)\n",
         "            scarce = self._budget() < len(links)\n",
         (T_POLICY + "::test_the_test_message_rdy_moves_off_an_nsqd_with_nothing_to_send",),
@@ -311,7 +307,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff-requeue-flag-ignored",
         "backoff",
         "requeue(backoff=False) does not slow the consumer down",
-        ANSWERS,
+        COORDINATOR,
         "        if not (backoff and self._config.backoff_active):\n",
         "        if not self._config.backoff_active:\n",
         (T_FLOW,),
@@ -320,8 +316,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff-req-before-rdy0",
         "backoff",
         "a REQ that starts backoff goes out after RDY 0 (else nsqd hands it straight back)",
-        ANSWERS,
-        "            self._backoff_moved(now)\n            self._emit_rdy(link)\n"
+        COORDINATOR,
+        "            self._backoff_moved(now)\n            self._ledger.emit(link)\n"
         "            link.proto.requeue(message_id, delay)\n",
         "            self._backoff_moved(now)\n            link.proto.requeue(message_id, delay)\n",
         (T_FLOW,),
@@ -368,8 +364,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts",
         "the read path's inlined give-up test (a read mixing messages and other frames)",
         COORDINATOR,
-        "                if event[4] > attempts_limit:\n",
-        "                if event[4] > attempts_limit + 1:\n",
+        "                if event[DELIVER_ATTEMPTS] > attempts_limit:\n",
+        "                if event[DELIVER_ATTEMPTS] > attempts_limit + 1:\n",
         (T_MESSAGES, T_HOT, T_STATEFUL),
     ),
     Mutant(
@@ -415,7 +411,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts",
         "a dead letter whose publish failed is requeued (delivered and dead-lettered again), "
         "not FIN'd",
-        DEAD_LETTERS,
+        COORDINATOR,
         "        return self.requeue(delivery, now, backoff=False)\n",
         "        return self.finish(delivery, now)\n",
         (T_DEAD,),
@@ -424,9 +420,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "dead-letter-give-up-neutral-for-backoff",
         "backoff",
         "a dead-lettered give-up is a success for backoff, as a plain give-up is",
-        DEAD_LETTERS,
-        "        self._after_answer(link, Outcome.SUCCESS, now, delivery)\n",
-        "        self._after_answer(link, Outcome.NEUTRAL, now, delivery)\n",
+        COORDINATOR,
+        "        # FIN'd after a give-up: a success for backoff, as a give-up without dead letters "
+        "is\n        self._after_answer(link, Outcome.SUCCESS, now, delivery)\n",
+        "        # FIN'd after a give-up: a success for backoff, as a give-up without dead letters "
+        "is\n        self._after_answer(link, Outcome.NEUTRAL, now, delivery)\n",
         (T_DEAD,),
     ),
     Mutant(
@@ -444,7 +442,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "drain",
         "drain sets RDY 0 everywhere before any REQ",
         DRAIN,
-        "            if link.rdy:\n                self._send_rdy(link, 0, now)"
+        "            if link.rdy:\n                self._ledger.send(link, 0, now)"
         "  # before any REQ: nsqd must not resend them\n",
         "            pass\n",
         (T_DRAIN_PULL,),
@@ -510,16 +508,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "drain",
         "a message arriving while draining goes back at once (REQ 0), not to the user",
         COORDINATOR,
-        "        if not link.accepting:\n            self._emit_rdy(link)  # RDY 0 goes before the REQ\n",  # noqa: E501
-        "        if False:\n            self._emit_rdy(link)  # RDY 0 goes before the REQ\n",
+        "        if not link.accepting:\n            self._ledger.emit(link)  # RDY 0 goes before the REQ\n",  # noqa: E501
+        "        if False:\n            self._ledger.emit(link)  # RDY 0 goes before the REQ\n",
         (T_DRAIN_PULL,),
     ),
     Mutant(
         "drain-req-before-rdy0",
         "drain",
         "drain's RDY 0 is written before its REQs",
-        RDY_BOUND,
-        "            self._emit_rdy(link)  # drain's RDY 0 goes before the REQ\n",
+        COORDINATOR,
+        "            self._ledger.emit(link)  # drain's RDY 0 goes before the REQ\n",
         "",
         (T_DRAIN_PULL,),
     ),
@@ -528,7 +526,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "touch-at-deadline",
         "keepalive",
         "TOUCH half-way to the deadline, not at it",
-        STATE,
+        COORDINATOR,
         "        return deadline - link.msg_timeout / 2\n",
         "        return deadline\n",
         (T_MESSAGES,),
@@ -537,7 +535,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "touch-past-max-msg-timeout",
         "keepalive",
         "no TOUCH once the deadline reached max_msg_timeout",
-        STATE,
+        COORDINATOR,
         "        if deadline >= delivery.received_at + link.max_msg_timeout:\n            return None\n",  # noqa: E501
         "",
         (T_MESSAGES, T_KEEPALIVE),
@@ -546,7 +544,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "touch-deadline-uncapped",
         "keepalive",
         "TOUCH never pushes the deadline past received + max_msg_timeout",
-        ANSWERS,
+        COORDINATOR,
         "        deadline = min(now + link.msg_timeout, delivery.received_at + link.max_msg_timeout)\n",  # noqa: E501
         "        deadline = now + link.msg_timeout\n",
         (T_MESSAGES,),
@@ -584,7 +582,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "fin-of-stale-copy-forgets-new",
         "FIN once",
         "a FIN of an old copy keeps the newer delivery of that id tracked",
-        ANSWERS,
+        COORDINATOR,
         "            link.head = head\n"
         "        else:\n"
         "            tracked = link.tracked\n"
@@ -731,9 +729,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "pull-rdy-beyond-asked",
         "pull",
         "pull mode's RDY is what the fetches asked for, never more",
-        DISTRIBUTION,
-        "            wanted = max(0, min(self._fetches.outstanding, budget - sum(live)))\n",
-        "            wanted = max(0, budget - sum(live))\n",
+        PULL,
+        "        wanted = max(0, min(self.fetches.outstanding, budget - sum(live)))\n",
+        "        wanted = max(0, budget - sum(live))\n",
         (T_DRAIN_PULL,),
     ),
 )
