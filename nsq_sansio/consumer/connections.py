@@ -24,12 +24,20 @@ Rules:
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from ..backoff import Backoff
 from ..config import Config
 from ..connection import ClientConnection
-from ..discovery import LookupAnswer, LookupdPoller, LookupFailure, NSQDAddress, NSQDFilter
+from ..discovery import (
+    LookupAnswer,
+    LookupdAddress,
+    LookupdPoller,
+    LookupFailure,
+    NSQDAddress,
+    NSQDFilter,
+)
 from ..errors import ConnectionLost, IncompatibleNSQD, NSQError
 from ..events import (
     CloseWait,
@@ -66,10 +74,32 @@ from .link import RDY_SETTLE_MIN, Link, LinkPhase
 from .pull import PullMode
 from .retry import Retries
 
-__all__ = ["Connections"]
+__all__ = ["Connections", "lookupd_poller"]
 
 #: Refused addresses reported (each once); beyond this many, the others are refused silently.
 _MAX_REFUSED_REPORTED = 1024
+
+#: The shortest time :meth:`Connections.read_pause_limit` gives (a quarter of the shortest
+#: message timeout nsqd lets a client ask for): an nsqd announcing an absurdly short timeout
+#: or heartbeat interval does not get the paused connection read at a higher pace.
+_MIN_READ_PAUSE = 0.25
+
+
+def lookupd_poller(
+    lookupds: list[LookupdAddress], topic: str, config: Config, rng: random.Random
+) -> LookupdPoller | None:
+    """The poller asking ``lookupds`` for ``topic``'s producers (None: no lookupd)."""
+    if not lookupds:
+        return None
+    return LookupdPoller(
+        lookupds,
+        topic,
+        interval=config.lookupd_poll_interval,
+        jitter=config.lookupd_poll_jitter,
+        timeout=config.lookupd_poll_timeout,
+        rng=rng,
+        user_agent=config.user_agent,
+    )
 
 
 class Connections:
@@ -260,6 +290,18 @@ class Connections:
             self._drain.maybe_close(link, now)
             return
         self._rdy.rebalance(now)
+
+    def read_pause_limit(self, conn_id: int) -> float | None:
+        """How long a subscribed connection may be left unread (see the coordinator's
+        method): half the shorter of the heartbeat interval and half the message timeout."""
+        link = self._links.get(conn_id)
+        if link is None or link.phase is not LinkPhase.SUBSCRIBED or link.proto is None:
+            return None
+        proto = link.proto
+        limit = proto.settings.msg_timeout / 4000 if proto.settings is not None else 15.0
+        if proto.heartbeat_interval is not None:
+            limit = min(limit, proto.heartbeat_interval / 2)
+        return max(limit, _MIN_READ_PAUSE)
 
     # --- lookupd -------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from typing import cast
 from ..backoff import BackoffPhase, Outcome
 from ..config import Config
 from ..connection import ConnectionState
-from ..discovery import LookupdAddress, LookupdPoller, NSQDAddress, NSQDFilter
+from ..discovery import LookupdAddress, NSQDAddress, NSQDFilter
 from ..errors import ConfigError, LocalProtocolError, NSQError
 from ..names import validate_channel, validate_topic
 from .actions import (
@@ -39,11 +39,10 @@ from .actions import (
     Deliver,
     DrainComplete,
     FetchEnd,
-    FetchResult,
 )
 from .answers import Answers
 from .backoff_control import BackoffControl
-from .connections import Connections
+from .connections import Connections, lookupd_poller
 from .distribution import RdyDistribution
 from .drain import Drain
 from .fetches import FetchQueue
@@ -74,11 +73,6 @@ _id: Callable[[Deliver], bytes] = itemgetter(DELIVER_ID)
 _conn_id: Callable[[Deliver], int] = itemgetter(DELIVER_CONN_ID)
 _deadline: Callable[[Deliver], float] = itemgetter(DELIVER_DEADLINE)
 _attempts: Callable[[Deliver], int] = itemgetter(DELIVER_ATTEMPTS)
-
-#: The shortest time :meth:`ConsumerCoordinator.read_pause_limit` gives (a quarter of the
-#: shortest message timeout nsqd lets a client ask for): an nsqd announcing an absurdly short
-#: timeout or heartbeat interval does not get the paused connection read at a higher pace.
-_MIN_READ_PAUSE = 0.25
 
 
 class _Counted:
@@ -140,18 +134,7 @@ class ConsumerCoordinator:
         self._retries = Retries(
             config, rng, [NSQDAddress.parse(a) for a in nsqd], dead_letter=dead_letter
         )
-        lookupds = [LookupdAddress.parse(a) for a in lookupd]
-        poller: LookupdPoller | None = None
-        if lookupds:
-            poller = LookupdPoller(
-                lookupds,
-                self.topic,
-                interval=config.lookupd_poll_interval,
-                jitter=config.lookupd_poll_jitter,
-                timeout=config.lookupd_poll_timeout,
-                rng=rng,
-                user_agent=config.user_agent,
-            )
+        poller = lookupd_poller([LookupdAddress.parse(a) for a in lookupd], self.topic, config, rng)
         if not self._retries.direct and poller is None:
             raise LocalProtocolError("a consumer needs at least one nsqd or lookupd address")
         if nsqd_filter is not None and not callable(nsqd_filter):
@@ -385,14 +368,7 @@ class ConsumerCoordinator:
         message as possibly timed out (so nsqd cannot have timed a message out and sent its
         replacement within one paused read: no false
         :class:`~nsq_sansio.errors.ReadyCountExceeded`)."""
-        link = self._links.get(conn_id)
-        if link is None or link.phase is not LinkPhase.SUBSCRIBED or link.proto is None:
-            return None
-        proto = link.proto
-        limit = proto.settings.msg_timeout / 4000 if proto.settings is not None else 15.0
-        if proto.heartbeat_interval is not None:
-            limit = min(limit, proto.heartbeat_interval / 2)
-        return max(limit, _MIN_READ_PAUSE)
+        return self._connections.read_pause_limit(conn_id)
 
     # --- output and timers ---------------------------------------------------------------------
 
@@ -569,15 +545,7 @@ class ConsumerCoordinator:
         The request stops waiting, and whatever it had gathered (even an answer still queued
         in :meth:`take_actions`) goes back to the front of the hold buffer for the next fetch,
         so a cancelled fetch never swallows messages. Unknown or finished ids are ignored."""
-        if self._pull_mode.cancel_waiting(request_id, now):
-            return
-        for index, action in enumerate(self._actions):
-            if isinstance(action, FetchResult) and action.request_id == request_id:
-                del self._actions[index]
-                self.give_back(action.messages, now)
-                return
-        if self._lifecycle.state is ConsumerState.RUNNING:
-            self._rdy.rebalance(now)
+        self._pull_mode.cancel(request_id, now, self._actions)
 
     def give_back(self, deliveries: Sequence[Deliver], now: float) -> None:
         """A fetch answer the caller never saw (cancelled just as it was answered): its
@@ -585,17 +553,7 @@ class ConsumerCoordinator:
         request cancelled while waiting do, not back to nsqd (which would count another
         attempt). Messages no longer ours are skipped; once the consumer is draining or
         closed they are requeued (REQ 0) instead."""
-        for delivery in deliveries:
-            link = self._links.get(delivery.conn_id)
-            if link is not None:
-                link.seen.discard(delivery.id)
-        if self._lifecycle.state is ConsumerState.RUNNING:
-            self._pull_mode.hold_again(deliveries, now)
-            return
-        for delivery in deliveries:
-            link = current_link(self._links, delivery)
-            if link is not None:
-                self._answers.requeue_now(link, delivery)
+        self._pull_mode.give_back(deliveries, now)
 
     def _pull_receive(self, link: Link, deliveries: list[Deliver], now: float) -> None:
         """A read of fresh messages in pull mode (the checks are the caller's): tracked by
