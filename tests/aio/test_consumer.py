@@ -10,13 +10,14 @@ import uuid
 
 import anyio
 import pytest
+from support.runtimes import broker_channel, wait_channel
 
 from nsq_sansio.consumer import GiveUp
 from nsq_sansio.errors import LocalProtocolError
 from transports.anyio import Consumer, Message, Producer, drain_on_signals
 from transports.embedded import EmbeddedNSQD
 
-from .conftest import NSQDFactory, channel_stats, stop_nsqd, wait_channel
+from .conftest import NSQDFactory, stop_nsqd
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +44,7 @@ async def test_cancellation_cleans_up(nsqd: EmbeddedNSQD) -> None:
     # No connection left, nothing in flight: the held messages went back to the queue.
     with anyio.fail_after(5):
         while True:
-            ch = await channel_stats(nsqd, topic, "ch")
+            ch = await broker_channel(nsqd, topic, "ch")
             if not ch.get("clients") and ch.get("in_flight_count") == 0:
                 break
             await anyio.sleep(0.02)
@@ -108,7 +109,7 @@ async def test_drain_requeues_messages_never_handed_out_at_once(nsqd: EmbeddedNS
         await c.drain(timeout=5)
         assert time.monotonic() - start < 2
         assert c.stats().requeued == 5
-    ch = await channel_stats(nsqd, topic, "ch")
+    ch = await broker_channel(nsqd, topic, "ch")
     assert ch["in_flight_count"] == 0
     assert ch["depth"] == 5
 
@@ -243,7 +244,7 @@ async def test_start_then_close_leaves_no_task(nsqd: EmbeddedNSQD, anyio_backend
     with pytest.raises(LocalProtocolError):
         await c.start()
     await c.close()  # again: nothing to do
-    ch = await channel_stats(nsqd, topic, "ch")
+    ch = await broker_channel(nsqd, topic, "ch")
     assert ch["in_flight_count"] == 0, (ch, c.stats())
     assert ch["depth"] == 1  # the message never handed out was requeued
 
