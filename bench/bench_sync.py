@@ -191,7 +191,7 @@ def pipeline(chunks: list[bytes]) -> int:
     a subscribed connection set up by hand, the IO loop's writes collected, no wake-ups."""
     from nsq_sansio.frames import encode_frame
     from transports.sync import Consumer
-    from transports.sync._loop import Link
+    from transports.sync._loop import LoopSocket
 
     c = Consumer(TOPIC, CHANNEL, nsqd=["127.0.0.1:4150"], max_in_flight=2500)
     io = c._io  # the IO side the IO thread drives: driven here on this thread
@@ -203,7 +203,7 @@ def pipeline(chunks: list[bytes]) -> int:
     coordinator.receive_data(conn_id, encode_frame(0, b"OK"), 0.0)
     coordinator.pending_data()
     coordinator.take_actions()
-    link = Link(conn_id, "127.0.0.1", 4150)
+    link = LoopSocket(conn_id, "127.0.0.1", 4150)
     io.links[conn_id] = link
     written: list[bytes] = []
     io.loop.write = lambda _link, data: written.append(data)  # type: ignore[method-assign]

@@ -12,7 +12,7 @@ reconnecting), never the consumer.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Awaitable, Callable
 from time import monotonic
 from typing import TYPE_CHECKING, Any
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from nsq_sansio.consumer import Connect, ConsumerCoordinator, Deliver, SendHTTPRequest
+from nsq_sansio.consumer import ConsumerCoordinator, Deliver, SendHTTPRequest
 from nsq_sansio.discovery import LookupdAddress, NSQDAddress
 from nsq_sansio.errors import ConnectionLost, NSQError
 from transports._common import READ_SIZE, ConnectionLogger, TransportOptions
@@ -80,8 +80,6 @@ class ConsumerConnections:
     _conns: dict[int, Conn]
     _inbox: deque[Deliver]
     _http: dict[int, anyio.CancelScope]
-    _connects: Counter[str]
-    _reconnects: int
 
     if TYPE_CHECKING:
 
@@ -91,13 +89,9 @@ class ConsumerConnections:
 
         def _log_for(self, address: object) -> ConnectionLogger: ...
 
-    def _open_connection(self, action: Connect) -> None:
-        address = action.address
-        if self._connects[str(address)]:
-            self._reconnects += 1
-        self._connects[str(address)] += 1
-        conn = Conn(action.conn_id, address, self._log_for(address))
-        self._conns[action.conn_id] = conn
+    def _open_connection(self, conn_id: int, address: NSQDAddress) -> None:
+        conn = Conn(conn_id, address, self._log_for(address))
+        self._conns[conn_id] = conn
         self._spawn(self._connection, conn)
 
     async def _connection(self, conn: Conn) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ from transports._common.reports import (
     log_publish_refused,
 )
 
+from ._backend import Backend
 from ._net import SOCKET_ERRORS, connect, plain_socket, start_tls
 
 __all__ = ["Call", "Node", "NotRead", "ProducerConnections", "SendAlone"]
@@ -112,14 +113,6 @@ class Call:
         self.suspect = False
         self.bound: Node | None = None
 
-    def abort(self, _: object) -> Any:
-        """trio: the parked caller is cancelled. Its answer still comes, matched to it."""
-        self.waker = None
-        self.orphan = True
-        import trio  # only trio calls this, so it is imported already
-
-        return trio.lowlevel.Abort.SUCCEEDED
-
 
 class Node:
     """One nsqd and its (at most one) connection."""
@@ -185,10 +178,8 @@ class ProducerConnections:
     _options: TransportOptions
     _closed: bool
     _tg: anyio.abc.TaskGroup | None
-    _loop: Any
+    _backend: Backend | None
     _timer_started: bool
-    _wait_readable: Callable[[socket.socket], Any]
-    _notify_closing: Callable[[socket.socket], None] | None
 
     if TYPE_CHECKING:
 
@@ -231,11 +222,12 @@ class ProducerConnections:
                 node.out.clear()
                 node.flush_scheduled = False
                 node.sock, node.sock_owned = plain_socket(stream)
-                if self._loop is not None and node.sock is not None:
+                add_reader = self._backend.add_reader  # type: ignore[union-attr]
+                if add_reader is not None and node.sock is not None:
                     # asyncio, plain TCP: the loop calls _on_readable; _disconnect stops it.
                     try:
                         fd = node.sock.fileno()
-                        self._loop.add_reader(fd, self._on_readable, node, proto, generation)
+                        add_reader(fd, self._on_readable, node, proto, generation)
                         node.reader_fd = fd
                     except NotImplementedError:  # a loop without readiness callbacks
                         if node.sock_owned:
@@ -339,8 +331,9 @@ class ProducerConnections:
     ) -> None:
         """Read until the connection closes (TLS, or trio: a task reading the stream)."""
         sock = node.sock
-        if sock is not None and self._wait_readable is not None:
-            await self._read_socket(node, sock, proto, generation)
+        wait_readable = self._backend.wait_readable  # type: ignore[union-attr]
+        if sock is not None and wait_readable is not None:
+            await self._read_socket(node, sock, proto, generation, wait_readable)
             return
         receive = stream.receive
         while True:
@@ -352,11 +345,15 @@ class ProducerConnections:
                 return
 
     async def _read_socket(
-        self, node: Node, sock: socket.socket, proto: ClientConnection, generation: int
+        self,
+        node: Node,
+        sock: socket.socket,
+        proto: ClientConnection,
+        generation: int,
+        wait_readable: Callable[[socket.socket], Awaitable[None]],
     ) -> None:
         """trio, plain TCP: wait for the socket to be readable, then read it (no failed read
         first, none of the stream's layers)."""
-        wait_readable = self._wait_readable
         recv = sock.recv
         while True:
             try:
@@ -504,16 +501,18 @@ class ProducerConnections:
         node.down_generation = generation
         was_ready = node.ready
         node.ready = False
+        backend = self._backend
+        assert backend is not None  # connections exist only once the producer is entered
         if node.reader_fd is not None:
-            self._loop.remove_reader(node.reader_fd)
+            backend.remove_reader(node.reader_fd)  # type: ignore[misc]
             node.reader_fd = None
         if node.sock is not None:
             if node.sock_owned:
-                if self._notify_closing is not None:
+                if backend.notify_closing is not None:
                     # trio: wake whoever waits on it first, so that trio's epoll does not keep
                     # this descriptor's registration for the next socket given its number
                     # (seen against the real nsqd: later connections reset, publishes lost).
-                    self._notify_closing(node.sock)
+                    backend.notify_closing(node.sock)
                 node.sock.close()
             node.sock = None
         node.out.clear()

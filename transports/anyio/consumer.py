@@ -22,11 +22,10 @@ import logging
 import math
 import random
 import signal
-from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from itertools import repeat
-from operator import attrgetter, is_
+from operator import attrgetter
 from time import monotonic
 from types import TracebackType
 from typing import Any
@@ -36,41 +35,27 @@ import anyio.abc
 
 from nsq_sansio.config import Config
 from nsq_sansio.consumer import (
-    CloseConnection,
-    CloseHTTPRequest,
-    Connect,
     ConsumerCoordinator,
-    ConsumerFailed,
     ConsumerState,
-    DeadLetter,
     Deliver,
     Disconnected,
-    DrainComplete,
     DrainTimedOut,
     FetchEnd,
     FetchResult,
     SendHTTPRequest,
-    StartTLS,
 )
-from nsq_sansio.discovery import NSQDFilter
-from nsq_sansio.errors import ConfigError, LocalProtocolError
-from transports._common import (
-    ConnectionLogger,
-    ConnectionStats,
-    ConsumerStats,
-    DrainResult,
-    split_options,
-)
+from nsq_sansio.discovery import NSQDAddress, NSQDFilter
+from nsq_sansio.errors import ConfigError, LocalProtocolError, NSQError
+from transports._common import ConnectionLogger, ConsumerStats, DrainResult, split_options
 from transports._common.arguments import check_seconds
+from transports._common.consumer_actions import ConsumerActions
 from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
 from transports._common.handlers import handler_finishes
 from transports._common.logs import fields
 from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
     EventCallback,
-    log_consumer_report,
     log_drain_timed_out,
-    log_fetch_refused,
     log_handler_failed,
     log_paused,
     log_signal_drain,
@@ -160,6 +145,10 @@ class Consumer(ConsumerConnections):
             nsqd_filter=nsqd_filter,
             dead_letter=dead_letters is not None,
         )
+        #: What the core's actions mean, decided once for every runtime; IO is ours.
+        self._actions = ConsumerActions(
+            self._coord, _AnyioRuntime(self), logger=logger or _log, on_event=on_event
+        )
         self._dead_letters: DeadLetterPublisher | None = None
         if dead_letters is not None:
             self._dead_letters = DeadLetterPublisher(
@@ -172,10 +161,10 @@ class Consumer(ConsumerConnections):
                 kick=self._kick,
                 connected=lambda: [str(conn.address) for conn in self._conns.values()],
             )
+            self._actions.dead_letters = self._dead_letters
         self.topic = topic
         self.channel = channel
         self._pull = pull
-        self._on_event = on_event
         self._logger = logger or _log
         self._close_timeout = close_timeout
         self._conns: dict[int, Conn] = {}
@@ -192,10 +181,6 @@ class Consumer(ConsumerConnections):
         self._drained = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._task_scopes: set[anyio.CancelScope] = set()
-        #: Connections made to each address (reconnects are the ones after the first).
-        self._connects: Counter[str] = Counter()
-        self._reconnects = 0
-        self._connection_errors = 0
         self._draining = False
         self._closed = False
         self._in_context = False
@@ -212,7 +197,6 @@ class Consumer(ConsumerConnections):
         #: The drain: when its deadline passes, its timeout, and what it reports.
         self._drain_ends = math.inf
         self._drain_timeout = 0.0
-        self._drain_held: list[bytes] = []
         self._drain_cancelled: list[bytes] = []
         self._handlers_cut = False
         #: OpenTelemetry's hook (``transports.otel``): None unless instrumented.
@@ -339,21 +323,29 @@ class Consumer(ConsumerConnections):
         self._kick()
 
     def _cut_handlers(self) -> None:
-        """The drain's deadline passed: cancel run()'s handlers still running (their messages
-        were requeued), and say what the deadline took back, once."""
+        """The drain's deadline passed and the core had nothing held to requeue (else its
+        ``DrainTimedOut`` cut them, see :meth:`_cut_once`): cancel run()'s handlers still
+        running, which had answered their messages, and say so."""
+        cancelled = self._cut_once()
+        if cancelled:
+            log_drain_timed_out(
+                self._logger,
+                timeout=self._drain_timeout,
+                held=(),
+                cancelled=cancelled,
+                topic=self.topic,
+                channel=self.channel,
+            )
+
+    def _cut_once(self) -> list[bytes]:
+        """Cancel run()'s handlers still running, once per drain; the ids of the messages
+        they had not answered (requeued by the drain: their answers are never sent)."""
         if self._handlers_cut:
-            return
+            return []
         self._handlers_cut = True
         cancelled = self._cancel_handlers()
         self._drain_cancelled.extend(cancelled)
-        log_drain_timed_out(
-            self._logger,
-            timeout=self._drain_timeout,
-            held=self._drain_held,
-            cancelled=cancelled,
-            topic=self.topic,
-            channel=self.channel,
-        )
+        return cancelled
 
     def _cancel_handlers(self) -> list[bytes]:
         """Cancel run()'s workers (their handlers, at the next ``await``: run() returns); the
@@ -397,7 +389,7 @@ class Consumer(ConsumerConnections):
 
     def _drain_result(self) -> DrainResult:
         running = tuple(m.id for m in self._handled())
-        return DrainResult(tuple(self._drain_held), tuple(self._drain_cancelled), running)
+        return DrainResult(tuple(self._actions.drain_held), tuple(self._drain_cancelled), running)
 
     def start_drain(self, timeout: float | None = None) -> None:
         """Begin a graceful drain and return at once (safe in a handler: see :meth:`drain`).
@@ -720,48 +712,9 @@ class Consumer(ConsumerConnections):
         Safe to call from another thread (a metrics scrape) while the event loop runs: it
         reads copies taken in one step each, never a collection the loop is changing, so
         it never raises; each figure is one the consumer had during the call."""
-        coord = self._coord
-        counters = coord.stats
-        connections = []
-        for conn in list(self._conns.values()):  # one C-level copy: the loop may add/remove
-            info = coord.link_info(conn.conn_id)
-            if info is None:
-                continue  # the coordinator is done with it; its task is closing the socket
-            phase, rdy, in_flight = info
-            address = str(conn.address)
-            connections.append(
-                ConnectionStats(
-                    address=address,
-                    state=phase.value,
-                    connected=phase.value == "subscribed",
-                    rdy=rdy,
-                    in_flight=in_flight,
-                    reconnects=max(self._connects[address] - 1, 0),
-                    bytes_received=conn.bytes_in,
-                    bytes_sent=conn.bytes_out,
-                )
-            )
-        return ConsumerStats(
-            topic=self.topic,
-            channel=self.channel,
-            received=counters["received"],
-            finished=counters["finished"],
-            requeued=counters["requeued"],
-            given_up=counters["given_up"],
-            taken_back=counters["taken_back"],
-            in_flight=coord.in_flight_count(),
-            rdy=coord.total_rdy,
-            max_in_flight=coord.max_in_flight,
-            backoff_level=coord.backoff_level,
-            backoff_phase=coord.backoff_phase.value,
-            backoff_windows=coord.backoff_windows,
-            reconnects=self._reconnects,
-            connection_errors=self._connection_errors,
-            connections=tuple(connections),
-            paused=coord.max_in_flight == 0,
-            topic_not_found=counters["topic_not_found"],
-            dead_lettered=counters["dead_lettered"],
-            dead_letter_failures=counters["dead_letter_failures"],
+        conns = list(self._conns.values())  # one C-level copy: the loop may add/remove
+        return self._actions.stats(
+            (conn.conn_id, str(conn.address), conn.bytes_in, conn.bytes_out) for conn in conns
         )
 
     # --- internals: plumbing -------------------------------------------------------------------
@@ -817,15 +770,7 @@ class Consumer(ConsumerConnections):
             event.set()
 
     def _emit(self, event: object) -> None:
-        if self._on_event is not None:
-            try:
-                self._on_event(event)
-            except Exception:
-                self._logger.exception(
-                    "on_event callback failed for %r",
-                    event,
-                    extra=fields(topic=self.topic, channel=self.channel),
-                )
+        self._actions.emit(event)
 
     def _log_for(self, address: object) -> ConnectionLogger:
         return ConnectionLogger(
@@ -872,20 +817,13 @@ class Consumer(ConsumerConnections):
         coord = self._coord
         actions = coord.take_actions()
         delivered = 0
-        if actions:
-            inbox = self._inbox
-            if all(map(is_, map(type, actions), repeat(Deliver))):  # a read of messages only
-                inbox.extend(actions)  # type: ignore[arg-type]
-                delivered = len(actions)
-            else:
-                for action in actions:
-                    if type(action) is Deliver:
-                        inbox.append(action)
-                        delivered += 1
-                    else:
-                        self._act(action)
-            if delivered and self._waiters:
-                self._wake_one()
+        if actions:  # (an idle pass of the pump makes no call more)
+            deliveries = self._actions.split(actions)
+            delivered = len(deliveries)
+            if delivered:
+                self._inbox.extend(deliveries)
+                if self._waiters:
+                    self._wake_one()
         conns = self._conns
         for conn_id, data in coord.pending_data():
             conn = conns.get(conn_id)
@@ -902,78 +840,83 @@ class Consumer(ConsumerConnections):
                 self._kick()
         return delivered
 
-    def _act(self, action: object) -> None:
-        if isinstance(action, Connect):
-            self._open_connection(action)
-        elif isinstance(action, CloseConnection):
-            conn = self._conns.get(action.conn_id)
-            if conn is not None:
-                if action.final_data:
-                    conn.out.append(action.final_data)
-                conn.closing = True
-                conn.wake.set()
-                if conn.stream is None:  # still connecting: nothing to flush
-                    conn.scope.cancel()
-        elif isinstance(action, StartTLS):
-            conn = self._conns.get(action.conn_id)
-            if conn is not None:
-                conn.tls_pending = action.trailing_data
-        elif isinstance(action, SendHTTPRequest):
-            scope = anyio.CancelScope()
-            self._http[action.request_id] = scope
-            self._spawn(self._http_request, action, scope)
-        elif isinstance(action, CloseHTTPRequest):
-            http_scope = self._http.pop(action.request_id, None)
-            if http_scope is not None:
-                http_scope.cancel()
-        elif isinstance(action, FetchResult):
-            self._on_fetch_result(action)
-        elif isinstance(action, DrainComplete):
-            self._drained.set()
-            self._wake_readers()
-        elif isinstance(action, DrainTimedOut):
-            self._drain_held.extend(delivery.id for delivery in action.messages)
-            self._emit(action)
-            self._cut_handlers()
-        elif isinstance(action, ConsumerFailed):
-            # Terminal: every connection is closed (what was in flight requeued); whoever
-            # waits for messages raises it; run()'s handlers are cancelled.
-            self._failure = action.error
-            self._report(action)
-            self._cancel_handlers()
-            self._drained.set()
-            self._wake_readers()
-        elif isinstance(action, Disconnected):
-            if action.error is not None:
-                self._connection_errors += 1
-            self._report(action)
-        elif isinstance(action, DeadLetter):
-            if self._dead_letters is not None:
-                self._dead_letters.submit(action.delivery)
-        else:  # ConnectionUp, GiveUp, TakenBack, LookupdFailed: logged and reported
-            self._report(action)
-
-    def _report(self, action: object) -> None:
-        log_consumer_report(
-            self._logger, action, topic=self.topic, channel=self.channel, now=monotonic()
-        )
-        self._emit(action)
-
-    def _on_fetch_result(self, result: FetchResult) -> None:
-        if result.reason is FetchEnd.TOO_MANY_WAITING:
-            log_fetch_refused(self._logger, topic=self.topic, channel=self.channel)
-        slot = self._fetches.pop(result.request_id, None)
-        if slot is None:  # its caller is gone (should not happen: fetch() cancels it)
-            self._requeue_all(result.messages)
-            return
-        slot[1] = result
-        slot[0].set()
-
     def _requeue_all(self, deliveries: Iterable[Deliver]) -> None:
         now = monotonic()
         for delivery in deliveries:
             self._coord.requeue(delivery, now, 0.0, backoff=False)
         self._kick()
+
+
+class _AnyioRuntime:
+    """What the consumer's actions (:class:`ConsumerActions`) need of its tasks: start and
+    stop the connection and lookupd tasks, hand fetch answers over, cancel handlers, wake
+    whoever waits."""
+
+    __slots__ = ("_consumer",)
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+
+    def open_connection(self, conn_id: int, address: NSQDAddress) -> None:
+        self._consumer._open_connection(conn_id, address)
+
+    def start_tls(self, conn_id: int, trailing: bytes) -> None:
+        conn = self._consumer._conns.get(conn_id)
+        if conn is not None:
+            conn.tls_pending = trailing  # the reader upgrades before its next read
+
+    def close_connection(self, conn_id: int, final_data: bytes) -> None:
+        conn = self._consumer._conns.get(conn_id)
+        if conn is not None:
+            if final_data:
+                conn.out.append(final_data)
+            conn.closing = True
+            conn.wake.set()
+            if conn.stream is None:  # still connecting: nothing to flush
+                conn.scope.cancel()
+
+    def connection_gone(self, action: Disconnected) -> None:
+        """Nothing now: the connection's task forgets it (and its waiting messages) as it
+        ends, and a message of it taken meanwhile is skipped."""
+
+    def start_http(self, action: SendHTTPRequest) -> None:
+        consumer = self._consumer
+        scope = anyio.CancelScope()
+        consumer._http[action.request_id] = scope
+        consumer._spawn(consumer._http_request, action, scope)
+
+    def close_http(self, request_id: int) -> None:
+        scope = self._consumer._http.pop(request_id, None)
+        if scope is not None:
+            scope.cancel()
+
+    def answer_fetch(self, result: FetchResult) -> bool:
+        slot = self._consumer._fetches.pop(result.request_id, None)
+        if slot is None:  # its caller is gone (should not happen: fetch() cancels it)
+            return False
+        slot[1] = result
+        slot[0].set()
+        return True
+
+    def taken_back(self, delivery: Deliver) -> None:
+        """Nothing to mark: :attr:`Message.taken_back` asks the core."""
+
+    def stop_held(self, action: DrainTimedOut) -> tuple[Sequence[bytes], Mapping[bytes, str]]:
+        return self._consumer._cut_once(), {}
+
+    def failed(self, error: NSQError) -> None:
+        consumer = self._consumer
+        consumer._failure = error
+        consumer._cancel_handlers()
+
+    def finished(self) -> None:
+        consumer = self._consumer
+        consumer._drained.set()
+        consumer._wake_readers()
+
+    @property
+    def drain_timeout(self) -> float:
+        return self._consumer._drain_timeout
 
 
 def _default_signals() -> tuple[int, ...]:

@@ -11,11 +11,11 @@ slot, nothing buffers without bound.
 
 Cost per publish: no cancel scope and no :class:`anyio.Event`. A waiting publish parks on the
 cheapest primitive of the running loop (an asyncio future, or trio's
-``wait_task_rescheduled``); one writer task per connection sends everything queued since it last
-ran in one write; one timer task enforces every publish's deadline and the heartbeat checks.
-PUBs to one topic that tasks make in the same loop pass, while others are in flight, go out as
-one MPUB (``coalesce``, see :class:`Producer`): one write and one answer for nsqd instead of
-one each.
+``wait_task_rescheduled``: see ``_backend.py``); one writer task per connection sends
+everything queued since it last ran in one write; one timer task enforces every publish's
+deadline and the heartbeat checks. PUBs to one topic that tasks make in the same loop pass,
+while others are in flight, go out as one MPUB (``coalesce``, see :class:`Producer`): one
+write and one answer for nsqd instead of one each.
 The connections themselves (handshake, reads, writes, teardown) are in ``_producer_io.py``.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from time import monotonic
 from types import TracebackType
 from typing import Any
@@ -32,7 +32,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import anyio.streams.tls
-import sniffio
 
 from nsq_sansio.config import Config
 from nsq_sansio.connection import ClientConnection, ConnectionState
@@ -66,6 +65,7 @@ from transports._common.publishing import (
     check_publish,
 )
 
+from ._backend import Backend, current_backend
 from ._groups import sole_error
 from ._producer_io import Call, Node, NotRead, ProducerConnections, SendAlone
 
@@ -142,14 +142,11 @@ class Producer(ProducerConnections):
         self._max_pending = max_pending
         self._rr = itertools.count()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._trio = False
-        self._loop: Any = None  # the asyncio loop (None on trio)
-        self._current_task: Any = None  # trio.lowlevel's, on trio
-        self._wait_rescheduled: Any = None
-        self._wait_readable: Any = None  # trio.lowlevel's, on trio
-        self._notify_closing: Any = None  # trio.lowlevel's, on trio
-        self._reschedule: Any = None
-        self._value: Any = None
+        #: The running loop's fast paths (set by __aenter__).
+        self._backend: Backend | None = None
+        self._call_soon: Callable[..., object] | None = None  # asyncio's (None on trio)
+        self._park: Callable[[Call], Awaitable[BaseException | None]] = _not_started
+        self._wake: Callable[[Any, BaseException | None], None] = _never
         self._closed = False
         self._exited = False
         self._published = 0
@@ -162,21 +159,10 @@ class Producer(ProducerConnections):
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def __aenter__(self) -> Producer:
-        self._trio = sniffio.current_async_library() == "trio"
-        if self._trio:
-            import outcome
-            import trio
-
-            self._current_task = trio.lowlevel.current_task
-            self._wait_rescheduled = trio.lowlevel.wait_task_rescheduled
-            self._wait_readable = trio.lowlevel.wait_readable
-            self._notify_closing = trio.lowlevel.notify_closing
-            self._reschedule = trio.lowlevel.reschedule
-            self._value = outcome.Value
-        else:
-            import asyncio
-
-            self._loop = asyncio.get_running_loop()
+        backend = self._backend = current_backend()
+        self._call_soon = backend.call_soon
+        self._park = backend.park
+        self._wake = backend.wake
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -423,18 +409,12 @@ class Producer(ProducerConnections):
                 # Park until the reader, the timer or a disconnect resolves the call.
                 if call.done:
                     error = call.result
-                elif self._trio:
-                    call.waker = self._current_task()
-                    error = await self._wait_rescheduled(call.abort)
                 else:
-                    future = self._loop.create_future()
-                    call.waker = future
+                    parked = self._park(call)
                     try:
-                        error = await future
+                        error = await parked
                     except BaseException:
-                        call.waker = None
-                        if future.cancelled() or not future.done():
-                            call.orphan = True  # its answer still comes, matched to it
+                        self._backend.unpark(call)  # type: ignore[union-attr]
                         raise
                 if call.bound is not None:
                     self._unbind(call)
@@ -564,10 +544,7 @@ class Producer(ProducerConnections):
         if waker is None:
             return  # not parked yet: it finds the result itself
         call.waker = None
-        if self._trio:
-            self._reschedule(waker, self._value(error))
-        elif not waker.done():
-            waker.set_result(error)
+        self._wake(waker, error)
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -579,8 +556,8 @@ class Producer(ProducerConnections):
             self._write_now(node, proto)
         elif not node.flush_scheduled:
             node.flush_scheduled = True
-            if self._loop is not None and node.sock is not None:
-                self._loop.call_soon(self._flush_scheduled, node, proto)
+            if self._call_soon is not None and node.sock is not None:
+                self._call_soon(self._flush_scheduled, node, proto)
             elif not node.wake_set:
                 node.wake_set = True
                 node.wake.set()
@@ -691,3 +668,11 @@ class Producer(ProducerConnections):
     def retried(self) -> int:
         """Publishes sent again to another nsqd after a connection failure."""
         return self._retried
+
+
+async def _not_started(call: Call) -> BaseException | None:
+    raise LocalProtocolError("the producer is not started (use async with)")
+
+
+def _never(waker: Any, error: BaseException | None) -> None:
+    """No task is parked before the producer is started."""

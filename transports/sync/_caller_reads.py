@@ -31,7 +31,7 @@ from nsq_sansio.events import (
 )
 from transports._common import READ_SIZE
 
-from ._loop import IOLoop, Link
+from ._loop import IOLoop, LoopSocket
 from ._producer_records import Node, Request, Wire
 
 __all__ = ["CallerReads"]
@@ -58,7 +58,7 @@ class CallerReads:
 
         def _on_closed(self, node: Node, error: BaseException | None, now: float) -> None: ...
 
-        def _on_link_error(self, link: Link, error: BaseException, now: float) -> None: ...
+        def _on_link_error(self, link: LoopSocket, error: BaseException, now: float) -> None: ...
 
         def _retire(self, wire: Wire) -> None: ...
 
@@ -274,7 +274,7 @@ class CallerReads:
                     functools.partial(self._locked, self._closed_by_caller, node, conn, event.error)
                 )
 
-    def _lost_by_caller(self, node: Node, wire: Wire, link: Link, error: OSError) -> None:
+    def _lost_by_caller(self, node: Node, wire: Wire, link: LoopSocket, error: OSError) -> None:
         """A leader's read failed (lock held): the IO thread tears the connection down."""
         node.ready = False
         self._retire(wire)

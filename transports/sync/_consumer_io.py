@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from itertools import repeat
@@ -29,37 +29,26 @@ from typing import Any, TypeVar
 
 from nsq_sansio.config import Config
 from nsq_sansio.consumer import (
-    CloseConnection,
-    CloseHTTPRequest,
-    Connect,
     ConsumerCoordinator,
-    ConsumerFailed,
     ConsumerState,
-    DeadLetter,
     Deliver,
     Disconnected,
-    DrainComplete,
     DrainTimedOut,
     FetchEnd,
     FetchResult,
     SendHTTPRequest,
-    StartTLS,
-    TakenBack,
 )
-from nsq_sansio.discovery import LookupdAddress
+from nsq_sansio.discovery import LookupdAddress, NSQDAddress
 from nsq_sansio.errors import NSQError
-from transports._common import ConnectionStats, ConsumerStats, TransportOptions
+from transports._common import ConsumerStats, TransportOptions
+from transports._common.consumer_actions import ConsumerActions
+from transports._common.failures import at_address
 from transports._common.logs import fields
 from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
-from transports._common.reports import (
-    log_consumer_report,
-    log_drain_timed_out,
-    log_fetch_refused,
-    log_keepalive_expired,
-)
+from transports._common.reports import log_keepalive_expired
 
 from ._dead_letter import DeadLetterPublisher
-from ._loop import IOLoop, Link
+from ._loop import IOLoop, LoopSocket
 from .message import (
     OP_FIN,
     OP_KEEPALIVE_OFF,
@@ -104,7 +93,11 @@ class Keepalive:
 
 class ConsumerIO:
     """The IO thread's side of one blocking consumer (and the queues it shares with user
-    threads). Not thread-safe except where a method says so: it runs on the IO thread."""
+    threads). Not thread-safe except where a method says so: it runs on the IO thread.
+
+    It is the :class:`~transports._common.consumer_actions.ConsumerRuntime` of its
+    :class:`~transports._common.consumer_actions.ConsumerActions`: the core's actions are
+    decided there; what touches sockets and user threads is here."""
 
     def __init__(
         self,
@@ -121,11 +114,12 @@ class ConsumerIO:
         self.config = config
         self.options = options
         self.logger = logger
-        self.on_event = on_event
+        #: What the core's actions mean, decided once for every runtime; IO is ours.
+        self.actions = ConsumerActions(coordinator, self, logger=logger, on_event=on_event)
         self.ssl_context = options.ssl_context() if config.tls_v1 else None
         self.loop = IOLoop(self, name=f"nsq-sync-consumer-{self.topic}/{self.channel}")
-        self.links: dict[int, Link] = {}  # by conn_id
-        self.http: dict[int, Link] = {}  # lookupd requests, by request_id
+        self.links: dict[int, LoopSocket] = {}  # by conn_id
+        self.http: dict[int, LoopSocket] = {}  # lookupd requests, by request_id
         #: Deliveries waiting for user code, and the condition user threads sleep on.
         self.ready: deque[Message] = deque()
         self.cond = threading.Condition(threading.Lock())
@@ -143,13 +137,9 @@ class ConsumerIO:
         self.fetches: dict[int, Future[list[Message]]] = {}
         self.draining = False
         self.drained = threading.Event()
-        #: Connections made to each address (reconnects are the ones after the first).
-        self.connects: Counter[str] = Counter()
         #: Connections whose reads are paused, and when each must be read again at the latest.
-        self.paused: dict[Link, float] = {}
+        self.paused: dict[LoopSocket, float] = {}
         self.resume_check_at = 0.0
-        self.reconnects = 0
-        self.connection_errors = 0
         #: The error the consumer failed with (ConsumerFailed: nsqd refused the
         #: configuration); raised by iteration, get(), run(), fetch(), and at exit if unseen.
         self.failure: NSQError | None = None
@@ -162,10 +152,22 @@ class ConsumerIO:
         #: and its timeout; what its deadline took back, and the handlers already reported.
         self.drain_ends = math.inf
         self.drain_timeout = 0.0
-        self.drain_held: list[bytes] = []
         self.reported_running: set[Message] = set()
-        #: Publishes DeadLetter actions (None: the consumer has no dead-letter topic).
-        self.dead_letters: DeadLetterPublisher | None = None
+        self._dead_letters: DeadLetterPublisher | None = None
+
+    @property
+    def dead_letters(self) -> DeadLetterPublisher | None:
+        """Publishes DeadLetter actions (None: the consumer has no dead-letter topic)."""
+        return self._dead_letters
+
+    @dead_letters.setter
+    def dead_letters(self, publisher: DeadLetterPublisher | None) -> None:
+        self._dead_letters = self.actions.dead_letters = publisher
+
+    @property
+    def drain_held(self) -> list[bytes]:
+        """The ids of the messages the drain's deadline requeued."""
+        return self.actions.drain_held
 
     # --- any thread ----------------------------------------------------------------------------
 
@@ -215,7 +217,7 @@ class ConsumerIO:
 
     # --- the IO loop's callbacks ------------------------------------------------------------
 
-    def on_connected(self, link: Link, now: float) -> None:
+    def on_connected(self, link: LoopSocket, now: float) -> None:
         key = link.key
         if isinstance(key, int):
             self.coordinator.connection_made(key, now)
@@ -226,7 +228,7 @@ class ConsumerIO:
                 self.loop.start_tls(link, context, hostname, b"")
             self.loop.write(link, key.data)
 
-    def on_data(self, link: Link, data: bytes, now: float) -> None:
+    def on_data(self, link: LoopSocket, data: bytes, now: float) -> None:
         key = link.key
         if isinstance(key, int):
             if self.posted:
@@ -243,7 +245,7 @@ class ConsumerIO:
             self.coordinator.http_data(key.request_id, data, now)
         self.pump(now)
 
-    def pause_reading(self, link: Link, conn_id: int, now: float) -> None:
+    def pause_reading(self, link: LoopSocket, conn_id: int, now: float) -> None:
         """More messages wait for user threads than ``max_in_flight``: stop reading ``link``
         until they are no more than that, or until the core's ``read_pause_limit`` passed
         (heartbeats must be answered), whichever comes first (:meth:`check_paused`). Checked
@@ -269,16 +271,19 @@ class ConsumerIO:
         if now is not None:
             self.resume_check_at = now + _RESUME_POLL
 
-    def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+    def on_link_error(self, link: LoopSocket, error: BaseException, now: float) -> None:
         key = link.key
         if isinstance(key, int):
+            if link.connecting and not isinstance(error, NSQError):
+                # The connect failed: said as on every runtime (``host:port: why``).
+                error = at_address(link.address, error)
             self.coordinator.connection_failed(key, error, now)
         elif isinstance(key, HTTPKey):
             self.http.pop(key.request_id, None)
             self.coordinator.http_failed(key.request_id, error, now)
         self.pump(now)
 
-    def on_tls_established(self, link: Link, now: float) -> None:
+    def on_tls_established(self, link: LoopSocket, now: float) -> None:
         if isinstance(link.key, int):
             self.coordinator.tls_established(link.key, now)
 
@@ -488,175 +493,101 @@ class ConsumerIO:
         is read in one step, so it never raises)."""
         if self.loop.in_loop_thread() and self.posted:
             self.take_answers(time.monotonic())
-        coordinator = self.coordinator
-        connections = []
-        for conn_id in coordinator.connection_ids():
-            info = coordinator.link_info(conn_id)
-            link = self.links.get(conn_id)
-            if info is None or link is None:
-                continue
-            phase, rdy, in_flight = info
-            connections.append(
-                ConnectionStats(
-                    address=link.address,
-                    state=phase.value,
-                    connected=phase.value == "subscribed",
-                    rdy=rdy,
-                    in_flight=in_flight,
-                    reconnects=max(self.connects[link.address] - 1, 0),
-                    bytes_received=link.bytes_in,
-                    bytes_sent=link.bytes_out,
-                )
-            )
-        stats = coordinator.stats
-        return ConsumerStats(
-            topic=self.topic,
-            channel=self.channel,
-            received=stats["received"],
-            finished=stats["finished"],
-            requeued=stats["requeued"],
-            given_up=stats["given_up"],
-            taken_back=stats["taken_back"],
-            in_flight=coordinator.in_flight_count(),
-            rdy=coordinator.total_rdy,
-            max_in_flight=coordinator.max_in_flight,
-            backoff_level=coordinator.backoff_level,
-            backoff_phase=coordinator.backoff_phase.value,
-            backoff_windows=coordinator.backoff_windows,
-            reconnects=self.reconnects,
-            connection_errors=self.connection_errors,
-            connections=tuple(connections),
-            paused=coordinator.max_in_flight == 0,
-            topic_not_found=stats["topic_not_found"],
-            dead_lettered=stats["dead_lettered"],
-            dead_letter_failures=stats["dead_letter_failures"],
+        links = list(self.links.items())  # one C-level copy: the IO thread may change it
+        return self.actions.stats(
+            (conn_id, link.address, link.bytes_in, link.bytes_out) for conn_id, link in links
         )
 
     # --- the coordinator's actions ------------------------------------------------------------
 
     def pump(self, now: float | None) -> None:
-        """Carry out everything the coordinator decided."""
+        """Carry out everything the coordinator decided; its messages go to user threads."""
         actions = self.coordinator.take_actions()
         if not actions:
             return
-        delivered: list[Message]
-        if all(map(is_, map(type, actions), repeat(Deliver))):  # a read of messages only
-            delivered = list(map(Message, repeat(self), actions))  # type: ignore[arg-type]
-        else:
-            delivered = []
-            for action in actions:
-                if type(action) is Deliver:
-                    delivered.append(Message(self, action))
-                else:
-                    self.act(action)
-        if delivered:
-            self.unanswered.update(delivered)
-            # Under the lock a user thread checks the queue with before it sleeps: no lost
-            # wake-up (one lock per batch read from the socket, not per message).
-            with self.cond:
-                self.ready.extend(delivered)
-                if self.sleepers:
-                    self.cond.notify(len(delivered))
+        deliveries = self.actions.split(actions)
+        if not deliveries:
+            return
+        delivered = list(map(Message, repeat(self), deliveries))
+        self.unanswered.update(delivered)
+        # Under the lock a user thread checks the queue with before it sleeps: no lost
+        # wake-up (one lock per batch read from the socket, not per message).
+        with self.cond:
+            self.ready.extend(delivered)
+            if self.sleepers:
+                self.cond.notify(len(delivered))
 
     def emit(self, event: object) -> None:
-        if self.on_event is not None:
-            try:
-                self.on_event(event)
-            except Exception:
-                self.logger.exception(
-                    "on_event callback failed for %r",
-                    event,
-                    extra=fields(topic=self.topic, channel=self.channel),
-                )
+        self.actions.emit(event)
 
-    def act(self, action: object) -> None:
-        loop = self.loop
-        if isinstance(action, Connect):
-            address = str(action.address)
-            if self.connects[address]:
-                self.reconnects += 1
-            self.connects[address] += 1
-            new_link = loop.connect(
-                action.conn_id,
-                action.address.host,
-                action.address.port,
-                self.config.connect_timeout,
-            )
-            if not new_link.closed:
-                self.links[action.conn_id] = new_link
-        elif isinstance(action, StartTLS):
-            link = self.links.get(action.conn_id)
-            if link is not None:
-                context = self.ssl_context or self.options.ssl_context()
-                loop.start_tls(
-                    link,
-                    context,
-                    self.options.tls.server_hostname(link.host),
-                    action.trailing_data,
-                )
-        elif isinstance(action, CloseConnection):
-            link = self.links.pop(action.conn_id, None)
-            if link is not None:
-                if action.final_data:
-                    loop.write(link, action.final_data)
-                loop.close_link_when_flushed(link)
-        elif isinstance(action, SendHTTPRequest):
-            key = HTTPKey(action.request_id, action.lookupd, action.data)
-            started = loop.connect(
-                key, action.lookupd.host, action.lookupd.port, self.config.connect_timeout
-            )
-            if not started.closed:
-                self.http[action.request_id] = started
-        elif isinstance(action, CloseHTTPRequest):
-            http_link = self.http.pop(action.request_id, None)
-            if http_link is not None:
-                loop.close_link(http_link)
-        elif isinstance(action, FetchResult):
-            self.fetch_result(action)
-        elif isinstance(action, TakenBack):
-            self.report(action)
-            # Only the copy the report is about: nsqd may have sent the same id again, and
-            # the newer copy is still ours. A late answer's own handle was marked when the
-            # answer was refused; a FIN/REQ nsqd refused names no handle still held.
-            delivery = action.delivery
-            if delivery is not None:
-                for message in self.unanswered:
-                    if message._delivery is delivery:
-                        message._taken_back = True
-                        break
-        elif isinstance(action, Disconnected):
-            if action.error is not None:
-                self.connection_errors += 1
-            link = self.links.pop(action.conn_id, None)
-            if link is not None:
-                loop.close_link(link)
-            if action.unanswered:
-                for message in list(self.unanswered):
-                    if message._delivery.conn_id == action.conn_id:
-                        message._taken_back = True
-                        self.unanswered.discard(message)
-            if self.ready:
-                self.forget_waiting(action.conn_id)
-            self.report(action)
-        elif isinstance(action, ConsumerFailed):
-            # Terminal: every connection is closed; whoever waits for messages raises it.
-            self.failure = action.error
-            self.report(action)
-            self.finish_waits()
-        elif isinstance(action, DrainComplete):
-            self.finish_waits()
-        elif isinstance(action, DrainTimedOut):
-            self.drain_timed_out(action)
-        elif isinstance(action, DeadLetter):
-            if self.dead_letters is not None:
-                self.dead_letters.submit(action.delivery)
-        else:  # ConnectionUp, GiveUp, LookupdFailed: logged and reported
-            self.report(action)
+    # --- what the actions need of the IO thread (ConsumerRuntime) -----------------------------
 
-    def drain_timed_out(self, action: DrainTimedOut) -> None:
+    def open_connection(self, conn_id: int, address: NSQDAddress) -> None:
+        link = self.loop.connect(conn_id, address.host, address.port, self.config.connect_timeout)
+        if not link.closed:
+            self.links[conn_id] = link
+
+    def start_tls(self, conn_id: int, trailing: bytes) -> None:
+        link = self.links.get(conn_id)
+        if link is not None:
+            context = self.ssl_context or self.options.ssl_context()
+            self.loop.start_tls(
+                link, context, self.options.tls.server_hostname(link.host), trailing
+            )
+
+    def close_connection(self, conn_id: int, final_data: bytes) -> None:
+        link = self.links.pop(conn_id, None)
+        if link is not None:
+            if final_data:
+                self.loop.write(link, final_data)
+            self.loop.close_link_when_flushed(link)
+
+    def connection_gone(self, action: Disconnected) -> None:
+        link = self.links.pop(action.conn_id, None)
+        if link is not None:
+            self.loop.close_link(link)
+        if action.unanswered:
+            for message in list(self.unanswered):
+                if message._delivery.conn_id == action.conn_id:
+                    message._taken_back = True
+                    self.unanswered.discard(message)
+        if self.ready:
+            self.forget_waiting(action.conn_id)
+
+    def start_http(self, action: SendHTTPRequest) -> None:
+        key = HTTPKey(action.request_id, action.lookupd, action.data)
+        started = self.loop.connect(
+            key, action.lookupd.host, action.lookupd.port, self.config.connect_timeout
+        )
+        if not started.closed:
+            self.http[action.request_id] = started
+
+    def close_http(self, request_id: int) -> None:
+        link = self.http.pop(request_id, None)
+        if link is not None:
+            self.loop.close_link(link)
+
+    def answer_fetch(self, result: FetchResult) -> bool:
+        if result.reason is FetchEnd.FAILED and self.failure is None:
+            self.failure = self.coordinator.failure  # before the caller wakes up
+        future = self.fetches.pop(result.request_id, None)
+        if future is None or future.done():  # nobody waits any more (timed out)
+            return False
+        messages = list(map(Message, repeat(self), result.messages))
+        self.unanswered.update(messages)
+        future.set_result(messages)
+        return True
+
+    def taken_back(self, delivery: Deliver) -> None:
+        for message in self.unanswered:
+            if message._delivery is delivery:
+                message._taken_back = True
+                break
+
+    def stop_held(self, action: DrainTimedOut) -> tuple[tuple[bytes, ...], dict[bytes, str]]:
         """The drain's deadline requeued what user code still held: those messages are taken
         back; one still in a run() handler is answered for good (a thread cannot be
-        cancelled: what its handler answers is ignored, not sent too late). Logged once."""
+        cancelled: what its handler answers is ignored, not sent too late)."""
         held = {id(delivery) for delivery in action.messages}
         running: dict[bytes, str] = {}
         for message in list(self.unanswered):
@@ -670,17 +601,13 @@ class ConsumerIO:
                 message.answered = True
                 running[message.id] = self.worker_names.get(thread, str(thread))
                 self.reported_running.add(message)
-        ids = [delivery.id for delivery in action.messages]
-        self.drain_held.extend(ids)
-        log_drain_timed_out(
-            self.logger,
-            timeout=self.drain_timeout,
-            held=ids,
-            running=running,
-            topic=self.topic,
-            channel=self.channel,
-        )
-        self.emit(action)
+        return (), running
+
+    def failed(self, error: NSQError) -> None:
+        self.failure = error
+
+    def finished(self) -> None:
+        self.finish_waits()
 
     def forget_waiting(self, conn_id: int) -> None:
         """A closed connection's messages not yet taken by user threads are dropped (nsqd
@@ -703,27 +630,6 @@ class ConsumerIO:
                 ready.extendleft(reversed(kept))
                 if self.sleepers:
                     self.cond.notify(len(kept))
-
-    def report(self, action: object) -> None:
-        log_consumer_report(
-            self.logger, action, topic=self.topic, channel=self.channel, now=time.monotonic()
-        )
-        self.emit(action)
-
-    def fetch_result(self, action: FetchResult) -> None:
-        if action.reason is FetchEnd.FAILED and self.failure is None:
-            self.failure = self.coordinator.failure  # before the caller wakes up
-        future = self.fetches.pop(action.request_id, None)
-        messages = list(map(Message, repeat(self), action.messages))
-        self.unanswered.update(messages)
-        if future is not None and not future.done():
-            future.set_result(messages)
-        else:  # nobody waits any more (timed out): give them back
-            for message in messages:
-                self.unanswered.discard(message)
-                self.coordinator.requeue(message._delivery, time.monotonic(), 0.0, backoff=False)
-        if action.reason is FetchEnd.TOO_MANY_WAITING:
-            log_fetch_refused(self.logger, topic=self.topic, channel=self.channel)
 
     def finish_waits(self) -> None:
         """The consumer is done (drained or failed): wake every waiting user call."""

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["IOLoop", "Link", "LoopCallbacks", "LoopOwner"]
+__all__ = ["IOLoop", "LoopCallbacks", "LoopOwner", "LoopSocket"]
 
 _log = logging.getLogger("nsq_sansio.sync.loop")
 
@@ -42,15 +42,15 @@ _WRITE = selectors.EVENT_WRITE
 class LoopOwner(Protocol):
     """What an :class:`IOLoop` calls, always on its own thread."""
 
-    def on_connected(self, link: Link, now: float) -> None: ...
+    def on_connected(self, link: LoopSocket, now: float) -> None: ...
 
-    def on_data(self, link: Link, data: bytes, now: float) -> None:
+    def on_data(self, link: LoopSocket, data: bytes, now: float) -> None:
         """``data`` read from the link (plaintext after TLS); ``b""`` means EOF."""
 
-    def on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+    def on_link_error(self, link: LoopSocket, error: BaseException, now: float) -> None:
         """The connection attempt or the socket failed; the link is already closed."""
 
-    def on_tls_established(self, link: Link, now: float) -> None: ...
+    def on_tls_established(self, link: LoopSocket, now: float) -> None: ...
 
     def write_pending(self) -> None:
         """End of an iteration: write pending output with :meth:`IOLoop.write`."""
@@ -77,10 +77,10 @@ class LoopCallbacks:
     def __init__(
         self,
         *,
-        on_connected: Callable[[Link, float], None],
-        on_data: Callable[[Link, bytes, float], None],
-        on_link_error: Callable[[Link, BaseException, float], None],
-        on_tls_established: Callable[[Link, float], None],
+        on_connected: Callable[[LoopSocket, float], None],
+        on_data: Callable[[LoopSocket, bytes, float], None],
+        on_link_error: Callable[[LoopSocket, BaseException, float], None],
+        on_tls_established: Callable[[LoopSocket, float], None],
         write_pending: Callable[[], None],
         next_deadline: Callable[[], float | None],
         handle_timer: Callable[[float], None],
@@ -94,8 +94,9 @@ class LoopCallbacks:
         self.handle_timer = handle_timer
 
 
-class Link:
-    """One TCP connection handled by the loop. ``key`` is the owner's name for it."""
+class LoopSocket:
+    """One socket the :class:`IOLoop` drives (a TCP connection, maybe TLS): what is queued
+    to write, the TLS state, the byte counts. ``key`` is the owner's name for it."""
 
     __slots__ = (
         "_close_when_flushed",
@@ -148,6 +149,11 @@ class Link:
         return self._ssl is not None
 
     @property
+    def connecting(self) -> bool:
+        """The TCP connect (name resolution included) is still under way."""
+        return self._connecting
+
+    @property
     def direct_socket(self) -> socket.socket | None:
         """The socket, when bytes may be sent on it right now without the loop: plain TCP,
         connected, open, nothing queued (so nothing can be overtaken); else None.
@@ -167,7 +173,7 @@ class Link:
         return self._ssl
 
     def __repr__(self) -> str:
-        return f"<Link {self.address} key={self.key!r}{' closed' if self.closed else ''}>"
+        return f"<LoopSocket {self.address} key={self.key!r}{' closed' if self.closed else ''}>"
 
 
 class IOLoop:
@@ -183,8 +189,8 @@ class IOLoop:
         self._selector.register(self._wake_r, _READ, None)
         self._calls: deque[Callable[[], None]] = deque()
         self._wake_pending = False
-        self._links: dict[int, Link] = {}  # by fileno
-        self._connecting: list[Link] = []
+        self._links: dict[int, LoopSocket] = {}  # by fileno
+        self._connecting: list[LoopSocket] = []
         self._running = False
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -232,7 +238,7 @@ class IOLoop:
 
     # --- loop thread --------------------------------------------------------------------------
 
-    def connect(self, key: object, host: str, port: int, timeout: float) -> Link:
+    def connect(self, key: object, host: str, port: int, timeout: float) -> LoopSocket:
         """Start a non-blocking connection; ``on_connected`` or ``on_link_error`` follows
         (possibly before this returns, for an immediate failure).
 
@@ -240,7 +246,7 @@ class IOLoop:
         stalls this loop (and the heartbeats of the other connections); IP literals connect
         at once. ``timeout`` covers the name resolution and the TCP handshake.
         """
-        link = Link(key, host, port)
+        link = LoopSocket(key, host, port)
         link._connect_timeout = timeout
         link._connect_deadline = time.monotonic() + timeout
         try:
@@ -267,7 +273,7 @@ class IOLoop:
         self._open(link, infos[0])
         return link
 
-    def _resolved(self, link: Link, result: list[Any] | OSError) -> None:
+    def _resolved(self, link: LoopSocket, result: list[Any] | OSError) -> None:
         if link.closed:  # timed out or closed meanwhile
             return
         if link in self._connecting:
@@ -279,7 +285,7 @@ class IOLoop:
             return
         self._open(link, result[0])
 
-    def _open(self, link: Link, info: Any) -> None:
+    def _open(self, link: LoopSocket, info: Any) -> None:
         family, kind, proto, _, sockaddr = info
         try:
             sock = socket.socket(family, kind, proto)
@@ -309,7 +315,11 @@ class IOLoop:
         self._selector.register(sock, _WRITE, link)
 
     def start_tls(
-        self, link: Link, context: ssl.SSLContext, server_hostname: str | None, trailing: bytes
+        self,
+        link: LoopSocket,
+        context: ssl.SSLContext,
+        server_hostname: str | None,
+        trailing: bytes,
     ) -> None:
         """Begin the TLS handshake now; ``on_tls_established`` follows (or ``on_link_error``)."""
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
@@ -322,7 +332,7 @@ class IOLoop:
             incoming.write(trailing)
         self._handshake(link, time.monotonic())
 
-    def close_link(self, link: Link) -> None:
+    def close_link(self, link: LoopSocket) -> None:
         """Close the socket at once (what was not written is dropped)."""
         if link.closed:
             return
@@ -337,7 +347,7 @@ class IOLoop:
         if link in self._connecting:
             self._connecting.remove(link)
 
-    def close_link_when_flushed(self, link: Link) -> None:
+    def close_link_when_flushed(self, link: LoopSocket) -> None:
         """Close the socket once what was written to ``link`` is sent."""
         if link.closed:
             return
@@ -345,7 +355,7 @@ class IOLoop:
         if not link.out or link._connecting or link._handshaking:
             self.close_link(link)
 
-    def write(self, link: Link, data: bytes) -> None:
+    def write(self, link: LoopSocket, data: bytes) -> None:
         """Send ``data`` (encrypted when TLS is on); what the socket refuses waits for it."""
         if link.closed or not data:
             return
@@ -378,21 +388,21 @@ class IOLoop:
             link.out += memoryview(data)[sent:]
             self._set_interest(link, _READ | _WRITE)
 
-    def pause_reading(self, link: Link) -> None:
+    def pause_reading(self, link: LoopSocket) -> None:
         """Stop watching ``link`` for reads (loop thread): an owner whose callers read the socket
         themselves for a while (a duplicate descriptor) so the loop does not wake for it.
         Writes queued on the link still go out."""
         link._reads_paused = True
         self._set_interest(link, link._interest)
 
-    def resume_reading(self, link: Link) -> None:
+    def resume_reading(self, link: LoopSocket) -> None:
         """Watch ``link`` for reads again (loop thread)."""
         if link._reads_paused:
             link._reads_paused = False
             self._set_interest(link, _READ | _WRITE if link.out else _READ)
 
     @property
-    def links(self) -> list[Link]:
+    def links(self) -> list[LoopSocket]:
         return list(self._links.values())
 
     def _run(self) -> None:
@@ -464,7 +474,7 @@ class IOLoop:
                     ),
                 )
 
-    def _set_interest(self, link: Link, interest: int) -> None:
+    def _set_interest(self, link: LoopSocket, interest: int) -> None:
         if link._reads_paused:
             interest &= ~_READ
         if link._interest != interest and link.sock is not None and not link.closed:
@@ -476,7 +486,7 @@ class IOLoop:
                 self._selector.modify(link.sock, interest, link)
             link._interest = interest
 
-    def _on_writable(self, link: Link, now: float) -> None:
+    def _on_writable(self, link: LoopSocket, now: float) -> None:
         if link._connecting:
             assert link.sock is not None
             code = link.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
@@ -499,7 +509,7 @@ class IOLoop:
         else:
             self._set_interest(link, _READ)
 
-    def _write(self, link: Link) -> None:
+    def _write(self, link: LoopSocket) -> None:
         sock = link.sock
         assert sock is not None
         try:
@@ -517,7 +527,7 @@ class IOLoop:
             return
         self._set_interest(link, _READ | _WRITE if link.out else _READ)
 
-    def _on_readable(self, link: Link, now: float) -> None:
+    def _on_readable(self, link: LoopSocket, now: float) -> None:
         if link._reads_paused:  # paused after select() returned: the owner reads it now
             return
         sock = link.sock
@@ -545,7 +555,7 @@ class IOLoop:
             return
         self._read_tls(link, now, eof=not data)
 
-    def _read_tls(self, link: Link, now: float, eof: bool = False) -> None:
+    def _read_tls(self, link: LoopSocket, now: float, eof: bool = False) -> None:
         tls = link._ssl
         assert tls is not None
         chunks: list[bytes] = []
@@ -576,7 +586,7 @@ class IOLoop:
             link.out += link._outgoing.read()  # TLS may answer (key updates, tickets)
             self._write(link)
 
-    def _handshake(self, link: Link, now: float) -> None:
+    def _handshake(self, link: LoopSocket, now: float) -> None:
         tls, outgoing = link._ssl, link._outgoing
         assert tls is not None and outgoing is not None
         try:
@@ -603,11 +613,11 @@ class IOLoop:
         if not link.closed:
             self._read_tls(link, now)  # application data that came with the last flight
 
-    def _fail(self, link: Link, error: BaseException) -> None:
+    def _fail(self, link: LoopSocket, error: BaseException) -> None:
         self.close_link(link)
         self._deliver_error(link, error)
 
-    def _deliver_error(self, link: Link, error: BaseException) -> None:
+    def _deliver_error(self, link: LoopSocket, error: BaseException) -> None:
         self._owner.on_link_error(link, error, time.monotonic())
 
     def _close_all(self) -> None:

@@ -44,7 +44,7 @@ from transports._common.reports import (
     log_publish_refused,
 )
 
-from ._loop import IOLoop, Link, LoopCallbacks
+from ._loop import IOLoop, LoopCallbacks, LoopSocket
 from ._producer_records import Node, Request, Wire
 
 __all__ = ["ProducerIOThread"]
@@ -119,19 +119,19 @@ class ProducerIOThread:
             log_publish_refused(node.log, request.kind, request.topic, error)
             self._fail_request(request, error)
 
-    def _node_of(self, link: Link) -> Node:
+    def _node_of(self, link: LoopSocket) -> Node:
         node = link.key
         assert isinstance(node, Node)
         return node
 
-    def _io_connected(self, link: Link, now: float) -> None:
+    def _io_connected(self, link: LoopSocket, now: float) -> None:
         pass  # the connection's magic and IDENTIFY are flushed by the loop
 
-    def _io_data(self, link: Link, data: bytes, now: float) -> None:
+    def _io_data(self, link: LoopSocket, data: bytes, now: float) -> None:
         with self._io_lock:
             self._on_data(link, data, now)
 
-    def _on_data(self, link: Link, data: bytes, now: float) -> None:
+    def _on_data(self, link: LoopSocket, data: bytes, now: float) -> None:
         node = self._node_of(link)
         if node.link is not link or node.conn is None:
             return
@@ -171,7 +171,7 @@ class ProducerIOThread:
         if wire is not None and wire.want_direct and not wire.direct and not wire.retired:
             self._enter_direct(node, wire)
 
-    def _make_wire(self, link: Link) -> Wire | None:
+    def _make_wire(self, link: LoopSocket) -> Wire | None:
         """Plain TCP: a duplicate of the socket for callers to read and write directly."""
         sock = link.sock
         if sock is None:
@@ -183,20 +183,20 @@ class ProducerIOThread:
         dup.setblocking(False)
         return Wire(dup)
 
-    def _io_tls_established(self, link: Link, now: float) -> None:
+    def _io_tls_established(self, link: LoopSocket, now: float) -> None:
         with self._io_lock:
             self._on_tls_established(link, now)
 
-    def _on_tls_established(self, link: Link, now: float) -> None:
+    def _on_tls_established(self, link: LoopSocket, now: float) -> None:
         node = self._node_of(link)
         if node.conn is not None and node.link is link:
             node.conn.tls_established()
 
-    def _io_link_error(self, link: Link, error: BaseException, now: float) -> None:
+    def _io_link_error(self, link: LoopSocket, error: BaseException, now: float) -> None:
         with self._io_lock:
             self._on_link_error(link, error, now)
 
-    def _on_link_error(self, link: Link, error: BaseException, now: float) -> None:
+    def _on_link_error(self, link: LoopSocket, error: BaseException, now: float) -> None:
         node = self._node_of(link)
         if node.link is not link and not node.connecting:
             return
@@ -224,7 +224,7 @@ class ProducerIOThread:
                     return
         self._on_closed(node, lost, now)
 
-    def _read_leftovers(self, node: Node, wire: Wire, link: Link, now: float) -> None:
+    def _read_leftovers(self, node: Node, wire: Wire, link: LoopSocket, now: float) -> None:
         """IO thread: feed what is left in the socket's receive buffer to the core."""
         while node.link is link and node.conn is not None:
             try:

@@ -25,7 +25,7 @@ from transports._common import (
     ConnectionStats,
 )
 
-from ._loop import Link
+from ._loop import LoopSocket
 from .publish_future import PublishFuture
 
 __all__ = ["Node", "Request", "RequestOwner", "Wire", "connection_stats"]
@@ -191,7 +191,7 @@ class Node:
     address: str
     host: str
     port: int
-    link: Link | None = None
+    link: LoopSocket | None = None
     conn: ClientConnection | None = None
     ready: bool = False
     failures: int = 0
