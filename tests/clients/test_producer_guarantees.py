@@ -184,8 +184,9 @@ async def test_failover_when_an_nsqd_stops_embedded(runtime: Runtime) -> None:
 async def test_an_unreachable_nsqd_is_skipped_and_pending_stays_bounded(
     runtime: Runtime, nsqd: EmbeddedNSQD
 ) -> None:
-    """30 publishes at once with max_pending=2, the first nsqd unreachable: never more than 2
-    await an answer, and all 30 reach the reachable nsqd, each once."""
+    """200 publishes at once with max_pending=2, the first nsqd unreachable: never more than 2
+    await an answer, and all 200 reach the reachable nsqd, each once (200: enough to be seen
+    pending from the test's loop while a blocking producer's threads work)."""
     topic = unique()
     dead = _closed_port()
     peak = 0
@@ -201,17 +202,17 @@ async def test_an_unreachable_nsqd_is_skipped_and_pending_stays_bounded(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
-            calls = [("publish", (topic, b"%d" % i)) for i in range(30)]
+            calls = [("publish", (topic, b"%d" % i)) for i in range(200)]
             outcomes = await p.concurrently(calls, timeout=15)
             tg.cancel_scope.cancel()
         stats = p.stats()
-    assert outcomes == [None] * 30
+    assert outcomes == [None] * 200
     assert 1 <= peak <= 2  # back-pressure: never more than max_pending awaiting an answer
-    assert (stats.published, stats.pending) == (30, 0)
-    async with runtime.consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=30) as c:
-        got = await c.bodies(30, timeout=10)
+    assert (stats.published, stats.pending) == (200, 0)
+    async with runtime.consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=50) as c:
+        got = await c.bodies(200, timeout=10)
         assert await c.get(timeout=0.2) is None  # each once
-    assert sorted(got) == sorted(b"%d" % i for i in range(30))
+    assert sorted(got) == sorted(b"%d" % i for i in range(200))
 
 
 @contextmanager
