@@ -150,6 +150,33 @@ class PullMode:
                 return True
         return False
 
+    def cancel(self, request_id: int, now: float, queued: list[Action]) -> None:
+        """The caller gave up on fetch ``request_id``: what it gathered, even an answer still
+        among the ``queued`` actions (taken out of them), is held again for the next fetch."""
+        if self.cancel_waiting(request_id, now):
+            return
+        for index, action in enumerate(queued):
+            if isinstance(action, FetchResult) and action.request_id == request_id:
+                del queued[index]
+                self.give_back(action.messages, now)
+                return
+        if self._lifecycle.state is ConsumerState.RUNNING:
+            self._rebalance(now, frozenset())
+
+    def give_back(self, deliveries: Sequence[Deliver], now: float) -> None:
+        """A fetch answer the caller never saw: held again while running, else requeued."""
+        for delivery in deliveries:
+            link = self._links.get(delivery.conn_id)
+            if link is not None:
+                link.seen.discard(delivery.id)
+        if self._lifecycle.state is ConsumerState.RUNNING:
+            self.hold_again(deliveries, now)
+            return
+        for delivery in deliveries:
+            link = current_link(self._links, delivery)
+            if link is not None:
+                self._requeue_now(link, delivery)
+
     def hold_again(self, deliveries: Sequence[Deliver], now: float) -> None:
         """Messages the caller never saw go back to the front of the hold buffer."""
         hold_until = now + self._hold_timeout

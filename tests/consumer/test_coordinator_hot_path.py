@@ -44,7 +44,7 @@ def coordinator(
     if warm:  # as the periodic check does: RDY spread out, so reads stay within it
         for conn_id in ids:
             c._links[conn_id].warm = True
-        c._rebalance(0.0)
+        c._rdy.rebalance(0.0)
     c.pending_data()
     c.take_actions()
     return c, ids

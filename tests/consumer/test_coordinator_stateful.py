@@ -107,15 +107,15 @@ class CoordinatorMachine(RuleBasedStateMachine):
         # Bytes here never take longer than the settle time, so no message may arrive beyond
         # its connection's claim (the guard for partitions must never be needed): one that
         # does means a ceiling was released too early, even if the guard then hid it.
-        take_late = c._take_late
+        take_late = c._ledger.take_late
         world.late = []  # type: ignore[attr-defined]
 
-        def watched(link: Any, arriving: int, now: float) -> bool:
+        def watched(link: Any, arriving: int, now: float, *, may_grow: bool) -> bool:
             if link.live_count(now)[0] + arriving > link.claim:
                 world.late.append((now, link.conn_id, arriving, link.claim))  # type: ignore[attr-defined]
-            return take_late(link, arriving, now)
+            return take_late(link, arriving, now, may_grow=may_grow)
 
-        c._take_late = watched  # type: ignore[method-assign]
+        c._ledger.take_late = watched  # type: ignore[method-assign]
 
     # --- the world ---------------------------------------------------------------------------
 

@@ -47,6 +47,8 @@ RETRY = "nsq_sansio/consumer/retry.py"
 LEDGER = "nsq_sansio/consumer/ledger.py"
 BACKOFF_CONTROL = "nsq_sansio/consumer/backoff_control.py"
 COORDINATOR = "nsq_sansio/consumer/coordinator.py"
+DISTRIBUTION = "nsq_sansio/consumer/distribution.py"
+ANSWERS = "nsq_sansio/consumer/answers.py"
 DRAIN = "nsq_sansio/consumer/drain.py"
 PULL = "nsq_sansio/consumer/pull.py"
 FETCHES = "nsq_sansio/consumer/fetches.py"
@@ -105,7 +107,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_RDY,),
         also=(
             (
-                COORDINATOR,
+                DISTRIBUTION,
                 "            targets = even_shares(budget, [link.max_rdy if link.warm else 1 "
                 "for link in links])\n",
                 "            targets = even_shares(budget, [budget if link.warm else 1 "
@@ -269,7 +271,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff",
         "while the test lets fewer messages in than there are connections, its RDY moves off "
         "an idle holder (an nsqd with nothing to send)",
-        COORDINATOR,
+        DISTRIBUTION,
         "            scarce = self._testing_room(links, live) < len(links)\n",
         "            scarce = self._budget() < len(links)\n",
         (T_POLICY + "::test_the_test_message_rdy_moves_off_an_nsqd_with_nothing_to_send",),
@@ -307,7 +309,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff-requeue-flag-ignored",
         "backoff",
         "requeue(backoff=False) does not slow the consumer down",
-        COORDINATOR,
+        ANSWERS,
         "        if not (backoff and self._config.backoff_active):\n",
         "        if not self._config.backoff_active:\n",
         (T_FLOW,),
@@ -316,10 +318,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff-req-before-rdy0",
         "backoff",
         "a REQ that starts backoff goes out after RDY 0 (else nsqd hands it straight back)",
-        COORDINATOR,
-        "            self._backoff_moved(now)\n            self._ledger.emit(link)\n"
+        ANSWERS,
+        "            self._rdy.backoff_moved(now)\n            self._ledger.emit(link)\n"
         "            link.proto.requeue(message_id, delay)\n",
-        "            self._backoff_moved(now)\n            link.proto.requeue(message_id, delay)\n",
+        "            self._rdy.backoff_moved(now)\n"
+        "            link.proto.requeue(message_id, delay)\n",
         (T_FLOW,),
     ),
     Mutant(
@@ -381,7 +384,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts-give-up-requeues",
         "attempts",
         "a message over max_attempts is FIN'd (and reported), never requeued again",
-        COORDINATOR,
+        ANSWERS,
         "            proto.finish(message_id)\n            self.given_up += 1\n",
         "            proto.requeue(message_id, 0.0)\n            self.given_up += 1\n",
         (T_MESSAGES,),
@@ -390,7 +393,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts-give-up-neutral-for-backoff",
         "attempts",
         "a give-up (FIN'd) counts as a success for backoff, as in go-nsq and pynsq",
-        COORDINATOR,
+        ANSWERS,
         "            if self._backoff.record(Outcome.SUCCESS, now):  # a give-up FINs: a success\n",
         "            if self._backoff.record(Outcome.NEUTRAL, now):  # a give-up FINs: a success\n",
         (T_POLICY,),
@@ -399,11 +402,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "dead-letter-fin-before-publish",
         "attempts",
         "a dead-lettered message is held until the publish is reported, FIN'd only after it",
-        COORDINATOR,
+        ANSWERS,
         "                link.tracked[message_id] = delivery\n"
-        "                if self._explicit_delivery:  # a drain must wait for it, not requeue it\n",
+        "                if self.explicit_delivery:  # a drain must wait for it, not requeue it\n",
         "                proto.finish(message_id)\n"
-        "                if self._explicit_delivery:  # a drain must wait for it, not requeue it\n",
+        "                if self.explicit_delivery:  # a drain must wait for it, not requeue it\n",
         (T_DEAD,),
     ),
     Mutant(
@@ -411,7 +414,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts",
         "a dead letter whose publish failed is requeued (delivered and dead-lettered again), "
         "not FIN'd",
-        COORDINATOR,
+        ANSWERS,
         "        return self.requeue(delivery, now, backoff=False)\n",
         "        return self.finish(delivery, now)\n",
         (T_DEAD,),
@@ -420,11 +423,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "dead-letter-give-up-neutral-for-backoff",
         "backoff",
         "a dead-lettered give-up is a success for backoff, as a plain give-up is",
-        COORDINATOR,
+        ANSWERS,
         "        # FIN'd after a give-up: a success for backoff, as a give-up without dead letters "
-        "is\n        self._after_answer(link, Outcome.SUCCESS, now, delivery)\n",
+        "is\n        self.after_answer(link, Outcome.SUCCESS, now, delivery)\n",
         "        # FIN'd after a give-up: a success for backoff, as a give-up without dead letters "
-        "is\n        self._after_answer(link, Outcome.NEUTRAL, now, delivery)\n",
+        "is\n        self.after_answer(link, Outcome.NEUTRAL, now, delivery)\n",
         (T_DEAD,),
     ),
     Mutant(
@@ -507,7 +510,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "drain-delivers-late-messages",
         "drain",
         "a message arriving while draining goes back at once (REQ 0), not to the user",
-        COORDINATOR,
+        ANSWERS,
         "        if not link.accepting:\n            self._ledger.emit(link)  # RDY 0 goes before the REQ\n",  # noqa: E501
         "        if False:\n            self._ledger.emit(link)  # RDY 0 goes before the REQ\n",
         (T_DRAIN_PULL,),
@@ -516,7 +519,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "drain-req-before-rdy0",
         "drain",
         "drain's RDY 0 is written before its REQs",
-        COORDINATOR,
+        ANSWERS,
         "            self._ledger.emit(link)  # drain's RDY 0 goes before the REQ\n",
         "",
         (T_DRAIN_PULL,),
@@ -526,7 +529,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "touch-at-deadline",
         "keepalive",
         "TOUCH half-way to the deadline, not at it",
-        COORDINATOR,
+        ANSWERS,
         "        return deadline - link.msg_timeout / 2\n",
         "        return deadline\n",
         (T_MESSAGES,),
@@ -535,7 +538,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "touch-past-max-msg-timeout",
         "keepalive",
         "no TOUCH once the deadline reached max_msg_timeout",
-        COORDINATOR,
+        ANSWERS,
         "        if deadline >= delivery.received_at + link.max_msg_timeout:\n            return None\n",  # noqa: E501
         "",
         (T_MESSAGES, T_KEEPALIVE),
@@ -544,7 +547,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "touch-deadline-uncapped",
         "keepalive",
         "TOUCH never pushes the deadline past received + max_msg_timeout",
-        COORDINATOR,
+        ANSWERS,
         "        deadline = min(now + link.msg_timeout, delivery.received_at + link.max_msg_timeout)\n",  # noqa: E501
         "        deadline = now + link.msg_timeout\n",
         (T_MESSAGES,),

@@ -145,7 +145,7 @@ def test_a_drain_that_just_closes_is_caught(monkeypatch: pytest.MonkeyPatch) -> 
 
     def hasty_drain(self: ConsumerCoordinator, now: float, timeout: float | None = None) -> None:
         for link in list(self._links.values()):
-            self._drop(link, None, now, close=True)
+            self._connections.drop(link, None, now, close=True)
 
     monkeypatch.setattr(ConsumerCoordinator, "drain", hasty_drain)
     assert Invariant.DRAIN in caught(scn)
