@@ -529,7 +529,9 @@ def _run(
             OUT_TOPIC, OUT_CHANNEL, nsqd=cluster.nsqd_tcp_addresses, max_in_flight=500, pull=True
         ) as consumer:
             while result.read_back < out_total and time.monotonic() < deadline:
-                for msg in consumer.fetch(500, timeout=0.5):
+                # ask for what is still due: the fetch returns as soon as it came
+                wanted = min(500, out_total - result.read_back)
+                for msg in consumer.fetch(wanted, timeout=0.5):
                     result.read_back += 1
                     record = json.loads(msg.body)
                     cell = (epoch(record["window_start"]), record["page"])
