@@ -530,8 +530,8 @@ def _run(
         ) as consumer:
             while result.read_back < out_total and time.monotonic() < deadline:
                 # ask for what is still due: the fetch returns as soon as it came
-                wanted = min(500, out_total - result.read_back)
-                for msg in consumer.fetch(wanted, timeout=0.5):
+                due = min(500, out_total - result.read_back)
+                for msg in consumer.fetch(due, timeout=0.5):
                     result.read_back += 1
                     record = json.loads(msg.body)
                     cell = (epoch(record["window_start"]), record["page"])
