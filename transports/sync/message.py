@@ -48,8 +48,11 @@ class MessageOwner(Protocol):
     loop: IOLoop
     coordinator: ConsumerCoordinator
     telemetry: DeliveryHook | None
+    stopped: bool
 
     def post(self, op: int, message: Message, arg: Any) -> None: ...
+
+    def answer_stopped(self) -> None: ...
 
 
 class Message(MessageBase):
@@ -87,6 +90,8 @@ class Message(MessageBase):
         loop = consumer.loop
         if not loop._wake_pending:
             loop.wake()
+        if consumer.stopped:  # no IO thread any more: carried out (and reported) here
+            consumer.answer_stopped()
         if consumer.telemetry is not None:
             consumer.telemetry.settled(self, "finish")
         return True
