@@ -121,3 +121,33 @@ async def test_answers_racing_the_close_are_each_sent_or_reported(
     assert stats.finished + stats.taken_back == count, stats
     assert len(events) == stats.taken_back
     assert sorted(e.message_id for e in events) == sorted(m.id for m in held if m.taken_back)
+
+
+async def test_on_event_may_answer_from_a_late_answers_report(
+    runtime: Runtime, nsqd: EmbeddedNSQD
+) -> None:
+    """After close, ``on_event`` runs where the late answer is carried out; answering another
+    message from it (the runtime's non-blocking answer) neither hangs nor is lost: it is
+    reported too."""
+    topic = unique("lateevent")
+    async with runtime.producer(nsqd.tcp_address) as producer:
+        await producer.multi_publish(topic, [b"a", b"b"])
+    events: list[TakenBack] = []
+    held: list[Any] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, TakenBack):
+            events.append(event)
+            if len(events) == 1:
+                other = held[1]
+                getattr(other, "finish_nowait", other.finish)()
+
+    with anyio.fail_after(60):
+        async with runtime.consumer(
+            topic, "c", nsqd=[nsqd.tcp_address], max_in_flight=2, on_event=on_event
+        ) as consumer:
+            held.extend(await _held(consumer, 2))
+        assert await runtime.call(held[0].finish) is True
+        await wait_until(lambda: len(events) >= 2, what="2 TakenBack reports")
+    assert [e.message_id for e in events] == [held[0].id, held[1].id]
+    assert all(message.taken_back and message.answered for message in held)

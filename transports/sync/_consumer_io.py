@@ -156,9 +156,9 @@ class ConsumerIO:
         self._dead_letters: DeadLetterPublisher | None = None
         #: True once the IO thread has ended (the consumer drained or closed): an answer
         #: posted then is carried out by the thread that gives it (:meth:`answer_stopped`),
-        #: one thread at a time.
+        #: one thread at a time (re-entrant: ``on_event`` may answer from its report).
         self.stopped = False
-        self.stopped_lock = threading.Lock()
+        self.stopped_lock = threading.RLock()
 
     @property
     def dead_letters(self) -> DeadLetterPublisher | None:
