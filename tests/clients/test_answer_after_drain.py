@@ -56,6 +56,10 @@ def _keep(events: list[TakenBack]) -> Callable[[object], None]:
 async def test_an_answer_after_the_consumer_ended_is_reported_as_taken_back(
     runtime: Runtime, nsqd: EmbeddedNSQD, caplog: pytest.LogCaptureFixture, end: str
 ) -> None:
+    """FIN, REQ, TOUCH and ``finish_many`` after ``drain()`` returned (asyncio/trio: inside
+    the block, the pump still running; blocking: the IO thread gone) or after the block
+    closed the consumer: each answers, and each is one ``TakenBack``, one log line, one
+    more ``taken_back`` in the stats; a second answer is refused, not reported again."""
     caplog.set_level(logging.INFO)
     topic = unique("late")
     async with runtime.producer(nsqd.tcp_address) as producer:
