@@ -91,7 +91,7 @@ def subscribed_coordinator() -> tuple[ConsumerCoordinator, list[int]]:
         c.receive_data(conn_id, encode_frame(0, b"OK"), 0.0)
     for conn_id in ids:  # warmed up as the periodic check does: RDY 2500 each before the
         c._links[conn_id].warm = True  # reads below (an nsqd sends no more than RDY allows)
-    c._rebalance(0.0)
+    c._rdy.rebalance(0.0)
     c.pending_data()
     c.take_actions()
     assert len(c.connection_ids()) == CONNECTIONS

@@ -28,7 +28,7 @@ DOCUMENTED_MODULES: tuple[str, ...] = (
     "nsq_sansio.config",
     "nsq_sansio.consumer",
     "nsq_sansio.backoff",
-    "nsq_sansio.rdy",
+    "nsq_sansio.consumer.rdy",
     "nsq_sansio.discovery",
     "nsq_sansio.frames",
     "nsq_sansio.compression",

@@ -27,7 +27,7 @@ What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
   (``max_in_flight // n``, remainder given out, capped by each nsqd's ``max_rdy_count``). The
   messages held, over all connections, never exceed ``max_in_flight`` (not only the sum of
   RDY): a raise only uses budget not in flight elsewhere, counting what a lowered RDY may
-  still bring (see :mod:`~nsq_sansio.consumer.rdy_bound`). RDY is re-sent when a connection's
+  still bring (see :mod:`~nsq_sansio.consumer.ledger`). RDY is re-sent when a connection's
   count left is 0 or under 25% of the last value. With fewer RDY than connections, RDY 1 goes
   to a random set and moves away from connections idle for ``low_rdy_idle_timeout``.
   ``set_max_in_flight`` (0 pauses) redistributes at once. :meth:`ConsumerCoordinator.is_starved`
@@ -57,18 +57,14 @@ What it decides (NSQ's client guide, every line of it; see docs/consumer.md):
 A :class:`Deliver` is the handle the user answers with; after its connection is gone, answering
 it only produces a :class:`TakenBack` (nsqd requeues such messages itself).
 
-How the package is laid out (each module says what it owns). The vocabulary: ``actions``
-(what the coordinator tells the transport, :class:`Deliver` included), ``link`` (one
-connection's bookkeeping), ``fetches`` (pull mode's queue of requests). The policies, pure:
-``shares`` (who gets RDY: scarce holders, pull shares; even shares are
-:func:`nsq_sansio.rdy.even_shares`), ``retry`` (requeue delay by attempts, give-ups, direct
-reconnects), :mod:`nsq_sansio.backoff`. :class:`ConsumerCoordinator` is built in layers, each
-a class in its own module that adds one concern to the ones below it, so a reader finds a
-behaviour by name and the per-message paths reach shared state without a hop:
-``state`` (fields, queries) < ``rdy_bound`` (RDY writes, the max_in_flight bound) <
-``distribution`` (RDY targets, moving RDY) < ``pull`` (fetches) < ``connections`` (connect,
-lose, reconnect, fail; lookupd glue) < ``drain`` < ``answers`` (FIN/REQ/TOUCH) <
-``dead_letters`` (the outcome of a DeadLetter's publish) < ``coordinator`` (messages in, the timer).
+How the package is laid out (each module states its rules at its top). The vocabulary:
+``actions`` (what the coordinator tells the transport, :class:`Deliver` included), ``link``
+(one connection's bookkeeping), ``fetches`` (pull mode's queue of requests). The policies,
+pure: ``rdy`` (even shares, the 25% refresh, ``is_starved``), ``shares`` (who gets RDY),
+:mod:`nsq_sansio.backoff`. :class:`ConsumerCoordinator` (``coordinator``) is one façade over
+composed parts, each owning its fields and its rules; the list of parts is kept in one place,
+:data:`nsq_sansio.consumer.coordinator.PARTS`. The façade keeps the connections and the
+per-message paths (messages in, FIN), which read the links' fields directly.
 """
 
 from ..errors import MessageGone
@@ -97,8 +93,8 @@ from .actions import (
 )
 from .coordinator import ConsumerCoordinator
 from .drain import CLOSE_WAIT_GRACE
+from .lifecycle import ConsumerState
 from .link import RDY_SETTLE_MIN, LinkPhase
-from .state import ConsumerState
 
 __all__ = [
     "CLOSE_WAIT_GRACE",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from ..backoff import BackoffPhase
 from ..discovery import LookupdAddress, NSQDAddress
@@ -21,6 +21,10 @@ from ..errors import LookupdError, NSQError
 from ..events import Message, ServerSettings
 
 __all__ = [
+    "DELIVER_ATTEMPTS",
+    "DELIVER_CONN_ID",
+    "DELIVER_DEADLINE",
+    "DELIVER_ID",
     "Action",
     "BackoffChanged",
     "CloseConnection",
@@ -86,6 +90,14 @@ class CloseHTTPRequest:
     """The exchange ``request_id`` is over (answered, failed or abandoned): close its socket."""
 
     request_id: int
+
+
+#: Where :class:`Deliver`'s fields sit in the tuple, for the per-message paths that read them
+#: by index (``itemgetter``, subscripts) rather than by name: the layout of ``_DeliverFields``.
+DELIVER_CONN_ID: Final = 0
+DELIVER_ID: Final = 1
+DELIVER_ATTEMPTS: Final = 4
+DELIVER_DEADLINE: Final = 7
 
 
 class _DeliverFields(NamedTuple):

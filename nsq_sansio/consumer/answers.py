@@ -1,344 +1,138 @@
-"""The user's answers to messages (:class:`Answers`): FIN, REQ, TOUCH, and what they change.
+"""The answers (:class:`Answers`): the user's REQ and TOUCH, the answers the consumer gives by
+itself (give-ups, REQ 0), dead letters, late answers, and what an answer changes.
 
-The seventh layer of :class:`~nsq_sansio.consumer.ConsumerCoordinator`. An answer is checked
-against what is in flight (a handle no longer ours gives a
-:class:`~nsq_sansio.consumer.actions.TakenBack`, never an exception), written to its
-connection, and then, unless the consumer is *calm* (push mode, running, outside backoff, no
-lowered RDY settling), fed to backoff, the RDY bound and drain. :meth:`~Answers.finish_many`
-is the cheapest way to answer: deliveries answered in the order they came are checked by
-position, and FIN'd in one call per read. The requeue delay is
-:func:`nsq_sansio.consumer.retry.requeue_delay`.
+Rules:
+
+* An answer is sent only for the handle the user holds: a handle no longer in flight on its
+  connection (the connection closed, the message was requeued by a drain, or delivered again
+  after timing out on nsqd) sends nothing and is reported as
+  :class:`~nsq_sansio.consumer.actions.TakenBack`, never raised. nsqd refusing an answer
+  (``E_FIN_FAILED``...) is reported the same way.
+* REQ: the delay is ``default_requeue_delay * attempts`` capped when none is given (see
+  :mod:`~nsq_sansio.consumer.retry`), else clamped to nsqd's ``max_req_timeout`` and to what
+  the wire carries; a delay nsqd would refuse raises before anything is forgotten. A first
+  failure is a backoff ``FAILURE``, a message that failed before a ``REPEATED_FAILURE``,
+  ``backoff=False`` ``NEUTRAL``. When the REQ starts backoff, RDY 0 goes on the wire before it.
+* TOUCH moves the deadline to ``now + msg_timeout``, never past ``received_at +
+  max_msg_timeout``; a message past its deadline is not ours any more (nothing is sent).
+* A message arriving over ``max_attempts`` is FIN'd and reported (``GiveUp``, a backoff
+  success), or with dead letters held as if in user code and handed over (``DeadLetter``):
+  FIN'd once the transport reports it stored, requeued (no backoff) if that failed. A message
+  arriving while the consumer does not accept, or beyond what its connection may hold, is
+  handed back at once (REQ 0, RDY written first).
+* What an answer changes: a settling connection counts it (budget that came back is given
+  out), backoff records its outcome, pull mode tops the connection up, a drain closes what
+  holds nothing any more.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Iterable
-from itertools import groupby, repeat
-from operator import is_, itemgetter
+from collections.abc import Callable
 
-from ..backoff import BackoffPhase, Outcome
+from ..backoff import Backoff, Outcome
+from ..config import Config
 from ..connection import MAX_COMMAND_DELAY, ClientConnection
-from ..errors import LocalProtocolError
-from . import retry
-from .actions import Deliver
+from ..errors import LocalProtocolError, MessageGone
+from ..events import MessageTakenBack
+from .actions import DELIVER_DEADLINE, DELIVER_ID, Action, DeadLetter, Deliver, GiveUp, TakenBack
+from .distribution import RdyDistribution
 from .drain import Drain
-from .link import Link, fin_before_setup
-from .state import ConsumerState
+from .ledger import RdyLedger
+from .lifecycle import ConsumerState, Lifecycle
+from .link import Link, current_link
+from .pull import PullMode
+from .retry import Retries, over_attempts
 
 __all__ = ["Answers"]
 
-_id: Callable[[Deliver], bytes] = itemgetter(1)  # Deliver.id
-_conn_id: Callable[[Deliver], int] = itemgetter(0)  # Deliver.conn_id
-_deadline: Callable[[Deliver], float] = itemgetter(7)  # Deliver.deadline
 
+class Answers:
+    """Answers and their consequences (see the module docstring). ``report`` queues an
+    action; the counters are the consumer's (``requeued``, ``given_up``, ``taken_back``,
+    ``dead_lettered``, ``dead_letter_failures``)."""
 
-class Answers(Drain):
-    """FIN, REQ, TOUCH and their consequences (see the module docstring)."""
+    __slots__ = (
+        "_backoff",
+        "_config",
+        "_dirty",
+        "_drain",
+        "_ledger",
+        "_lifecycle",
+        "_links",
+        "_pull",
+        "_pull_mode",
+        "_rdy",
+        "_report",
+        "_retries",
+        "dead_letter_failures",
+        "dead_lettered",
+        "explicit_delivery",
+        "given_up",
+        "requeued",
+        "taken_back",
+    )
 
-    def mark_delivered(self, delivery: Deliver) -> None:
-        """The transport handed ``delivery`` to user code. Optional: a transport that calls it
-        for every delivery lets drain requeue the unmarked ones at once (the alternative is
-        ``drain(unseen=...)``); without it, every Deliver counts as handed over."""
-        link = self._current(delivery)
-        if link is not None:
-            self._explicit_delivery = True
-            link.marks = True
-            link.seen.add(delivery.id)
-
-    def finish(self, delivery: Deliver, now: float) -> bool:
-        """FIN: the message was handled. False (and a TakenBack) if it was no longer ours."""
-        try:
-            link = self._links[delivery[0]]
-        except KeyError:  # its connection is gone
-            self._report_gone(delivery, "FIN")
-            return False
-        message_id = delivery[1]
-        queue = link.queue
-        head = link.head
-        if queue and queue[head] is delivery:  # answered in delivery order
-            head += 1
-            if head == len(queue):
-                queue.clear()
-                head = 0
-            link.head = head
-        else:
-            tracked = link.tracked
-            current = tracked.pop(message_id, None)
-            if current is not delivery:  # answered, taken back, or delivered again
-                if current is not None:  # a newer delivery of that id: keep it
-                    tracked[message_id] = current
-                self._report_gone(delivery, "FIN")
-                return False
-        try:
-            link.send_fin(message_id)
-        except LocalProtocolError:  # that id was already answered in the same read
-            self._report_gone(delivery, "FIN")
-            return False
-        if not link.dirty:
-            link.dirty = True
-            self._dirty.add(link.conn_id)
-        self.finished += 1
-        if link.marks:
-            link.touched.pop(message_id, None)
-            link.seen.discard(message_id)
-        if not self._calm:
-            self._after_answer(link, Outcome.SUCCESS, now, delivery)
-        return True
-
-    def finish_many(
+    def __init__(
         self,
-        deliveries: Iterable[Deliver],
-        now: float,
+        config: Config,
+        links: dict[int, Link],
+        dirty: set[int],
+        ledger: RdyLedger,
+        lifecycle: Lifecycle,
+        backoff: Backoff,
+        retries: Retries,
+        pull_mode: PullMode,
+        drain: Drain,
+        rdy: RdyDistribution,
+        report: Callable[[Action], None],
         *,
-        refused: list[Deliver] | None = None,
-    ) -> int:
-        """FIN every delivery, in order: the same as :meth:`finish` on each, for a transport
-        that collects its users' answers (one call, one lookup per run of deliveries from the
-        same connection; deliveries answered in the order they arrived are checked by position,
-        with no dict work). Returns how many were FIN'd; each of the others was no longer ours
-        and gave a TakenBack, exactly as :meth:`finish` would, and is appended to ``refused``
-        when given (so a transport can tell which of its handles came too late)."""
-        finish = self.finish
-        if not self._calm:  # backoff, drain, pull or settling: answers have consequences
-            if self._state is ConsumerState.RUNNING and self._backoff.phase is BackoffPhase.NORMAL:
-                # Pull mode, or a lowered RDY settling: each FIN frees budget, but none
-                # changes backoff, so the budget is recounted once for the whole batch.
-                return self._finish_many_running(deliveries, now, refused)
-            if refused is None:
-                return sum([finish(delivery, now) for delivery in deliveries])
-            done = 0
-            for delivery in deliveries:
-                if finish(delivery, now):
-                    done += 1
-                else:
-                    refused.append(delivery)
-            return done
-        # Outside backoff a FIN only forgets the message: no per-answer decision to make.
-        # Deliveries answered in the order they came are checked against the link's queue.
-        links = self._links
-        bulk = 0
-        if type(deliveries) is list and deliveries:
-            used, bulk = self._finish_in_order(deliveries, refused)  # all, or a first part
-            if used == len(deliveries):
-                return bulk
-            if used:
-                deliveries = deliveries[used:]
-        done = 0  # FIN'd here; finish() counts its own
-        others = 0
-        conn_id = 0  # connection ids start at 1
-        link: Link | None = None
-        queue: list[Deliver] = []
-        head = size = 0
-        send_fin: Callable[[bytes], None] = fin_before_setup
-        for delivery in deliveries:
-            if delivery[0] != conn_id:
-                if link is not None:
-                    self._queue_answered(link, head)
-                conn_id = delivery[0]
-                link = links.get(conn_id)
-                if link is not None and link.marks:
-                    link = None  # touched/seen to clean up: one by one
-                if link is None:
-                    queue, head, size = [], 0, 0
-                else:
-                    queue = link.queue
-                    head = link.head
-                    size = len(queue)
-                    send_fin = link.send_fin
-                    if not link.dirty:
-                        link.dirty = True
-                        self._dirty.add(conn_id)
-            if head < size and queue[head] is delivery:
-                head += 1
-                try:
-                    send_fin(delivery[1])
-                except LocalProtocolError:  # that id was already answered in the same read
-                    self._report_gone(delivery, "FIN")
-                    if refused is not None:
-                        refused.append(delivery)
-                    continue
-                done += 1
-                continue
-            if link is not None:  # out of order: finish() looks it up (and moves the queue)
-                self._queue_answered(link, head)
-                link = None
-            if finish(delivery, now):
-                others += 1
-            elif refused is not None:
-                refused.append(delivery)
-            conn_id = 0
-        if link is not None:
-            self._queue_answered(link, head)
-        self.finished += done
-        return bulk + done + others
+        pull: bool,
+    ) -> None:
+        self._config = config
+        self._links = links
+        self._dirty = dirty
+        self._ledger = ledger
+        self._lifecycle = lifecycle
+        self._backoff = backoff
+        self._retries = retries
+        self._pull_mode = pull_mode
+        self._drain = drain
+        self._rdy = rdy
+        self._report = report
+        self._pull = pull
+        #: Set by the first mark_delivered(): from then on only marked deliveries count as
+        #: handed to user code, and drain requeues the others at once.
+        self.explicit_delivery = False
+        self.requeued = 0
+        self.given_up = 0
+        self.taken_back = 0
+        self.dead_lettered = 0
+        self.dead_letter_failures = 0
 
-    def _finish_many_running(
-        self, deliveries: Iterable[Deliver], now: float, refused: list[Deliver] | None
-    ) -> int:
-        """finish_many while running outside backoff but not calm (pull mode, settling): the
-        FINs as :meth:`finish` sends them (runs in delivery order by position), then what
-        each answer would do to RDY, done once per connection (settling) and once overall
-        (the budget), instead of once per message."""
-        links = self._links
-        settling = self._settling
-        answered: dict[int, list[int]] = {}  # conn_id -> [FINs that count for settling]
-        done = 0
-        for conn_id, group in groupby(deliveries, _conn_id):
-            run = list(group)
-            link = links.get(conn_id)
-            if link is None:  # its connection is gone
-                for delivery in run:
-                    self._report_gone(delivery, "FIN")
-                if refused is not None:
-                    refused += run
-                continue
-            used, fins = self._finish_in_order(run, refused)
-            fin_list = run[:fins] if used else []
-            for delivery in run[used:] if used else run:
-                if self._fin_tracked(link, delivery):
-                    fin_list.append(delivery)
-                elif refused is not None:
-                    refused.append(delivery)
-            done += len(fin_list)
-            counted = answered.setdefault(conn_id, [0])
-            if conn_id in settling and fin_list:
-                # As _answered_while_settling: not those nsqd may have timed out already.
-                after = now + link.settle_delay
-                counted[0] += sum(map(after.__lt__, map(_deadline, fin_list)))
-        grant = False
-        for conn_id, (count,) in answered.items():
-            link = links[conn_id]
-            if count and conn_id in settling:
-                if link.ceiling > link.wire_rdy:
-                    link.ceiling -= min(count, link.ceiling - link.wire_rdy)
-                if link.ceiling <= link.wire_rdy:
-                    self._settled(link)
-                self._reclaim(link)
-                grant = True
-        if grant:
-            self._grant(now)
-        if self._pull:
-            for conn_id in answered:
-                link = links[conn_id]
-                if link.alloc > 0:
-                    count = self._live_in_flight(link, now) + link.alloc
-                    self._send_rdy(link, min(count, self._budget_left(link)), now)
-        return done
-
-    def _fin_tracked(self, link: Link, delivery: Deliver) -> bool:
-        """:meth:`finish`'s FIN without what follows it (RDY, backoff): False, and a
-        TakenBack, when ``delivery`` is no longer in flight on ``link``."""
-        message_id = delivery[1]
-        queue = link.queue
-        head = link.head
-        if queue and queue[head] is delivery:
-            self._queue_answered(link, head + 1)
-        else:
-            tracked = link.tracked
-            current = tracked.pop(message_id, None)
-            if current is not delivery:  # answered, taken back, or delivered again
-                if current is not None:  # a newer delivery of that id: keep it
-                    tracked[message_id] = current
-                self._report_gone(delivery, "FIN")
-                return False
-        try:
-            link.send_fin(message_id)
-        except LocalProtocolError:  # that id was already answered in the same read
-            self._report_gone(delivery, "FIN")
-            return False
-        if not link.dirty:
-            link.dirty = True
-            self._dirty.add(link.conn_id)
-        self.finished += 1
-        if link.marks:
-            link.touched.pop(message_id, None)
-            link.seen.discard(message_id)
-        return True
-
-    def _finish_in_order(
-        self, batch: list[Deliver], refused: list[Deliver] | None
-    ) -> tuple[int, int]:
-        """finish_many's common case without a Python loop: every delivery of ``batch`` is the
-        next in its connection's queue (one read, answered in the order it came). Returns how
-        many deliveries from the start of ``batch`` were answered, and how many of those were
-        FIN'd (a FIN refused by the connection is reported, as finish() does); (0, 0) when it
-        is not that case."""
-        link = self._links.get(batch[0][0])
-        if link is None:
-            return 0, 0
-        queue = link.queue
-        head = link.head
-        count = len(batch)
-        if len(queue) - head < count:
-            return 0, 0
-        window = queue[head : head + count] if head or count < len(queue) else queue
-        if not all(map(is_, batch, window)):
-            return 0, 0
-        ids = list(map(_id, batch))
-        used = done = count
-        try:
-            link.send_fins(ids)  # all or nothing
-        except LocalProtocolError:  # one id was already answered in the same read
-            rest = iter(ids)
-            try:
-                deque(map(link.send_fin, rest), maxlen=0)
-            except LocalProtocolError:
-                done = count - len(list(rest)) - 1
-                used = done + 1
-                self._report_gone(batch[done], "FIN")
-                if refused is not None:
-                    refused.append(batch[done])
-        self._queue_answered(link, head + used)
-        if not link.dirty:
-            link.dirty = True
-            self._dirty.add(link.conn_id)
-        self.finished += done
-        if link.marks:  # TOUCHed or marked delivered: forget those marks too, as finish()
-            fins = ids[:done] if done < count else ids
-            if link.touched:
-                deque(map(link.touched.pop, fins, repeat(None)), maxlen=0)
-            if link.seen:
-                link.seen.difference_update(fins)
-        return used, done
-
-    @staticmethod
-    def _queue_answered(link: Link, head: int) -> None:
-        """``queue[:head]`` of ``link`` were answered."""
-        if head >= len(link.queue):
-            link.queue.clear()
-            link.head = 0
-        else:
-            link.head = head
+    # --- REQ and TOUCH -------------------------------------------------------------------------
 
     def requeue(
-        self,
-        delivery: Deliver,
-        now: float,
-        delay: float | None = None,
-        *,
-        backoff: bool = True,
+        self, delivery: Deliver, now: float, delay: float | None = None, *, backoff: bool = True
     ) -> bool:
-        """REQ: hand the message back. Without ``delay``: ``default_requeue_delay * attempts``
-        capped. ``backoff=False`` keeps this failure from slowing the consumer down."""
+        """REQ (see :meth:`~nsq_sansio.consumer.ConsumerCoordinator.requeue`)."""
         if delay is not None:
-            self.check_requeue_delay(delivery, delay)  # before anything is settled
-        link = self._settle(delivery, "REQ")
+            self.check_requeue_delay(delivery, delay)  # before anything is forgotten
+        link = self.forget_answered(delivery, "REQ")
         if link is None:
             return False
         assert link.proto is not None
         if delay is None:
-            delay = self.requeue_delay(delivery.attempts, link.conn_id)
+            delay = self._retries.requeue_delay(delivery.attempts, link)
         else:
             # nsqd clamps REQ to its --max-req-timeout; we clamp to what the wire can carry.
             delay = min(delay, MAX_COMMAND_DELAY)
             if link.max_req_timeout is not None:
                 delay = min(delay, link.max_req_timeout)
-        self._emit_rdy(link)
+        self._ledger.emit(link)
         message_id = delivery.id
         if not link.proto.is_in_flight(message_id):  # already answered in the same read
-            self._report_gone(delivery, "REQ")
+            self.report_gone(delivery, "REQ")
             return False
         if not (backoff and self._config.backoff_active):
             outcome = Outcome.NEUTRAL
@@ -346,27 +140,23 @@ class Answers(Drain):
             outcome = Outcome.REPEATED_FAILURE
         else:
             outcome = Outcome.FAILURE
-        if self._state is ConsumerState.RUNNING and self._backoff.record(outcome, now):
+        if self._lifecycle.state is ConsumerState.RUNNING and self._backoff.record(outcome, now):
             # Backoff starts (or a test ends): RDY 0 goes on the wire before the REQ, else
             # nsqd could hand the message straight back, in flight for the whole window.
-            self._backoff_moved(now)
-            self._emit_rdy(link)
+            self._rdy.backoff_moved(now)
+            self._ledger.emit(link)
             link.proto.requeue(message_id, delay)
             self.requeued += 1
-            if link.conn_id in self._settling:
-                self._answered_while_settling(link, delivery, now)
+            if link.conn_id in self._ledger.settling:
+                self.answered_while_settling(link, delivery, now)
             return True
         link.proto.requeue(message_id, delay)
         self.requeued += 1
-        self._after_answer(link, outcome, now, delivery, recorded=True)
+        self.after_answer(link, outcome, now, delivery, recorded=True)
         return True
 
     def check_requeue_delay(self, delivery: Deliver, delay: float) -> None:
-        """Raise for a ``requeue()`` delay nsqd would not take, changing nothing: not a number
-        of seconds >= 0 (:class:`~nsq_sansio.errors.LocalProtocolError`), or above nsqd's
-        ``max_req_timeout`` when it is known (given as ``Config.max_req_timeout``, or announced
-        by that nsqd): :class:`~nsq_sansio.errors.DelayOutOfRange`, which names the unit. Only
-        reads, so a transport may call it from the thread the answer comes from."""
+        """Raise for a REQ delay nsqd would not take, changing nothing."""
         if not (delay >= 0 and math.isfinite(delay)):
             raise LocalProtocolError(f"requeue delay must be >= 0 seconds, got {delay!r}")
         link = self._links.get(delivery.conn_id)
@@ -375,34 +165,25 @@ class Answers(Drain):
         if limit is not None and delay > limit:
             raise ClientConnection._delay_error("requeue()", delay, limit, assumed=False)
 
-    def requeue_delay(self, attempts: int, conn_id: int | None = None) -> float:
-        """The automatic REQ delay: ``default_requeue_delay * attempts``, capped (also by the
-        server's ``max_req_timeout``, configured or announced, when ``conn_id`` is given)."""
+    def requeue_delay(self, attempts: int, conn_id: int | None) -> float:
+        """The automatic REQ delay, capped also by ``conn_id``'s server when given."""
         link = self._links.get(conn_id) if conn_id is not None else None
-        max_req_timeout = link.max_req_timeout if link is not None else None
-        if link is not None and link.proto is not None:
-            known = link.proto.max_req_timeout  # configured, or announced by nsqd
-            if known is not None and (max_req_timeout is None or known < max_req_timeout):
-                max_req_timeout = known
-        return retry.requeue_delay(self._config, attempts, max_req_timeout)
+        return self._retries.requeue_delay(attempts, link)
 
     def touch(self, delivery: Deliver, now: float) -> float | None:
-        """TOUCH: extend the message's timeout; returns the new deadline (None if not ours).
-        The deadline never goes past received_at + the server's max_msg_timeout. A message
-        whose deadline has passed is not ours any more (nsqd took it back at its own deadline,
-        which came first): nothing is sent, and it is reported (TakenBack) as gone."""
-        link = self._current(delivery)
+        """TOUCH; the new deadline, or None (and a TakenBack) when not ours."""
+        link = current_link(self._links, delivery)
         if (
             link is None
             or link.proto is None
             or link.touched.get(delivery.id, delivery.deadline) <= now
         ):
-            self._report_gone(delivery, "TOUCH")
+            self.report_gone(delivery, "TOUCH")
             return None
         try:
             link.proto.touch(delivery.id)
         except LocalProtocolError:  # that id was already answered in the same read
-            self._report_gone(delivery, "TOUCH")
+            self.report_gone(delivery, "TOUCH")
             return None
         self._dirty.add(link.conn_id)
         deadline = min(now + link.msg_timeout, delivery.received_at + link.max_msg_timeout)
@@ -410,7 +191,119 @@ class Answers(Drain):
         link.touched[delivery.id] = deadline
         return deadline
 
-    def _settle(self, delivery: Deliver, command: str) -> Link | None:
+    def deadline(self, delivery: Deliver) -> float | None:
+        """When nsqd times the message out (after TOUCHes), None if no longer ours."""
+        link = current_link(self._links, delivery)
+        if link is None:
+            return None
+        return link.touched.get(delivery.id, delivery.deadline)
+
+    def max_deadline(self, delivery: Deliver) -> float | None:
+        """The furthest TOUCH can push the deadline, None if no longer ours."""
+        link = current_link(self._links, delivery)
+        if link is None:
+            return None
+        return delivery.received_at + link.max_msg_timeout
+
+    def next_touch(self, delivery: Deliver) -> float | None:
+        """When to TOUCH next (half-way to the deadline), None when not ours or at the cap."""
+        link = current_link(self._links, delivery)
+        if link is None:
+            return None
+        deadline = link.touched.get(delivery.id, delivery.deadline)
+        if deadline >= delivery.received_at + link.max_msg_timeout:
+            return None
+        return deadline - link.msg_timeout / 2
+
+    # --- messages answered here ----------------------------------------------------------------
+
+    def on_message(self, link: Link, delivery: Deliver, now: float) -> None:
+        """One message arrived on ``link`` (every case; the common one is inlined in the
+        coordinator's ``receive_data``, which counts it): a copy sent again, a late one, one
+        over max_attempts, one beyond the claim; else it is delivered."""
+        link.remaining -= 1
+        link.last_message_at = now
+        proto = link.proto
+        assert proto is not None
+        message_id = delivery.id
+        if link.tracked:
+            previous = link.tracked.pop(message_id, None)
+            if previous is not None:  # sent again: the copy the user holds timed out on nsqd
+                link.touched.pop(message_id, None)
+                link.seen.discard(message_id)
+                if self._pull:
+                    self._pull_mode.forget_gathered(previous)
+                self.report_gone(previous, "TIMEOUT")
+        if not proto.is_in_flight(message_id):
+            return  # a copy earlier in this read was already answered: nsqd has one copy only
+        if not link.accepting:
+            self._ledger.emit(link)  # RDY 0 goes before the REQ
+            proto.requeue(message_id, 0.0)  # draining: give it to another consumer at once
+            self.requeued += 1
+            return
+        if over_attempts(delivery.attempts, self._retries.max_attempts):
+            if self._retries.dead_letter:
+                # Held as if in user code until the transport reports the publish: FIN'd
+                # only once it is stored elsewhere, requeued if that failed.
+                link.tracked[message_id] = delivery
+                if self.explicit_delivery:  # a drain must wait for it, not requeue it
+                    link.marks = True
+                    link.seen.add(message_id)
+                self._retries.hand_over(delivery)
+                self._report(DeadLetter(delivery))
+                return
+            proto.finish(message_id)
+            self.given_up += 1
+            self._report(GiveUp(link.conn_id, link.address, delivery.message))
+            if self._backoff.record(Outcome.SUCCESS, now):  # a give-up FINs: a success
+                self._rdy.backoff_moved(now)
+            return
+        if link.held_count() >= link.claim and not self._ledger.take_late(
+            link, 1, now, may_grow=self._lifecycle.state is ConsumerState.RUNNING
+        ):
+            # Beyond max_in_flight (see the ledger's take_late): handed back, unseen by the user.
+            self._ledger.emit(link)
+            proto.requeue(message_id, 0.0)
+            self.requeued += 1
+            return
+        link.tracked[message_id] = delivery
+        if self._pull:
+            self._pull_mode.on_messages(link, [delivery], now)
+            return
+        self._report(delivery)
+        self._rdy.after_messages(link, now)
+
+    # --- dead letters --------------------------------------------------------------------------
+
+    def dead_letter_published(self, delivery: Deliver, now: float, topic: str | None) -> bool:
+        """The DeadLetter was stored (see the coordinator's method): FIN and GiveUp."""
+        self._retries.take_dead_letter(delivery)
+        link = self.forget_answered(delivery, "FIN")
+        if link is None:
+            return False
+        assert link.proto is not None
+        message_id = delivery[DELIVER_ID]
+        if not link.proto.is_in_flight(message_id):  # already answered in the same read
+            self.report_gone(delivery, "FIN")
+            return False
+        link.proto.finish(message_id)
+        self.given_up += 1
+        if topic is not None:
+            self.dead_lettered += 1
+        self._report(GiveUp(link.conn_id, link.address, delivery.message, topic))
+        # FIN'd after a give-up: a success for backoff, as a give-up without dead letters is
+        self.after_answer(link, Outcome.SUCCESS, now, delivery)
+        return True
+
+    def dead_letter_failed(self, delivery: Deliver, now: float) -> bool:
+        """The DeadLetter could not be published: requeue it (automatic delay, no backoff)."""
+        self._retries.take_dead_letter(delivery)
+        self.dead_letter_failures += 1
+        return self.requeue(delivery, now, backoff=False)
+
+    # --- what an answer changes ----------------------------------------------------------------
+
+    def forget_answered(self, delivery: Deliver, command: str) -> Link | None:
         """Forget a delivery about to be answered; None (and a TakenBack) if not ours."""
         link = self._links.get(delivery.conn_id)
         if link is not None and link.tracked.get(delivery.id) is delivery:
@@ -421,10 +314,10 @@ class Answers(Drain):
                 link.seen.discard(delivery.id)
             self._dirty.add(link.conn_id)
             return link
-        self._report_gone(delivery, command)
+        self.report_gone(delivery, command)
         return None
 
-    def _after_answer(
+    def after_answer(
         self,
         link: Link,
         outcome: Outcome,
@@ -435,14 +328,93 @@ class Answers(Drain):
     ) -> None:
         """``delivery`` was answered on ``link``. ``recorded``: the outcome was already given
         to backoff (and changed nothing)."""
-        if link.conn_id in self._settling:
-            self._answered_while_settling(link, delivery, now)
-        if self._state is ConsumerState.RUNNING:
+        if link.conn_id in self._ledger.settling:
+            self.answered_while_settling(link, delivery, now)
+        state = self._lifecycle.state
+        if state is ConsumerState.RUNNING:
             if not recorded and self._backoff.record(outcome, now):
-                self._backoff_moved(now)
-            elif self._pull and link.alloc > 0:
-                count = self._live_in_flight(link, now) + link.alloc
-                self._send_rdy(link, min(count, self._budget_left(link)), now)
-        elif self._state is ConsumerState.DRAINING:
-            self._maybe_close_drained(link, now)
-            self._check_drained()
+                self._rdy.backoff_moved(now)
+            elif self._pull:
+                self._pull_mode.top_up(link, now)
+        elif state is ConsumerState.DRAINING:
+            self._drain.maybe_close(link, now)
+            self._drain.check_done()
+
+    def answered_while_settling(self, link: Link, delivery: Deliver, now: float) -> None:
+        """An answer went out on a settling ``link``: the ledger counts it, and budget that
+        came back is given out."""
+        if self._ledger.answered(link, (delivery[DELIVER_DEADLINE],), now):
+            self._rdy.grant_if_running(now)
+
+    def requeue_now(self, link: Link, delivery: Deliver) -> None:
+        """REQ 0 for a message the user will not answer (drain, failure, pull's hold)."""
+        message_id = delivery.id
+        del link.tracked[message_id]
+        link.touched.pop(message_id, None)
+        link.seen.discard(message_id)
+        assert link.proto is not None
+        if link.proto.is_in_flight(message_id):
+            self._ledger.emit(link)  # drain's RDY 0 goes before the REQ
+            link.proto.requeue(message_id, 0.0)
+            self._dirty.add(link.conn_id)
+            self.requeued += 1
+
+    # --- late answers --------------------------------------------------------------------------
+
+    def refused(self, link: Link, event: MessageTakenBack, now: float) -> None:
+        """nsqd refused an answer (``E_FIN_FAILED``...), or a TOUCH came too late."""
+        # FIN/REQ: already forgotten here. TOUCH: the user still holds it; their FIN/REQ
+        # goes out and nsqd answers E_*_FAILED again, harmlessly.
+        self.taken_back += 1
+        # A refused TOUCH is about the copy held now (nsqd had none in flight when it came,
+        # so a newer copy comes after it); a refused FIN/REQ's handle is already forgotten.
+        held = (
+            link.tracked.get(event.message_id)
+            if event.command == "TOUCH" and event.message_id is not None
+            else None
+        )
+        if held is not None:
+            # nsqd holds it no more: its deadline has passed (it counts no more against
+            # max_in_flight, whatever TOUCH was believed to have won)
+            link.touched[held.id] = min(now, link.touched.get(held.id, held.deadline))
+            link.marks = True
+            link.live_floor = -math.inf
+        self._report(
+            TakenBack(
+                link.conn_id,
+                link.address,
+                event.message_id,
+                event.command,
+                event.error,
+                held,
+            )
+        )
+        if self._lifecycle.state is ConsumerState.DRAINING:
+            self._drain.maybe_close(link, now)
+            self._drain.check_done()
+
+    def refused_at_close(self, link: Link, event: MessageTakenBack) -> None:
+        """An answer refused in the read that closed the connection: reported only."""
+        self.taken_back += 1
+        self._report(
+            TakenBack(link.conn_id, link.address, event.message_id, event.command, event.error)
+        )
+
+    def report_gone(self, delivery: Deliver, command: str) -> None:
+        """``command`` for ``delivery`` came too late: nothing sent, a TakenBack reported."""
+        self.taken_back += 1
+        self._report(
+            TakenBack(
+                delivery.conn_id,
+                delivery.address,
+                delivery.id,
+                command,
+                MessageGone(
+                    f"{command} for message {delivery.id.decode('ascii', 'replace')} from "
+                    f"{delivery.address}: "
+                    "it is no longer in flight on this consumer (connection closed, requeued "
+                    "by drain, or delivered again after timing out)"
+                ),
+                delivery,
+            )
+        )

@@ -1,77 +1,214 @@
-"""Connections of the consumer coordinator (:class:`Connections`): open, lose, reconnect, fail.
+"""The connections (:class:`Connections`): opened, set up, timed out, lost; lookupd's answers;
+the consumer's failure.
 
-The fifth layer of :class:`~nsq_sansio.consumer.ConsumerCoordinator`, and its discovery glue.
-Direct addresses are connected at :meth:`~Connections.start` and, when lost, retried on their
-:class:`~nsq_sansio.consumer.retry.DirectRetry` schedule; lookupd answers
-(:mod:`nsq_sansio.discovery`) connect the producers not connected yet (those the
-``nsqd_filter`` accepts: a refused one is reported once, :class:`NodeRefused`), and a lost one
-comes back only when a later poll lists it; a topic no lookupd lists an nsqd for is reported
-once (:class:`~nsq_sansio.consumer.actions.TopicNotFound`) and counted. ``_drop`` forgets a
-connection (its RDY, its messages: nsqd requeues them) and reports
-:class:`~nsq_sansio.consumer.actions.Disconnected`; an nsqd that cannot serve the
-configuration (:class:`~nsq_sansio.errors.IncompatibleNSQD`: IDENTIFY refused, nsqd's HTTP
-port, TLS it does not offer...) fails the consumer for good (``_fail``,
-:class:`ConsumerFailed`). Handshake, close and heartbeat deadlines of each connection are
-checked by ``_link_timers``.
+Rules:
+
+* A connection is opened for each configured nsqd at start, and for each address a lookupd
+  answer lists that the ``nsqd_filter`` accepts and that has no connection yet (an address
+  refused is reported once, :class:`~nsq_sansio.consumer.actions.NodeRefused`, up to
+  ``_MAX_REFUSED_REPORTED`` of them). A lookupd answer listing no nsqd is counted and
+  reported once (:class:`~nsq_sansio.consumer.actions.TopicNotFound`) while no lookupd lists
+  one.
+* Its phases: ``CONNECTING`` -> ``HANDSHAKING`` (TCP up, IDENTIFY queued) -> ``SUBSCRIBED``
+  (SUB answered; nsqd's settings read) -> ``CLOSING`` (drain's CLS). A connection not
+  subscribed within ``connect_timeout``, or that does not answer CLS by its close deadline,
+  is cut.
+* A connection lost forgets its RDY and its messages (nsqd requeues them) and is reported
+  (:class:`~nsq_sansio.consumer.actions.Disconnected`); a configured address is tried again
+  with backoff while the consumer runs (:mod:`~nsq_sansio.consumer.retry`), lookupd's are
+  connected again by a later answer that still lists them.
+* nsqd refusing the configuration (``IncompatibleNSQD``) fails the consumer for good: the
+  configuration is the same for every nsqd, so one refusal stops it (what is in flight is
+  requeued at once, every connection closed, ``ConsumerFailed``).
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
+from ..backoff import Backoff
+from ..config import Config
 from ..connection import ClientConnection
-from ..discovery import LookupAnswer, LookupFailure, NSQDAddress
-from ..errors import ConnectionLost, IncompatibleNSQD, LocalProtocolError, NSQError
-from ..events import ConnectionClosed, Event, MessageTakenBack
+from ..discovery import (
+    LookupAnswer,
+    LookupdAddress,
+    LookupdPoller,
+    LookupFailure,
+    NSQDAddress,
+    NSQDFilter,
+)
+from ..errors import ConnectionLost, IncompatibleNSQD, NSQError
+from ..events import (
+    CloseWait,
+    ConnectionClosed,
+    ConnectionReady,
+    Event,
+    MessageTakenBack,
+    ServerSettings,
+    Subscribed,
+    TLSUpgradeRequired,
+)
 from .actions import (
+    Action,
     CloseConnection,
     CloseHTTPRequest,
     Connect,
+    ConnectionUp,
     ConsumerFailed,
+    Deliver,
     Disconnected,
-    DrainComplete,
     FetchEnd,
     LookupdFailed,
     NodeRefused,
     SendHTTPRequest,
-    TakenBack,
+    StartTLS,
     TopicNotFound,
 )
-from .link import Link, LinkPhase
+from .answers import Answers
+from .distribution import RdyDistribution
+from .drain import Drain
+from .ledger import RdyLedger
+from .lifecycle import ConsumerState, Lifecycle, LifecycleEvent
+from .link import RDY_SETTLE_MIN, Link, LinkPhase
 from .pull import PullMode
-from .state import ConsumerState
+from .retry import Retries
 
-__all__ = ["Connections"]
+__all__ = ["Connections", "lookupd_poller"]
 
 #: Refused addresses reported (each once); beyond this many, the others are refused silently.
 _MAX_REFUSED_REPORTED = 1024
 
 #: The shortest time :meth:`Connections.read_pause_limit` gives (a quarter of the shortest
 #: message timeout nsqd lets a client ask for): an nsqd announcing an absurdly short timeout
-#: or heartbeat interval does not get the paused connection read at a higher pace than that.
+#: or heartbeat interval does not get the paused connection read at a higher pace.
 _MIN_READ_PAUSE = 0.25
 
 
-class Connections(PullMode):
-    """Connecting, losing and failing (see the module docstring)."""
+def lookupd_poller(
+    lookupds: list[LookupdAddress], topic: str, config: Config, rng: random.Random
+) -> LookupdPoller | None:
+    """The poller asking ``lookupds`` for ``topic``'s producers (None: no lookupd)."""
+    if not lookupds:
+        return None
+    return LookupdPoller(
+        lookupds,
+        topic,
+        interval=config.lookupd_poll_interval,
+        jitter=config.lookupd_poll_jitter,
+        timeout=config.lookupd_poll_timeout,
+        rng=rng,
+        user_agent=config.user_agent,
+    )
+
+
+class Connections:
+    """Every connection's life and lookupd's answers (see the module docstring). ``report``
+    queues an action, ``on_message`` takes a message an event list carried, ``recalm``
+    recomputes the coordinator's hot-path test when the consumer fails."""
+
+    __slots__ = (
+        "_answers",
+        "_backoff",
+        "_channel",
+        "_config",
+        "_dirty",
+        "_drain",
+        "_ledger",
+        "_lifecycle",
+        "_links",
+        "_nsqd_filter",
+        "_on_message",
+        "_pull",
+        "_pull_mode",
+        "_rdy",
+        "_recalm",
+        "_report",
+        "_retries",
+        "_topic",
+        "_topic_reported",
+        "by_address",
+        "failure",
+        "next_conn_id",
+        "poller",
+        "refused_nodes",
+        "topic_not_found",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        config: Config,
+        links: dict[int, Link],
+        dirty: set[int],
+        poller: LookupdPoller | None,
+        nsqd_filter: NSQDFilter | None,
+        *,
+        lifecycle: Lifecycle,
+        ledger: RdyLedger,
+        backoff: Backoff,
+        retries: Retries,
+        pull_mode: PullMode,
+        drain: Drain,
+        rdy: RdyDistribution,
+        answers: Answers,
+        report: Callable[[Action], None],
+        on_message: Callable[[Link, Deliver, float], None],
+        recalm: Callable[[], None],
+        pull: bool,
+    ) -> None:
+        self._topic = topic
+        self._channel = channel
+        self._config = config
+        self._links = links
+        self._dirty = dirty
+        self.poller = poller
+        self._nsqd_filter = nsqd_filter
+        self._lifecycle = lifecycle
+        self._ledger = ledger
+        self._backoff = backoff
+        self._retries = retries
+        self._pull_mode = pull_mode
+        self._drain = drain
+        self._rdy = rdy
+        self._answers = answers
+        self._report = report
+        self._on_message = on_message
+        self._recalm = recalm
+        self._pull = pull
+        #: Every connection not closed yet, by address (one per address).
+        self.by_address: dict[NSQDAddress, Link] = {}
+        self.next_conn_id = 1
+        #: Addresses the filter refused, each reported once (bounded).
+        self.refused_nodes: set[NSQDAddress] = set()
+        #: lookupd answers that listed no nsqd for the topic (TopicNotFound says it once).
+        self.topic_not_found = 0
+        self._topic_reported = False
+        #: Why the consumer failed (state FAILED), else None.
+        self.failure: NSQError | None = None
+
+    # --- opening -------------------------------------------------------------------------------
 
     def start(self, now: float) -> None:
-        """Connect to the configured nsqd and ask every lookupd (bootstrap)."""
-        if self._state is not ConsumerState.CREATED:
-            raise LocalProtocolError(f"start() in state {self._state.name}: call it once")
-        self._state = ConsumerState.RUNNING
-        self._recalm()
-        self._next_redistribute = now + self._config.rdy_redistribute_interval
-        for address in self._direct:
-            self._connect(address, now)
-        if self._poller is not None:
-            for request in self._poller.start(now):
-                self._actions.append(
-                    SendHTTPRequest(request.request_id, request.lookupd, request.data)
-                )
+        """Connect to the configured nsqd and ask every lookupd."""
+        for address in self._retries.direct:
+            self.connect(address, now)
+        if self.poller is not None:
+            for request in self.poller.start(now):
+                self._report(SendHTTPRequest(request.request_id, request.lookupd, request.data))
 
-    # --- transport -> coordinator: connections -------------------------------------------------
+    def connect(self, address: NSQDAddress, now: float) -> None:
+        """Open a connection to ``address`` (``Connect``)."""
+        conn_id = self.next_conn_id
+        self.next_conn_id += 1
+        link = Link(conn_id, address, now + self._config.connect_timeout)
+        self._links[conn_id] = link
+        self.by_address[address] = link
+        self._report(Connect(conn_id, address))
 
-    def connection_made(self, conn_id: int, now: float) -> None:
-        """TCP is up for ``conn_id``: IDENTIFY is queued (see pending_data)."""
+    def made(self, conn_id: int, now: float) -> None:
+        """TCP is up for ``conn_id``: IDENTIFY is queued."""
         link = self._links.get(conn_id)
         if link is None or link.phase is not LinkPhase.CONNECTING:
             return
@@ -84,9 +221,7 @@ class Connections(PullMode):
         link.send_fins = link.proto.finish_many
         self._dirty.add(conn_id)
 
-    def connection_failed(
-        self, conn_id: int, error: BaseException | str | None, now: float
-    ) -> None:
+    def failed(self, conn_id: int, error: BaseException | str | None, now: float) -> None:
         """Connecting failed, or the socket broke (reset, IO error, TLS failure)."""
         link = self._links.get(conn_id)
         if link is None:
@@ -98,72 +233,67 @@ class Connections(PullMode):
                 f"connection {conn_id} to {link.address} failed in phase {link.phase.name}: "
                 f"{error or 'no reason given'}"
             )
-        self._drop(link, nsq_error, now, close=False)
+        self.drop(link, nsq_error, now, close=False)
 
-    def tls_established(self, conn_id: int, now: float) -> None:
-        """The TLS handshake asked by :class:`StartTLS` succeeded."""
+    def tls_established(self, conn_id: int) -> None:
+        """The TLS handshake asked by ``StartTLS`` succeeded."""
         link = self._links.get(conn_id)
         if link is None or link.proto is None:
             return
         link.proto.tls_established()
         self._dirty.add(conn_id)
 
-    # --- transport -> coordinator: lookupd -----------------------------------------------------
+    # --- events of a connection ----------------------------------------------------------------
 
-    def http_data(self, request_id: int, data: bytes, now: float) -> None:
-        """Raw bytes of a lookupd answer (``b""`` at EOF), parsed with h11."""
-        if self._poller is not None:
-            self._on_lookup(request_id, self._poller.receive_data(request_id, data), now)
+    def on_event(self, link: Link, event: object, now: float) -> None:
+        """An event of ``link``'s protocol other than a fresh message."""
+        if isinstance(event, Deliver):
+            self._on_message(link, event, now)
+        elif isinstance(event, MessageTakenBack):
+            self._answers.refused(link, event, now)
+        elif isinstance(event, TLSUpgradeRequired):
+            self._report(StartTLS(link.conn_id, event.trailing_data))
+        elif isinstance(event, ConnectionReady):
+            assert link.proto is not None
+            if self._lifecycle.state is not ConsumerState.RUNNING:
+                self.drop(link, None, now, close=True)
+                return
+            link.proto.subscribe(self._topic, self._channel)
+            self._dirty.add(link.conn_id)
+        elif isinstance(event, Subscribed):
+            self._subscribed(link, now)
+        elif isinstance(event, CloseWait):
+            link.close_wait = True
+            self._drain.maybe_close(link, now)
+            self._drain.check_done()
+        elif isinstance(event, ConnectionClosed):
+            self.drop(link, event.error, now, close=True)
 
-    def http_response(self, request_id: int, status: int, body: bytes, now: float) -> None:
-        """A lookupd answer already parsed by the transport's own HTTP client."""
-        if self._poller is not None:
-            outcome = self._poller.receive_response(request_id, status, body)
-            self._on_lookup(request_id, outcome, now)
-
-    def http_failed(self, request_id: int, error: BaseException | str, now: float) -> None:
-        """The lookupd request could not be made (connect refused, reset, TLS...)."""
-        if self._poller is not None:
-            self._on_lookup(request_id, self._poller.fail(request_id, error), now)
-
-    def _on_lookup(
-        self, request_id: int, outcome: LookupAnswer | LookupFailure | None, now: float
-    ) -> None:
-        if outcome is None:
+    def _subscribed(self, link: Link, now: float) -> None:
+        proto = link.proto
+        assert proto is not None
+        settings = proto.settings or ServerSettings.default()
+        running = self._lifecycle.state is ConsumerState.RUNNING
+        link.phase = LinkPhase.SUBSCRIBED
+        link.accepting = running
+        link.handshake_deadline = None
+        link.settle_delay = max(RDY_SETTLE_MIN, 4 * (now - link.connected_at))
+        link.max_rdy = max(1, settings.max_rdy_count)
+        link.msg_timeout = settings.msg_timeout / 1000
+        link.max_msg_timeout = max(settings.max_msg_timeout / 1000, link.msg_timeout)
+        max_req = settings.raw.get("max_req_timeout") if settings.raw else None
+        if isinstance(max_req, int) and not isinstance(max_req, bool) and max_req >= 0:
+            link.max_req_timeout = max_req / 1000
+        self._retries.subscribed(link.address)
+        self._report(ConnectionUp(link.conn_id, link.address, settings))
+        if not running:
+            self._drain.maybe_close(link, now)
             return
-        self._actions.append(CloseHTTPRequest(request_id))
-        if isinstance(outcome, LookupFailure):
-            self._actions.append(LookupdFailed(outcome.lookupd, outcome.error))
-            return
-        if self._state is not ConsumerState.RUNNING:
-            return
-        self._note_producers(outcome)
-        accepts = self._nsqd_filter
-        for address in outcome.producers:
-            if address in self._by_address:
-                continue
-            if accepts is not None and not accepts(address):
-                refused = self._refused_nodes
-                if address not in refused and len(refused) < _MAX_REFUSED_REPORTED:
-                    refused.add(address)
-                    self._actions.append(NodeRefused(outcome.lookupd, address))
-                continue
-            self._connect(address, now)
-
-    # --- transport -> coordinator: reading -----------------------------------------------------
+        self._rdy.rebalance(now)
 
     def read_pause_limit(self, conn_id: int) -> float | None:
-        """How long the transport may leave a subscribed connection unread, or None (not
-        subscribed: never pause it). A transport stops reading while more messages wait for
-        user code than ``max_in_flight``, and reads again once they are fewer, or after this.
-
-        Half the shorter of the heartbeat interval and half nsqd's message timeout (and at
-        least 0.25 s): heartbeats are answered before nsqd (after two intervals) or this side
-        (after two and a half) give the connection up, and whatever nsqd sent during a pause
-        is read well within the half message timeout after which the RDY bound counts a
-        message as possibly timed out (so nsqd cannot have timed a message out and sent its
-        replacement within one paused read: no false
-        :class:`~nsq_sansio.errors.ReadyCountExceeded`)."""
+        """How long a subscribed connection may be left unread (see the coordinator's
+        method): half the shorter of the heartbeat interval and half the message timeout."""
         link = self._links.get(conn_id)
         if link is None or link.phase is not LinkPhase.SUBSCRIBED or link.proto is None:
             return None
@@ -173,6 +303,33 @@ class Connections(PullMode):
             limit = min(limit, proto.heartbeat_interval / 2)
         return max(limit, _MIN_READ_PAUSE)
 
+    # --- lookupd -------------------------------------------------------------------------------
+
+    def on_lookup(
+        self, request_id: int, outcome: LookupAnswer | LookupFailure | None, now: float
+    ) -> None:
+        """A lookupd request ended (``outcome`` None: not yet)."""
+        if outcome is None:
+            return
+        self._report(CloseHTTPRequest(request_id))
+        if isinstance(outcome, LookupFailure):
+            self._report(LookupdFailed(outcome.lookupd, outcome.error))
+            return
+        if self._lifecycle.state is not ConsumerState.RUNNING:
+            return
+        self._note_producers(outcome)
+        accepts = self._nsqd_filter
+        for address in outcome.producers:
+            if address in self.by_address:
+                continue
+            if accepts is not None and not accepts(address):
+                refused = self.refused_nodes
+                if address not in refused and len(refused) < _MAX_REFUSED_REPORTED:
+                    refused.add(address)
+                    self._report(NodeRefused(outcome.lookupd, address))
+                continue
+            self.connect(address, now)
+
     def _note_producers(self, answer: LookupAnswer) -> None:
         """Count a lookupd answer that lists no nsqd for the topic, and report it once
         (:class:`TopicNotFound`) while no lookupd lists one; a listed producer re-arms it."""
@@ -180,20 +337,46 @@ class Connections(PullMode):
             self._topic_reported = False
             return
         self.topic_not_found += 1
-        assert self._poller is not None
-        if not self._topic_reported and not self._poller.known_nodes():
+        assert self.poller is not None
+        if not self._topic_reported and not self.poller.known_nodes():
             self._topic_reported = True
-            self._actions.append(TopicNotFound(answer.lookupd, self.topic))
+            self._report(TopicNotFound(answer.lookupd, self._topic))
 
-    # --- timers --------------------------------------------------------------------------------
+    def discovery_due(self, now: float) -> None:
+        """Poll lookupd and reconnect direct addresses when their time came."""
+        if self.poller is not None:
+            requests, failures = self.poller.poll_due(now)
+            for request_id, failure in failures:
+                self.on_lookup(request_id, failure, now)
+            for request in requests:
+                self._report(SendHTTPRequest(request.request_id, request.lookupd, request.data))
+        for address in self._retries.due(now):
+            if address not in self.by_address:
+                self.connect(address, now)
 
-    def _link_timers(self, now: float) -> None:
+    # --- timers, closing, loss -----------------------------------------------------------------
+
+    def next_deadline(self) -> list[float]:
+        """Every connection's handshake, close and heartbeat deadline."""
+        candidates: list[float] = []
+        for link in self._links.values():
+            if link.handshake_deadline is not None:
+                candidates.append(link.handshake_deadline)
+            if link.close_deadline is not None:
+                candidates.append(link.close_deadline)
+            if link.proto is not None:
+                beat = link.proto.next_deadline()
+                if beat is not None:
+                    candidates.append(beat)
+        return candidates
+
+    def timers(self, now: float) -> None:
         """Drop connections past their handshake or close deadline; run heartbeat timers."""
         for link in list(self._links.values()):
             if link.conn_id not in self._links:
                 continue  # dropped while handling another one
             if link.handshake_deadline is not None and now >= link.handshake_deadline:
-                self._drop(
+                self.drop(
                     link,
                     ConnectionLost(
                         f"connection {link.conn_id} to {link.address} not subscribed after "
@@ -204,135 +387,96 @@ class Connections(PullMode):
                 )
                 continue
             if link.close_deadline is not None and now >= link.close_deadline:
-                self._drop(link, None, now, close=True)
+                self.drop(link, None, now, close=True)
                 continue
             if link.proto is not None:
                 beat = link.proto.next_deadline()
                 if beat is not None and now >= beat:
                     events = link.proto.handle_timer(now)
                     if events:
-                        self._close_from_events(link, events, now)
+                        self.close_from_events(link, events, now)
 
-    def _discovery_due(self, now: float) -> None:
-        """Poll lookupd and reconnect direct addresses when their time came."""
-        if self._poller is not None:
-            requests, failures = self._poller.poll_due(now)
-            for request_id, failure in failures:
-                self._on_lookup(request_id, failure, now)
-            for request in requests:
-                self._actions.append(
-                    SendHTTPRequest(request.request_id, request.lookupd, request.data)
-                )
-        for address, retry in self._direct.items():
-            if retry.retry_at is not None and now >= retry.retry_at:
-                retry.retry_at = None
-                if address not in self._by_address:
-                    self._connect(address, now)
+    def close(self, link: Link, now: float) -> None:
+        """Close ``link`` on purpose (drain): no error."""
+        self.drop(link, None, now, close=True)
 
-    # --- internals -----------------------------------------------------------------------------
-
-    def _connect(self, address: NSQDAddress, now: float) -> None:
-        conn_id = self._next_conn_id
-        self._next_conn_id += 1
-        link = Link(conn_id, address, now + self._config.connect_timeout)
-        self._links[conn_id] = link
-        self._by_address[address] = link
-        self._actions.append(Connect(conn_id, address))
-
-    def _drop(self, link: Link, error: NSQError | None, now: float, *, close: bool) -> None:
+    def drop(self, link: Link, error: NSQError | None, now: float, *, close: bool) -> None:
         """Forget a connection: its RDY, its messages (nsqd requeues them), maybe reconnect."""
         conn_id = link.conn_id
         if self._links.pop(conn_id, None) is None:
             return
-        if self._by_address.get(link.address) is link:
-            del self._by_address[link.address]
-        self._dirty.discard(conn_id)
-        self._rdy_due.discard(conn_id)
-        self._total_rdy -= link.rdy
-        self._alloc_total -= link.alloc
-        self._claimed -= link.claim
-        link.rdy = link.alloc = link.target = link.claim = link.ceiling = 0
-        if self._settling:
-            self._settling.discard(conn_id)
-            if not self._settling:
-                self._recalm()
+        if self.by_address.get(link.address) is link:
+            del self.by_address[link.address]
+        self._ledger.forget(link)
+        self._pull_mode.release(link)
         final = b""
         if link.proto is not None:
             final = link.proto.data_to_send()
             link.proto.close()
         if close:
-            self._actions.append(CloseConnection(conn_id, final))
+            self._report(CloseConnection(conn_id, final))
         unanswered = tuple(link.tracked)
         link.tracked.clear()
         link.touched.clear()
         link.seen.clear()
         link.accepting = False
         if self._pull and unanswered:
-            self._forget_pull_messages(conn_id)
+            self._pull_mode.forget_connection(conn_id)
+        running = self._lifecycle.state is ConsumerState.RUNNING
         # nsqd refused the configuration: reconnecting cannot help, the consumer fails.
-        refused = isinstance(error, IncompatibleNSQD) and self._state is ConsumerState.RUNNING
+        refused = isinstance(error, IncompatibleNSQD) and running
         reconnect_at: float | None = None
-        retry = self._direct.get(link.address)
-        if retry is not None and self._state is ConsumerState.RUNNING and not refused:
-            reconnect_at = retry.schedule(now, self._config, self._rng)
+        if running and not refused:
+            reconnect_at = self._retries.lost(link.address, now)
         if link.phase is not LinkPhase.CONNECTING or error is not None:
-            self._actions.append(
-                Disconnected(conn_id, link.address, error, unanswered, reconnect_at)
-            )
+            self._report(Disconnected(conn_id, link.address, error, unanswered, reconnect_at))
         if refused:
             assert error is not None
-            self._fail(error, now)
-        elif self._state is ConsumerState.RUNNING:
-            self._rebalance(now)
+            self.fail(error, now)
+        elif running:
+            self._rdy.rebalance(now)
         else:
-            self._check_drained()
+            self._drain.check_done()
 
-    def _fail(self, error: NSQError, now: float) -> None:
+    def close_from_events(self, link: Link, events: list[Event], now: float) -> None:
+        """A read or timer ended with the connection closed: report, then drop it."""
+        error: NSQError | None = ConnectionLost(f"connection {link.conn_id} closed")
+        for event in events:
+            if isinstance(event, MessageTakenBack):
+                self._answers.refused_at_close(link, event)
+            elif isinstance(event, ConnectionClosed):
+                error = event.error
+        self.drop(link, error, now, close=True)
+
+    # --- the consumer stops --------------------------------------------------------------------
+
+    def fail(self, error: NSQError, now: float) -> None:
         """Stop for good (:class:`ConsumerFailed`): no reconnect, no lookupd poll; what is in
         flight is requeued at once (nobody can answer it any more) and every connection
         closed. One rule for every node: the configuration is the same for all of them, so
         one refusal fails the consumer rather than leaving that nsqd's messages unread."""
-        self._state = ConsumerState.FAILED
-        self._failure = error
-        self._calm = False
-        self._backoff.reset()
-        if self._poller is not None:
-            for request_id in self._poller.stop():
-                self._actions.append(CloseHTTPRequest(request_id))
-        for retry in self._direct.values():
-            retry.retry_at = None
+        self._lifecycle.apply(LifecycleEvent.FAIL)
+        self.failure = error
+        self._recalm()
+        self.stop_requests()
         for link in self._links.values():
             link.accepting = False
             if link.phase is LinkPhase.SUBSCRIBED:
                 if link.rdy:
-                    self._send_rdy(link, 0, now)  # before the REQs, as a drain does
+                    self._ledger.send(link, 0, now)  # before the REQs, as a drain does
                 for delivery in list(link.tracked.values()):
-                    self._requeue_now(link, delivery)
+                    self._answers.requeue_now(link, delivery)
         if self._pull:  # what they gathered was just requeued: the answers are empty
-            for fetch in self._fetches.take_all():
-                fetch.messages = []
-                self._answer_fetch(fetch, FetchEnd.FAILED)
-            self._fetches.buffer.clear()
+            self._pull_mode.end_all(FetchEnd.FAILED, emptied=True)
+            self._pull_mode.fetches.buffer.clear()
         for link in list(self._links.values()):
-            self._drop(link, None, now, close=True)
-        self._actions.append(ConsumerFailed(error))
+            self.drop(link, None, now, close=True)
+        self._report(ConsumerFailed(error))
 
-    def _check_drained(self) -> None:
-        if self._state is ConsumerState.DRAINING and not self._links:
-            self._state = ConsumerState.CLOSED
-            self._drain_deadline = None
-            self._actions.append(DrainComplete())
-
-    def _close_from_events(self, link: Link, events: list[Event], now: float) -> None:
-        error: NSQError | None = ConnectionLost(f"connection {link.conn_id} closed")
-        for event in events:
-            if isinstance(event, MessageTakenBack):
-                self.taken_back += 1
-                self._actions.append(
-                    TakenBack(
-                        link.conn_id, link.address, event.message_id, event.command, event.error
-                    )
-                )
-            elif isinstance(event, ConnectionClosed):
-                error = event.error
-        self._drop(link, error, now, close=True)
+    def stop_requests(self) -> None:
+        """The consumer stops (drain, failure): backoff, lookupd polls and reconnects end."""
+        self._backoff.reset()
+        if self.poller is not None:
+            for request_id in self.poller.stop():
+                self._report(CloseHTTPRequest(request_id))
+        self._retries.stop()

@@ -1,10 +1,11 @@
 """One nsqd connection as the consumer coordinator sees it (:class:`Link`), and its phases.
 
-A link holds what the coordinator's layers decide about one connection: its phase
+A link holds what the coordinator's parts decide about one connection: its phase
 (:class:`LinkPhase`), the RDY decided and the RDY written, the ceiling that bounds what it may
 still come to hold (the max_in_flight bound), the messages in flight with the handles the user
 answers with (by position for the latest reads, by id otherwise), TOUCHed deadlines and the
-server's limits. It owns no policy: the coordinator's layers read and write its fields.
+server's limits. It owns no policy: the coordinator's parts read and write its fields (the RDY
+fields only through the ledger, :mod:`~nsq_sansio.consumer.ledger`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from operator import itemgetter
 from ..connection import ClientConnection
 from ..discovery import NSQDAddress
 from ..errors import LocalProtocolError
-from .actions import Deliver
+from .actions import DELIVER_ID, Deliver
 
-__all__ = ["RDY_SETTLE_MIN", "Link", "LinkPhase"]
+__all__ = ["RDY_SETTLE_MIN", "Link", "LinkPhase", "current_link"]
 
 #: After an RDY is lowered, nsqd may still have sent messages under the old one (on the wire,
 #: or read but not yet handed over by the transport). That capacity is only given to another
@@ -27,7 +28,7 @@ __all__ = ["RDY_SETTLE_MIN", "Link", "LinkPhase"]
 #: decided (at least; 4x the connection's handshake time when that is longer).
 RDY_SETTLE_MIN = 0.25
 
-_id: Callable[[Deliver], bytes] = itemgetter(1)  # Deliver.id
+_id: Callable[[Deliver], bytes] = itemgetter(DELIVER_ID)
 
 
 def fin_before_setup(message_id: bytes) -> None:  # pragma: no cover - never called: no message yet
@@ -49,7 +50,7 @@ class LinkPhase(enum.Enum):
 
 class Link:
     """One connection as the coordinator sees it: phase, RDY and its bound, the messages in
-    flight with their handles, the server's limits (mutable; the coordinator's layers share it)."""
+    flight with their handles, the server's limits (mutable; the coordinator's parts share it)."""
 
     __slots__ = (
         "accepting",
@@ -111,7 +112,7 @@ class Link:
         self.rdy_refresh = False
         #: The most messages this connection can still come to hold without a further raise:
         #: at least ``wire_rdy``; after a lowered RDY, what nsqd may have sent under the old
-        #: one (see ``_budget_left`` in :mod:`~nsq_sansio.consumer.rdy_bound`). ``claim`` is
+        #: one (see :mod:`~nsq_sansio.consumer.ledger`). ``claim`` is
         #: ``max(ceiling, rdy)``, this connection's part of ``max_in_flight``.
         self.ceiling = 0
         self.claim = 0
@@ -226,3 +227,11 @@ class Link:
         if live == len(self.held):
             self.live_floor = math.inf if expiry is None else expiry
         return live, expiry
+
+
+def current_link(links: dict[int, Link], delivery: Deliver) -> Link | None:
+    """The link of a delivery that is still in flight there, else None."""
+    link = links.get(delivery.conn_id)
+    if link is None or link.tracked.get(delivery.id) is not delivery:
+        return None
+    return link

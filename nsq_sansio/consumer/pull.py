@@ -1,64 +1,129 @@
-"""Pull mode, the coordinator's side (:class:`PullMode`): fetches in, messages out to them.
+"""Pull mode (:class:`PullMode`): fetches in, RDY allocated to them, messages out to them.
 
-The fourth layer of :class:`~nsq_sansio.consumer.ConsumerCoordinator`. :meth:`~PullMode.fetch`
-registers a request in the :class:`~nsq_sansio.consumer.fetches.FetchQueue` (or answers it at
-once from the hold buffer), the distribution layer turns the outstanding requests into RDY
-(:func:`~nsq_sansio.consumer.shares.pull_shares`), and messages read go to the oldest waiting
-request as one batch per read; what finds no request is held for ``pull_hold_timeout`` and then
-requeued. A link that used up its share is topped up at once. Expired and aged requests are
-answered by the timer; a lost connection's messages leave the requests that gathered them.
+Rules:
+
+* RDY follows the outstanding fetches: a connection gets what it holds (live: not past its
+  deadline) plus its share (:meth:`~PullMode.allocate`, by
+  :func:`~nsq_sansio.consumer.shares.pull_shares`), never more than was asked.
+* Messages go to the oldest waiting request, one batch per read; what finds no request is
+  held for ``pull_hold_timeout``, then requeued. A link that used up its share is topped up
+  at once.
+* Rotation: with fewer RDY than connections while a fetch waits, a holder that delivered
+  nothing for twice its settle time passes its RDY on (:meth:`~PullMode.rotate`).
+* Expiry: the budget is recomputed when a held message passes its deadline; expired and aged
+  requests are answered by the timer; a lost connection's messages leave the requests.
+
+The part owns the fetch queue, the allocation total, the rotation and expiry times; it moves
+RDY only through the ledger and asks the coordinator (``rebalance``) to recompute targets.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from itertools import repeat
 
+from ..config import Config
 from ..errors import LocalProtocolError
-from .actions import Deliver, FetchEnd, FetchResult
-from .distribution import RdyDistribution
-from .fetches import FetchRequest
-from .link import Link
-from .state import ConsumerState
+from .actions import Action, Deliver, FetchEnd, FetchResult
+from .fetches import FetchQueue, FetchRequest
+from .ledger import RdyLedger
+from .lifecycle import ConsumerState, Lifecycle
+from .link import RDY_SETTLE_MIN, Link, current_link
+from .shares import pull_shares
 
 __all__ = ["PullMode"]
 
 
-class PullMode(RdyDistribution):
-    """Fetch requests and the messages that answer them (see the module docstring)."""
+class PullMode:
+    """Fetch requests, their RDY, and the messages that answer them (see the module
+    docstring). ``report`` queues an action; ``rebalance(now, exclude)`` recomputes every
+    target; ``requeue_now`` hands a message back to nsqd at once; ``take_rdy_away`` takes a
+    holder's scarce RDY (and share) away."""
 
-    def fetch(
+    __slots__ = (
+        "_hold_timeout",
+        "_idle_timeout",
+        "_ledger",
+        "_lifecycle",
+        "_links",
+        "_max_waiting",
+        "_rebalance",
+        "_report",
+        "_requeue_now",
+        "_rng",
+        "_take_rdy_away",
+        "alloc_total",
+        "fetches",
+        "mark_seen",
+        "next_expiry",
+        "next_fetch_id",
+        "rotate_at",
+        "seq",
+    )
+
+    def __init__(
         self,
-        batch: int,
-        now: float,
-        *,
-        expires: float | None = None,
-        no_wait: bool = False,
-    ) -> int:
-        """Pull mode: ask for up to ``batch`` messages; returns the request id its
-        :class:`FetchResult` will carry. ``expires`` (seconds) ends the wait with what arrived;
-        ``no_wait`` answers at once with what is buffered."""
-        if not self._pull:
-            raise LocalProtocolError("fetch() needs a coordinator created with pull=True")
+        config: Config,
+        rng: random.Random,
+        links: dict[int, Link],
+        ledger: RdyLedger,
+        lifecycle: Lifecycle,
+        report: Callable[[Action], None],
+        rebalance: Callable[[float, frozenset[int]], None],
+        requeue_now: Callable[[Link, Deliver], None],
+        take_rdy_away: Callable[[Link, float], None],
+    ) -> None:
+        self._hold_timeout = config.pull_hold_timeout
+        self._max_waiting = config.max_waiting_fetches
+        self._idle_timeout = config.low_rdy_idle_timeout
+        self._rng = rng
+        self._links = links
+        self._ledger = ledger
+        self._lifecycle = lifecycle
+        self._report = report
+        self._rebalance = rebalance
+        self._requeue_now = requeue_now
+        self._take_rdy_away = take_rdy_away
+        self.fetches = FetchQueue()
+        self.next_fetch_id = 1
+        #: Sum of every link's ``alloc`` (its share of the outstanding fetches).
+        self.alloc_total = 0
+        #: With fewer RDY than connections while a fetch waits: when to check whether a
+        #: holder that delivers nothing should pass its RDY on.
+        self.rotate_at: float | None = None
+        #: The next deadline of a held message (the budget grows when it passes).
+        self.next_expiry: float | None = None
+        #: Counts messages, so the link that delivered last is known exactly.
+        self.seq = 0
+        #: The transport marks deliveries (mark_delivered): a fetch answer is in user hands.
+        self.mark_seen = False
+
+    # --- requests in ---------------------------------------------------------------------------
+
+    def fetch(self, batch: int, now: float, expires: float | None, no_wait: bool) -> int:
+        """Register (or answer at once) a fetch; returns its request id (see
+        :meth:`~nsq_sansio.consumer.ConsumerCoordinator.fetch`)."""
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise LocalProtocolError(f"fetch batch must be an int >= 1, got {batch!r}")
         if expires is not None and not (expires > 0 and math.isfinite(expires)):
             raise LocalProtocolError(f"fetch expires must be > 0 seconds or None, got {expires!r}")
-        request_id = self._next_fetch_id
-        self._next_fetch_id += 1
+        request_id = self.next_fetch_id
+        self.next_fetch_id += 1
         request = FetchRequest(request_id, batch, None if expires is None else now + expires)
-        if self._state is not ConsumerState.RUNNING:
-            failed = self._state is ConsumerState.FAILED
-            self._answer_fetch(request, FetchEnd.FAILED if failed else FetchEnd.DRAINING)
+        state = self._lifecycle.state
+        if state is not ConsumerState.RUNNING:
+            failed = state is ConsumerState.FAILED
+            self.answer(request, FetchEnd.FAILED if failed else FetchEnd.DRAINING)
             return request_id
-        if not no_wait and len(self._fetches.waiting) >= self._config.max_waiting_fetches:
-            self._answer_fetch(request, FetchEnd.TOO_MANY_WAITING)
+        if not no_wait and len(self.fetches.waiting) >= self._max_waiting:
+            self.answer(request, FetchEnd.TOO_MANY_WAITING)
             return request_id
-        buffer = self._fetches.buffer
+        buffer = self.fetches.buffer
         while buffer and request.remaining:
             _, delivery = buffer.popleft()
-            link = self._current(delivery)
+            link = current_link(self._links, delivery)
             if link is None:
                 continue
             if link.touched.get(delivery.id, delivery.deadline) <= now:
@@ -67,120 +132,187 @@ class PullMode(RdyDistribution):
             request.remaining -= 1
         if no_wait:
             reason = FetchEnd.NO_WAIT if request.messages else FetchEnd.NO_MESSAGES
-            self._answer_fetch(request, reason)
+            self.answer(request, reason)
         elif request.remaining == 0:
-            self._answer_fetch(request, FetchEnd.FILLED)
+            self.answer(request, FetchEnd.FILLED)
         else:
-            self._fetches.add(request)
-            self._rebalance(now)
+            self.fetches.add(request)
+            self._rebalance(now, frozenset())
         return request_id
 
-    def cancel_fetch(self, request_id: int, now: float) -> None:
-        """The caller gave up on fetch ``request_id`` (cancelled, timed out on its side).
-
-        The request stops waiting, and whatever it had gathered (even an answer still queued
-        in :meth:`take_actions`) goes back to the front of the hold buffer for the next fetch,
-        so a cancelled fetch never swallows messages. Unknown or finished ids are ignored."""
-        for request in self._fetches.waiting:
+    def cancel_waiting(self, request_id: int, now: float) -> bool:
+        """A waiting request is cancelled: what it gathered is held again. False when no
+        request with that id waits."""
+        for request in self.fetches.waiting:
             if request.request_id == request_id:
-                self._fetches.remove(request)
-                self._hold_again(request.messages, now)
-                return
-        for index, action in enumerate(self._actions):
+                self.fetches.remove(request)
+                self.hold_again(request.messages, now)
+                return True
+        return False
+
+    def cancel(self, request_id: int, now: float, queued: list[Action]) -> None:
+        """The caller gave up on fetch ``request_id``: what it gathered, even an answer still
+        among the ``queued`` actions (taken out of them), is held again for the next fetch."""
+        if self.cancel_waiting(request_id, now):
+            return
+        for index, action in enumerate(queued):
             if isinstance(action, FetchResult) and action.request_id == request_id:
-                del self._actions[index]
+                del queued[index]
                 self.give_back(action.messages, now)
                 return
-        if self._state is ConsumerState.RUNNING:
-            self._rebalance(now)
+        if self._lifecycle.state is ConsumerState.RUNNING:
+            self._rebalance(now, frozenset())
 
     def give_back(self, deliveries: Sequence[Deliver], now: float) -> None:
-        """A fetch answer the caller never saw (cancelled just as it was answered): its
-        messages go back to the front of the hold buffer for the next fetch, as those of a
-        request cancelled while waiting do, not back to nsqd (which would count another
-        attempt). Messages no longer ours are skipped; once the consumer is draining or
-        closed they are requeued (REQ 0) instead."""
+        """A fetch answer the caller never saw: held again while running, else requeued."""
         for delivery in deliveries:
             link = self._links.get(delivery.conn_id)
             if link is not None:
                 link.seen.discard(delivery.id)
-        if self._state is ConsumerState.RUNNING:
-            self._hold_again(deliveries, now)
+        if self._lifecycle.state is ConsumerState.RUNNING:
+            self.hold_again(deliveries, now)
             return
         for delivery in deliveries:
-            link = self._current(delivery)
+            link = current_link(self._links, delivery)
             if link is not None:
                 self._requeue_now(link, delivery)
 
-    def _hold_again(self, deliveries: Sequence[Deliver], now: float) -> None:
-        hold_until = now + self._config.pull_hold_timeout
-        buffer = self._fetches.buffer
+    def hold_again(self, deliveries: Sequence[Deliver], now: float) -> None:
+        """Messages the caller never saw go back to the front of the hold buffer."""
+        hold_until = now + self._hold_timeout
+        buffer = self.fetches.buffer
         for delivery in reversed(deliveries):
-            if self._current(delivery) is not None:
+            if current_link(self._links, delivery) is not None:
                 buffer.appendleft((hold_until, delivery))
-        if self._state is ConsumerState.RUNNING:
-            self._rebalance(now)
+        if self._lifecycle.state is ConsumerState.RUNNING:
+            self._rebalance(now, frozenset())
 
-    def _pull_receive(self, link: Link, deliveries: list[Deliver], now: float) -> None:
-        """A read of fresh messages in pull mode (the checks are the caller's): tracked by
-        position as in push mode, then handed to the waiting fetches as one batch."""
-        link.track_read(deliveries, now)
-        self.received += len(deliveries)
-        self._on_pull_messages(link, deliveries, now)
+    def answer(self, request: FetchRequest, reason: FetchEnd) -> None:
+        """Answer ``request`` with what it gathered."""
+        # Every message a request gathered is still ours: those of a lost connection and
+        # those nsqd delivered again leave the requests at once (forget_connection,
+        # forget_gathered), so the answer is the gathered list as is.
+        messages = tuple(request.messages)
+        if self.mark_seen:  # a fetch answer is in the user's hands
+            for delivery in messages:
+                self._links[delivery.conn_id].seen.add(delivery.id)
+        self._report(FetchResult(request.request_id, messages, reason))
 
-    def _on_pull_messages(self, link: Link, deliveries: list[Deliver], now: float) -> None:
+    def end_all(self, reason: FetchEnd, *, emptied: bool) -> None:
+        """Answer every waiting request (the consumer stops); ``emptied``: what they gathered
+        was requeued already, the answers are empty."""
+        for fetch in self.fetches.take_all():
+            if emptied:
+                fetch.messages = []
+            self.answer(fetch, reason)
+
+    # --- RDY: the allocation -------------------------------------------------------------------
+
+    def allocate(
+        self, links: list[Link], budget: int, now: float, exclude: frozenset[int]
+    ) -> list[int]:
+        """Each subscribed link's RDY target: what nsqd counts in flight there (messages past
+        their deadline were taken back already: a stuck handler must not hold the budget
+        forever) plus its share of the outstanding fetches."""
+        self.next_expiry = None
+        live = [self.live(link, now) for link in links]
+        wanted = max(0, min(self.fetches.outstanding, budget - sum(live)))
+        caps = [max(0, link.max_rdy - n) for link, n in zip(links, live, strict=True)]
+        allocs = pull_shares(links, wanted, now, exclude, caps, self._idle_timeout, self._rng, live)
+        self.alloc_total = sum(allocs)
+        if 0 in allocs and self.fetches.waiting and self.rotate_at is None:
+            # fewer RDY than connections: a holder that delivers nothing passes it on
+            self.rotate_at = now + 2 * RDY_SETTLE_MIN
+        targets = []
+        for link, alloc, n in zip(links, allocs, live, strict=True):
+            link.alloc = alloc
+            targets.append(n + alloc if alloc else 0)
+        return targets
+
+    def live(self, link: Link, now: float) -> int:
+        """Messages held on ``link`` that nsqd still counts in flight (deadline not passed);
+        notes the next deadline so the budget is recomputed when it passes."""
+        live, expiry = link.live_count(now)
+        if expiry is not None and (self.next_expiry is None or expiry < self.next_expiry):
+            self.next_expiry = expiry
+        return live
+
+    def top_up(self, link: Link, now: float) -> None:
+        """An answer on ``link`` freed a slot of its share: its RDY follows at once."""
+        if link.alloc > 0:
+            count = self.live(link, now) + link.alloc
+            self._ledger.send(link, min(count, self._ledger.budget_left(link)), now)
+
+    def release(self, link: Link) -> None:
+        """``link`` gives its share up (its RDY is taken away)."""
+        self.alloc_total -= link.alloc
+        link.alloc = 0
+
+    # --- messages out --------------------------------------------------------------------------
+
+    def on_messages(self, link: Link, deliveries: list[Deliver], now: float) -> None:
         """Messages (tracked already) arrived on ``link``, in order: use up its share, give
         them to the waiting fetches (oldest first), hold the rest for the next fetch."""
         count = len(deliveries)
-        self._pull_seq += count
-        link.pull_seq = self._pull_seq
+        self.seq += count
+        link.pull_seq = self.seq
         used_up = False
         alloc = link.alloc
         if alloc > 0:
             used = count if count < alloc else alloc
             link.alloc = alloc - used
-            self._alloc_total -= used
+            self.alloc_total -= used
             if used == alloc:
                 used_up = True
                 link.target = 0
-                self._send_rdy(link, 0, now)
-        fetches = self._fetches
+                self._ledger.send(link, 0, now)
+        fetches = self.fetches
         given = 0
         if fetches.waiting:
             filled, given = fetches.give_many(deliveries)
             for request in filled:
-                self._answer_fetch(request, FetchEnd.FILLED)
+                self.answer(request, FetchEnd.FILLED)
         if given < count:
-            hold_until = now + self._config.pull_hold_timeout
+            hold_until = now + self._hold_timeout
             fetches.buffer.extend(
                 zip(repeat(hold_until), deliveries[given:] if given else deliveries)
             )
-        if self._alloc_total > fetches.outstanding or (used_up and fetches.outstanding):
+        if self.alloc_total > fetches.outstanding or (used_up and fetches.outstanding):
             # A link that used up its share while others may sit on empty nsqd: top it up
             # from theirs now (it is active; they keep a probe), not after an idle timeout.
-            self._rebalance(now)
+            self._rebalance(now, frozenset())
 
-    def _pull_due(self, now: float) -> None:
-        """Answer the fetches that expired or aged, requeue what was held too long, and
-        recompute the shares (the budget grows as held messages pass their deadline)."""
-        for fetch in self._fetches.expired(now):
+    # --- the timer -----------------------------------------------------------------------------
+
+    def due(self, now: float, subscribed: list[Link]) -> None:
+        """Answer the fetches that expired or aged, requeue what was held too long, rotate,
+        and recompute the shares (the budget grows as held messages pass their deadline)."""
+        for fetch in self.fetches.expired(now):
             expired = fetch.expires_at is not None and fetch.expires_at <= now
-            self._answer_fetch(fetch, FetchEnd.EXPIRED if expired else FetchEnd.AGED)
-        self._flush_buffer(now)
-        if self._rotate_at is not None and now >= self._rotate_at:
-            self._rotate_at = None
-            self._pass_dry_rdy_on(now)
-        self._rebalance(now)
+            self.answer(fetch, FetchEnd.EXPIRED if expired else FetchEnd.AGED)
+        self.flush(now)
+        if self.rotate_at is not None and now >= self.rotate_at:
+            self.rotate_at = None
+            self.rotate(now, subscribed)
+        self._rebalance(now, frozenset())
 
-    def _pass_dry_rdy_on(self, now: float) -> None:
+    def next_deadline(self) -> float | None:
+        """When the timer has work for pull mode (requests, the buffer, expiry, rotation)."""
+        best = self.fetches.next_deadline()
+        if self.fetches.waiting:
+            for at in (self.next_expiry, self.rotate_at):
+                if at is not None and (best is None or at < best):
+                    best = at
+        return best
+
+    def rotate(self, now: float, links: list[Link]) -> None:
         """Fewer RDY than connections while a fetch waits: a holder that delivered nothing
         for twice its settle time since it got its share (so nsqd had its RDY and nothing to
         send; fetches that came and went meanwhile do not count as new shares) passes the RDY
         on, to the connections that never ran dry first, then to the longest dry. Without
         this a fetch waited for ``low_rdy_idle_timeout`` plus the redistribution period
         (10-15 s) while messages sat on another nsqd."""
-        links = self._subscribed()
-        if not self._fetches.waiting or all(link.alloc for link in links):
+        if not self.fetches.waiting or all(link.alloc for link in links):
             return
         released: set[int] = set()
         soonest: float | None = None
@@ -197,29 +329,22 @@ class PullMode(RdyDistribution):
         if released:
             self._rebalance(now, frozenset(released))
         elif soonest is not None:
-            self._rotate_at = soonest
+            self.rotate_at = soonest
 
-    def _answer_fetch(self, request: FetchRequest, reason: FetchEnd) -> None:
-        # Every message a request gathered is still ours: those of a lost connection and
-        # those nsqd delivered again leave the requests at once (_forget_pull_messages,
-        # _forget_gathered), so the answer is the gathered list as is.
-        messages = tuple(request.messages)
-        if self._explicit_delivery:  # a fetch answer is in the user's hands
-            for delivery in messages:
-                self._links[delivery.conn_id].seen.add(delivery.id)
-        self._actions.append(FetchResult(request.request_id, messages, reason))
-
-    def _flush_buffer(self, now: float | None) -> None:
-        """Requeue held pull messages whose hold ended (all of them when ``now`` is None)."""
-        buffer = self._fetches.buffer
+    def flush(self, now: float | None) -> None:
+        """Requeue held messages whose hold ended (all of them when ``now`` is None)."""
+        buffer = self.fetches.buffer
         while buffer and (now is None or buffer[0][0] <= now):
             _, delivery = buffer.popleft()
-            link = self._current(delivery)
+            link = current_link(self._links, delivery)
             if link is not None:
                 self._requeue_now(link, delivery)
 
-    def _forget_pull_messages(self, conn_id: int) -> None:
-        fetches = self._fetches
+    # --- messages that are no longer ours ------------------------------------------------------
+
+    def forget_connection(self, conn_id: int) -> None:
+        """A lost connection's messages leave the buffer and the requests that gathered them."""
+        fetches = self.fetches
         kept = [(t, d) for t, d in fetches.buffer if d.conn_id != conn_id]
         fetches.buffer.clear()
         fetches.buffer.extend(kept)
@@ -230,11 +355,11 @@ class PullMode(RdyDistribution):
                 request.remaining += len(lost)
                 fetches.outstanding += len(lost)
 
-    def _forget_gathered(self, delivery: Deliver) -> None:
+    def forget_gathered(self, delivery: Deliver) -> None:
         """nsqd delivered ``delivery``'s message again (it timed out there): a waiting request
         that gathered the old copy loses it and waits for one more message (rare: a request
         answers AGED long before its messages time out)."""
-        fetches = self._fetches
+        fetches = self.fetches
         for request in fetches.waiting:
             messages = request.messages
             for index, gathered in enumerate(messages):

@@ -1,12 +1,12 @@
 """Who gets RDY, pure: the shares of push mode's scarce RDY and of pull mode's fetches.
 
-The coordinator's distribution layer (:mod:`nsq_sansio.consumer.distribution`) decides *how
+The coordinator (:mod:`nsq_sansio.consumer.coordinator`) decides *how
 much* there is to give (``max_in_flight`` under backoff, or what the fetches ask for); these
 functions decide *who* gets it, as per-link targets:
 
-* push mode, budget at least one per connection: :func:`nsq_sansio.rdy.even_shares`;
+* push mode, budget at least one per connection: :func:`nsq_sansio.consumer.rdy.even_shares`;
 * fewer RDY than connections (push or pull): :func:`pick_holders`, RDY 1 to the current
-  holders first, then at random (the distribution layer moves it away from idle holders);
+  holders first, then at random (the coordinator moves it away from idle holders);
 * pull mode: :func:`pull_shares`, the budget to the connections that delivered recently, a
   probe of 1 to each idle one.
 """
@@ -17,8 +17,8 @@ import math
 import random
 from collections.abc import Sequence
 
-from ..rdy import even_shares
 from .link import Link
+from .rdy import even_shares
 
 __all__ = ["pick_holders", "pull_shares"]
 

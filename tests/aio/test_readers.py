@@ -6,11 +6,10 @@ import uuid
 
 import anyio
 import pytest
+from support.runtimes import wait_channel
 
 from transports.anyio import Consumer, Message, Producer
 from transports.embedded import EmbeddedNSQD
-
-from .conftest import wait_channel
 
 pytestmark = pytest.mark.anyio
 

@@ -14,11 +14,10 @@ import uuid
 
 import anyio
 import pytest
+from support.runtimes import broker_channel, wait_channel
 
 from transports.anyio import Consumer, Message, Producer, drain_on_signals
 from transports.embedded import EmbeddedNSQD
-
-from .conftest import channel_stats, wait_channel
 
 pytestmark = [
     pytest.mark.anyio,
@@ -138,7 +137,7 @@ async def test_one_signal_still_drains_gracefully(nsqd: EmbeddedNSQD) -> None:
             with anyio.fail_after(10):
                 await consumer.run(handler)
         assert consumer.stats().finished == 1
-    ch = await channel_stats(nsqd, topic, "ch")
+    ch = await broker_channel(nsqd, topic, "ch")
     assert ch["depth"] == 0 and ch["requeue_count"] == 0
 
 

@@ -9,6 +9,7 @@ heartbeats are answered while user code holds a message, TOUCHes go out under ke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -269,6 +270,58 @@ async def test_keepalive_keeps_a_job_past_msg_timeout_alive(runtime: Runtime) ->
     assert stats.taken_back == 0 and stats.finished == 1 and stats.received == 1
     assert not [e for e in events if isinstance(e, (TakenBack, runtime.module.KeepaliveExpired))]
     assert channel["timeout_count"] == 0 and channel["requeue_count"] == 0
+
+
+async def test_without_keepalive_nothing_is_touched_and_the_message_times_out(
+    runtime: Runtime,
+) -> None:
+    """A message held past msg_timeout without keepalive: nsqd takes it back and sends it
+    again; the late FIN of the first delivery is reported (taken back), not raised."""
+    topic = unique()
+    with running_nsqd(msg_timeout=1.0) as (server, _):
+        await publish(runtime, server.tcp_address, topic, [b"long job"])
+        async with runtime.consumer(topic, "c", nsqd=[server.tcp_address], max_in_flight=5) as c:
+            msg = await c.get(timeout=5)
+            assert msg is not None
+            again = await c.get(timeout=5)  # nsqd took it back after 1 s and sent it again
+            assert again is not None and again.id == msg.id and again.attempts == 2
+            assert await c.finish(again)
+            await c.finish(msg)  # late: reported, not raised
+            await wait_until(lambda: c.stats().taken_back >= 1, what="taken back")
+            assert msg.taken_back
+        channel = await broker_channel(server, topic, "c")
+    assert channel["timeout_count"] == 1
+
+
+async def test_pull_batch_held_under_keepalive_then_finished_after_commit(
+    runtime: Runtime,
+) -> None:
+    """The Spark source's pattern: fetch a batch, keep it alive while committing (longer than
+    msg_timeout), FIN after the commit: nothing times out, nothing is delivered twice."""
+    topic = unique()
+    with running_nsqd(msg_timeout=1.0) as (server, _):
+        await publish(runtime, server.tcp_address, topic, [b"%d" % i for i in range(30)])
+        async with runtime.consumer(
+            topic, "spark", nsqd=[server.tcp_address], pull=True, max_in_flight=100
+        ) as c:
+            batch = await c.fetch(20, timeout=5.0)
+            assert len(batch) == 20
+            async with contextlib.AsyncExitStack() as stack:
+                for m in batch:
+                    await stack.enter_async_context(runtime.keepalive(m))
+                await anyio.sleep(2.5)  # "commit"
+            for m in batch:
+                assert not m.taken_back
+                assert await c.finish(m)
+            rest = await c.fetch(10, timeout=5.0)  # filled at once: no wait past msg_timeout
+            assert len(rest) == 10 and all(m.attempts == 1 for m in rest)
+            for m in rest:
+                assert await c.finish(m)
+        # the last FINs are applied by the broker a little after the consumer closed
+        channel = await wait_channel(
+            server, topic, "spark", lambda ch: ch["in_flight_count"] == 0, what="every FIN"
+        )
+    assert channel["timeout_count"] == 0 and channel["depth"] == 0
 
 
 async def test_keepalive_warns_before_max_msg_timeout(

@@ -15,8 +15,11 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import anyio
+import anyio.to_thread
 import pytest
 from support.brokers import (
     embedded_topic_count,
@@ -33,6 +36,7 @@ import transports.sync
 import transports.trio
 from nsq_sansio.errors import BadMessage, IdentifyRejected, InvalidName, NoNSQDAvailable
 from transports._common import TOPICS_REMEMBERED
+from transports.embedded import EmbeddedNSQD
 from transports.testing.real_nsq import RealNSQD
 
 pytestmark = pytest.mark.anyio
@@ -152,6 +156,133 @@ async def test_failover_when_an_nsqd_dies_with_publishes_pending_real(runtime: R
         assert topic_count(second, topic) >= 200  # every one stored (maybe some twice)
 
 
+async def test_failover_when_an_nsqd_stops_embedded(runtime: Runtime) -> None:
+    """One by one, 20 publishes, then the first nsqd stops: the next 20 all go to the second
+    one, none fails, and the producer's stats say which connection is down."""
+    topic = unique()
+    with running_nsqd() as (first, first_runner), running_nsqd() as (second, _):
+        async with runtime.producer([first.tcp_address, second.tcp_address], timeout=5) as p:
+            for i in range(20):
+                await p.publish(topic, b"before %d" % i)
+            await anyio.to_thread.run_sync(first_runner.stop)
+            for i in range(20):
+                await p.publish(topic, b"after %d" % i)
+            stats = p.stats()
+        assert (stats.published, stats.failed) == (40, 0)
+        assert [c.connected for c in stats.connections] == [False, True]
+        async with runtime.consumer(topic, "c", nsqd=[second.tcp_address], max_in_flight=50) as c:
+            bodies: set[bytes] = set()
+            while (msg := await c.get(timeout=0.5)) is not None:
+                bodies.add(msg.body)
+                await c.finish(msg)
+    assert {b"after %d" % i for i in range(20)} <= bodies
+
+
+# --- back-pressure -----------------------------------------------------------------------------
+
+
+async def test_an_unreachable_nsqd_is_skipped_and_pending_stays_bounded(
+    runtime: Runtime, nsqd: EmbeddedNSQD
+) -> None:
+    """200 publishes at once with max_pending=2, the first nsqd unreachable: never more than 2
+    await an answer, and all 200 reach the reachable nsqd, each once (200: enough to be seen
+    pending from the test's loop while a blocking producer's threads work)."""
+    topic = unique()
+    dead = _closed_port()
+    peak = 0
+    async with runtime.producer(
+        [dead, nsqd.tcp_address], max_pending=2, connect_timeout=1, timeout=10
+    ) as p:
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:  # sampled at every turn of the test's loop
+                peak = max(peak, p.stats().pending)
+                await anyio.sleep(0)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            calls = [("publish", (topic, b"%d" % i)) for i in range(200)]
+            outcomes = await p.concurrently(calls, timeout=15)
+            tg.cancel_scope.cancel()
+        stats = p.stats()
+    assert outcomes == [None] * 200
+    assert 1 <= peak <= 2  # back-pressure: never more than max_pending awaiting an answer
+    assert (stats.published, stats.pending) == (200, 0)
+    async with runtime.consumer(topic, "ch", nsqd=[nsqd.tcp_address], max_in_flight=50) as c:
+        got = await c.bodies(200, timeout=10)
+        assert await c.get(timeout=0.2) is None  # each once
+    assert sorted(got) == sorted(b"%d" % i for i in range(200))
+
+
+@contextmanager
+def _silent_broker() -> Iterator[str]:
+    """A loopback address that accepts TCP connections and never says a word."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            accepted.append(conn)
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+
+async def test_back_pressure_waits_instead_of_buffering_when_nsqd_never_answers(
+    runtime: Runtime,
+) -> None:
+    """A broker that accepts TCP but never answers: a publish beyond max_pending waits for a
+    slot and times out; nothing is buffered without bound. The pending ones fail once the
+    handshake is given up (connect_timeout), not at their own later deadline; the next
+    publish tries the handshake again."""
+    with _silent_broker() as address:
+        async with runtime.producer(address, max_pending=3, timeout=5.0, connect_timeout=1.0) as p:
+            outcomes: list[BaseException | None] = []
+
+            async def pending() -> None:
+                calls = [("publish", ("t", b"x"))] * 3
+                outcomes.extend(await p.concurrently(calls, timeout=10))
+
+            async with anyio.create_task_group() as tg:
+                started = time.monotonic()
+                tg.start_soon(pending)
+                await wait_until(lambda: p.stats().pending == 3, what="3 publishes pending")
+                with pytest.raises(TimeoutError) as waited:
+                    await p.publish("t", b"one too many", timeout=0.5)
+                assert time.monotonic() - started >= 0.45
+                if runtime.blocking:  # the call's deadline is the library's own there
+                    assert "max_pending" in str(waited.value)
+                assert p.stats().pending == 3  # the one too many was never queued
+            assert len(outcomes) == 3
+            for outcome in outcomes:
+                assert isinstance(outcome, NoNSQDAvailable), outcome
+                assert "handshake" in str(outcome)
+            assert time.monotonic() - started < 3.0  # connect_timeout, not the 5 s timeout
+            assert p.stats().pending == 0
+            # a handshake that never completed made no connection: nothing was made again
+            assert p.stats().reconnects == 0
+            # the next publish tries the handshake again, and fails as fast
+            started = time.monotonic()
+            with pytest.raises(NoNSQDAvailable, match="handshake"):
+                await p.publish("t", b"again")
+            assert time.monotonic() - started < 3.0
+
+
 # --- the publish observer ---------------------------------------------------------------------
 
 
@@ -186,14 +317,20 @@ def _closed_port() -> str:
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
-async def test_no_nsqd_available_is_one_class_on_every_runtime(runtime: Runtime) -> None:
+@pytest.mark.parametrize("unreachable", [1, 2])
+async def test_no_nsqd_available_is_one_class_on_every_runtime(
+    runtime: Runtime, unreachable: int
+) -> None:
+    """No nsqd reachable (one or several): the publish raises NoNSQDAvailable, the same class
+    on every runtime, naming each address it tried."""
     assert transports.sync.NoNSQDAvailable is transports.anyio.NoNSQDAvailable
     assert transports.trio.NoNSQDAvailable is NoNSQDAvailable
-    address = _closed_port()
-    async with runtime.producer([address], connect_timeout=0.5, timeout=3) as p:
+    addresses = [_closed_port() for _ in range(unreachable)]
+    async with runtime.producer(addresses, connect_timeout=0.5, timeout=3) as p:
         with pytest.raises(NoNSQDAvailable) as caught:
             await p.publish(unique(), b"x")
-    assert address in str(caught.value)
+    for address in addresses:
+        assert address in str(caught.value)
 
 
 async def test_topic_names_remembered_stay_bounded(runtime: Runtime) -> None:

@@ -16,8 +16,8 @@ import pytest
 from support.brokers import BROKER_KINDS, embedded_topic_count, running_nsqd, topic_count, unique
 from support.runtimes import Runtime
 
-from nsq_sansio.errors import BadMessage
-from transports.testing.real_nsq import RealNSQD
+from nsq_sansio.errors import BadMessage, NoNSQDAvailable
+from transports.testing.real_nsq import RealNSQD, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -63,6 +63,9 @@ async def test_the_next_publish_after_a_refusal_is_stored_at_once(
                 await p.publish(topic, b"next %d" % i, timeout=5)
                 elapsed = time.monotonic() - refused
                 assert elapsed < BOUND, f"the publish after refusal {i} took {elapsed:.3f} s"
+            # each refusal closed a connection that the next publish made again: the same
+            # count on every runtime (connections made again, not attempts)
+            assert p.stats().reconnects == 3
         assert await anyio.to_thread.run_sync(stored, topic) == 4
 
 
@@ -99,3 +102,20 @@ async def test_the_refusing_nsqd_gets_its_share_again_at_once(runtime: Runtime, 
                     f"{sent} publishes in {elapsed:.3f} s after the refusal all went to one nsqd: "
                     f"{before} -> {now}"
                 )
+
+
+async def test_attempts_that_never_connect_are_not_reconnects(runtime: Runtime) -> None:
+    """``reconnects`` counts connections made again after one was up, the same on every
+    runtime: attempts refused while nsqd is down are not reconnects, and the first connection
+    made after them is not one either."""
+    address = f"127.0.0.1:{free_port()}"
+    topic = unique()
+    async with runtime.producer(address, reconnect_delay=0.05, max_reconnect_delay=0.1) as p:
+        for _ in range(3):
+            with pytest.raises(NoNSQDAvailable):
+                await p.publish(topic, b"nobody there", timeout=2)
+            await anyio.sleep(0.15)  # past the reconnect delay: the next publish tries again
+        with running_nsqd(tcp_address=address) as (_, runner):
+            await p.publish(topic, b"first connection", timeout=5)
+            assert p.stats().reconnects == 0
+            assert await anyio.to_thread.run_sync(embedded_topic_count, runner, topic) == 1

@@ -1,6 +1,7 @@
 """Publish and consume on every runtime against the embedded broker over loopback: the round
 trip, MPUB and DPUB, the HTTP producer, refused publishes, compression, discovery through
-nsqlookupd, TLS and AUTH. The broker's own stats are the referee where they matter.
+nsqlookupd, TLS (client certificates, server names), AUTH, host names. The broker's own stats
+are the referee where they matter.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support.brokers import get_json, running_nsqd, unique
+from support.brokers import embedded_topic_count, get_json, running_nsqd, unique
 from support.runtimes import Runtime, broker_channel, wait_channel, wait_until
 from support.tls import TestCA, make_test_ca
 
@@ -262,6 +263,76 @@ async def test_tls_verification_is_on_by_default(
     assert server.tcp_address in caplog.text  # log lines carry the connection address
 
 
+async def test_tls_with_compression_and_client_certificate(
+    runtime: Runtime, test_ca: TestCA
+) -> None:
+    """TLS with snappy (producer) and deflate (consumer) under it, the client presenting its
+    own certificate."""
+    topic = unique()
+    with running_nsqd(tls_cert=test_ca.cert_file, tls_key=test_ca.key_file) as (server, _):
+        tls: dict[str, Any] = {
+            "tls_ca_file": test_ca.ca_file,
+            "tls_cert_file": test_ca.client_cert_file,
+            "tls_key_file": test_ca.client_key_file,
+        }
+        async with runtime.producer(server.tcp_address, snappy=True, **tls) as p:
+            await p.multi_publish(topic, [b"x" * 5000] * 5)
+        async with runtime.consumer(
+            topic, "c", nsqd=[server.tcp_address], deflate=True, **tls
+        ) as c:
+            bodies = await c.bodies(5, timeout=10)  # max_in_flight=1: one at a time
+            channel = await broker_channel(server, topic, "c")
+    assert bodies == [b"x" * 5000] * 5
+    assert channel["clients"][0]["tls"] is True and channel["clients"][0]["deflate"] is True
+
+
+async def test_wrong_server_name_is_refused(runtime: Runtime, test_ca: TestCA) -> None:
+    with running_nsqd(tls_cert=test_ca.cert_file, tls_key=test_ca.key_file) as (server, _):
+        async with runtime.producer(
+            server.tcp_address,
+            tls_ca_file=test_ca.ca_file,
+            tls_server_name="not-nsqd.example",
+            timeout=1.0,
+        ) as p:
+            with pytest.raises(runtime.module.NoNSQDAvailable) as refused:
+                await p.publish(unique(), b"x")
+    assert type(refused.value) is runtime.module.NoNSQDAvailable
+    assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)  # the name does not match
+
+
+async def test_client_certificate_required_by_nsqd(runtime: Runtime, test_ca: TestCA) -> None:
+    """--tls-client-auth-policy=require-verify: the client's certificate is what lets it in."""
+    topic = unique()
+    server_tls = {
+        "tls_cert": test_ca.cert_file,
+        "tls_key": test_ca.key_file,
+        "tls_root_ca_file": test_ca.ca_file,
+        "tls_client_auth_policy": "require-verify",
+    }
+    with running_nsqd(**server_tls) as (server, runner):
+        with_cert: dict[str, Any] = {
+            "tls_ca_file": test_ca.ca_file,
+            "tls_cert_file": test_ca.client_cert_file,
+            "tls_key_file": test_ca.client_key_file,
+        }
+        async with runtime.producer(server.tcp_address, **with_cert) as p:
+            await p.publish(topic, b"for certified eyes")
+        async with runtime.consumer(topic, "c", nsqd=[server.tcp_address], **with_cert) as c:
+            assert await c.bodies(1, timeout=10) == [b"for certified eyes"]
+        # The same CA but no client certificate: the handshake is refused, nothing flows.
+        async with runtime.producer(
+            server.tcp_address, tls_ca_file=test_ca.ca_file, timeout=2
+        ) as p:
+            with pytest.raises(runtime.module.NoNSQDAvailable) as refused:
+                await p.publish(topic, b"should not arrive")
+        assert type(refused.value) is runtime.module.NoNSQDAvailable
+        assert str(refused.value).startswith(
+            f"no nsqd could take the publish: {server.tcp_address}"
+        )
+        # (read on the broker's loop: its HTTP port wants a client certificate too)
+        assert embedded_topic_count(runner, topic) == 1  # only the certified one
+
+
 def _auth(request: AuthRequest) -> AuthState | None:
     if request.secret == "open-sesame":
         return AuthState(identity="tester", authorizations=(Authorization(topic=".*"),))
@@ -320,6 +391,17 @@ async def test_consumer_survives_unreachable_nsqd_and_reports_it(runtime: Runtim
     ) as c:
         await wait_until(lambda: c.stats().connection_errors >= 3, what="retries")
         assert await c.get(timeout=0.05) is None
+
+
+async def test_host_names_are_resolved(runtime: Runtime, nsqd: EmbeddedNSQD) -> None:
+    """An nsqd given by host name (``localhost:port``) is reached by producers and consumers
+    (the blocking ones resolve it off their IO thread)."""
+    port = nsqd.tcp_address.rsplit(":", 1)[1]
+    topic = unique()
+    async with runtime.producer(f"localhost:{port}") as p:
+        await p.publish(topic, b"by name")
+    async with runtime.consumer(topic, "c", nsqd=[f"localhost:{port}"]) as c:
+        assert await c.bodies(1, timeout=5) == [b"by name"]
 
 
 async def test_run_finishes_on_return_and_requeues_on_raise(

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsq_sansio.backoff import Backoff, BackoffPhase, Outcome, reconnect_delay
-from nsq_sansio.rdy import even_shares, is_starved, needs_refresh
+from nsq_sansio.consumer.rdy import even_shares, is_starved, needs_refresh
 
 S, F, R, N = Outcome.SUCCESS, Outcome.FAILURE, Outcome.REPEATED_FAILURE, Outcome.NEUTRAL
 

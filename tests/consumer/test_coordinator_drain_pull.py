@@ -383,7 +383,7 @@ def test_a_fetch_asked_before_the_second_nsqd_joined_is_filled_within_a_second()
     for _ in range(99):
         w.nodes[w.addresses[1]].publish(TOPIC, b"x", w.now)
     w.revive(1)
-    while len(c._subscribed()) < 2:  # reconnected after reconnect_delay
+    while len(c._rdy.subscribed()) < 2:  # reconnected after reconnect_delay
         w.advance(0.01)
     assert not w.results
     t0 = w.now

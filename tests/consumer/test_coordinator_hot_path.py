@@ -44,7 +44,7 @@ def coordinator(
     if warm:  # as the periodic check does: RDY spread out, so reads stay within it
         for conn_id in ids:
             c._links[conn_id].warm = True
-        c._rebalance(0.0)
+        c._rdy.rebalance(0.0)
     c.pending_data()
     c.take_actions()
     return c, ids
@@ -369,10 +369,10 @@ def test_rdy_moved_away_and_back_in_one_step_writes_nothing() -> None:
     a, b = c._links[one], c._links[two]
     holder, other = (a, b) if a.rdy else (b, a)
     assert holder.rdy == 1 and other.rdy == 0 and c.pending_data() == []
-    c._send_rdy(holder, 0, 1.0)
-    c._send_rdy(other, 1, 1.0)
-    c._send_rdy(other, 0, 1.0)
-    c._send_rdy(holder, 1, 1.0)
+    c._ledger.send(holder, 0, 1.0)
+    c._ledger.send(other, 1, 1.0)
+    c._ledger.send(other, 0, 1.0)
+    c._ledger.send(holder, 1, 1.0)
     assert rdy_lines(c.pending_data()) == []
     assert c.total_rdy == 1
 
@@ -381,8 +381,8 @@ def test_rdy_moved_in_one_step_is_written_lower_first() -> None:
     c, (one, two) = coordinator(2, Config(max_in_flight=1))
     a, b = c._links[one], c._links[two]
     holder, other = (a, b) if a.rdy else (b, a)
-    c._send_rdy(other, 1, 1.0)  # capped by nothing here: the test decides the order
-    c._send_rdy(holder, 0, 1.0)
+    c._ledger.send(other, 1, 1.0)  # capped by nothing here: the test decides the order
+    c._ledger.send(holder, 0, 1.0)
     lines = rdy_lines(c.pending_data())
     assert lines == [(holder.conn_id, b"RDY 0"), (other.conn_id, b"RDY 1")]
 

@@ -92,7 +92,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         """Check the budget at every RDY the coordinator decides, not only between steps:
         a raise must never take the sum over max_in_flight, even for a moment."""
         c = world.coordinator
-        send = c._send_rdy
+        send = c._ledger.send
 
         def checked(link: Any, count: int, now: float) -> None:
             before = link.rdy
@@ -102,20 +102,20 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 if c.backoff_phase is not BackoffPhase.NORMAL:  # the test's allowance
                     assert c.total_rdy <= min(c.backoff_allowance, c.max_in_flight)
 
-        c._send_rdy = checked  # type: ignore[method-assign]
+        c._ledger.send = checked  # type: ignore[method-assign]
 
         # Bytes here never take longer than the settle time, so no message may arrive beyond
         # its connection's claim (the guard for partitions must never be needed): one that
         # does means a ceiling was released too early, even if the guard then hid it.
-        take_late = c._take_late
+        take_late = c._ledger.take_late
         world.late = []  # type: ignore[attr-defined]
 
-        def watched(link: Any, arriving: int, now: float) -> bool:
+        def watched(link: Any, arriving: int, now: float, *, may_grow: bool) -> bool:
             if link.live_count(now)[0] + arriving > link.claim:
                 world.late.append((now, link.conn_id, arriving, link.claim))  # type: ignore[attr-defined]
-            return take_late(link, arriving, now)
+            return take_late(link, arriving, now, may_grow=may_grow)
 
-        c._take_late = watched  # type: ignore[method-assign]
+        c._ledger.take_late = watched  # type: ignore[method-assign]
 
     # --- the world ---------------------------------------------------------------------------
 

@@ -39,19 +39,20 @@ class Mutant:
         return ((self.file, self.original, self.replacement), *self.also)
 
 
-CORE_CONN = "nsq_sansio/connection.py"
+CORE_FRAME_LOOP = "nsq_sansio/_frame_loop.py"
+CORE_NEGOTIATION = "nsq_sansio/_negotiation.py"
+CORE_SUBSCRIBING = "nsq_sansio/_subscribing.py"
 BACKOFF = "nsq_sansio/backoff.py"
 RETRY = "nsq_sansio/consumer/retry.py"
-RDY_BOUND = "nsq_sansio/consumer/rdy_bound.py"
-DISTRIBUTION = "nsq_sansio/consumer/distribution.py"
+LEDGER = "nsq_sansio/consumer/ledger.py"
+BACKOFF_CONTROL = "nsq_sansio/consumer/backoff_control.py"
 COORDINATOR = "nsq_sansio/consumer/coordinator.py"
+DISTRIBUTION = "nsq_sansio/consumer/distribution.py"
 ANSWERS = "nsq_sansio/consumer/answers.py"
 DRAIN = "nsq_sansio/consumer/drain.py"
-STATE = "nsq_sansio/consumer/state.py"
 PULL = "nsq_sansio/consumer/pull.py"
 FETCHES = "nsq_sansio/consumer/fetches.py"
-RDY = "nsq_sansio/rdy.py"
-DEAD_LETTERS = "nsq_sansio/consumer/dead_letters.py"
+RDY = "nsq_sansio/consumer/rdy.py"
 
 T_CONN = "tests/core/test_connection.py"
 T_RDY_BOUND = "tests/core/test_rdy_bound.py"
@@ -82,16 +83,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "rdy-budget-one-over",
         "RDY bound",
         "the RDY a connection may have is max_in_flight minus what the others may hold",
-        RDY_BOUND,
-        "        return self._config.max_in_flight - self._claimed + link.claim\n",
-        "        return self._config.max_in_flight - self._claimed + link.claim + 1\n",
+        LEDGER,
+        "        return self.max_in_flight - self.claimed + link.claim\n",
+        "        return self.max_in_flight - self.claimed + link.claim + 1\n",
         (T_RDY, T_HELD),
     ),
     Mutant(
         "rdy-ceiling-ignores-held",
         "RDY bound",
         "at settle time the ceiling falls to the RDY or to what is still held, not below",
-        DISTRIBUTION,
+        LEDGER,
         "            ceiling = max(link.wire_rdy, live)\n",
         "            ceiling = link.wire_rdy\n",
         (T_HELD, T_STATEFUL),
@@ -100,7 +101,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "rdy-not-capped-by-max-rdy-count",
         "RDY bound",
         "a connection's RDY never exceeds nsqd's max_rdy_count",
-        RDY_BOUND,
+        LEDGER,
         "        count = max(0, min(count, link.max_rdy))\n",
         "        count = max(0, count)\n",
         (T_RDY,),
@@ -118,7 +119,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "rdy-ceiling-drops-at-once",
         "RDY bound",
         "a lowered RDY keeps its old value as the ceiling until nsqd has read it",
-        RDY_BOUND,
+        LEDGER,
         "            if link.rdy >= link.ceiling:\n                link.ceiling = link.rdy\n",
         "            if link.rdy != link.ceiling:\n                link.ceiling = link.rdy\n",
         (T_RDY, T_HELD),
@@ -127,17 +128,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "rdy-expired-answer-frees-a-slot",
         "RDY bound",
         "an answer to a message nsqd may have timed out frees no slot of a lowered RDY",
-        DISTRIBUTION,
-        "        if delivery.deadline - now <= link.settle_delay:\n            return\n"
-        "        if link.ceiling > link.wire_rdy:\n            link.ceiling -= 1\n",
-        "        if link.ceiling > link.wire_rdy:\n            link.ceiling -= 1\n",
+        LEDGER,
+        "        count = sum(map(after.__lt__, deadlines))\n",
+        "        count = len(deadlines)\n",
         (T_RDY, T_HELD, T_CAUGHT),
     ),
     Mutant(
         "conn-rdy-refusal-off-by-one",
         "RDY bound",
         "the connection refuses nsqd when more messages are held than the RDY bound",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "        if held > self._allowed:\n",
         "        if held > self._allowed + 1:\n",
         (T_RDY_BOUND,),
@@ -146,7 +146,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-rdy-bound-triple",
         "RDY bound",
         "the bound is twice the RDY (nsqd may send a whole RDY again after emptying a channel)",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "            self._allowed = 2 * count\n",
         "            self._allowed = 3 * count\n",
         (T_RDY_BOUND,),
@@ -155,7 +155,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-rdy-over-max-rdy-count",
         "RDY bound",
         "RDY outside 0..max_rdy_count is refused locally",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "        if not 0 <= count <= limit:\n",
         "        if not 0 <= count <= limit + 1:\n",
         (T_CONN,),
@@ -261,7 +261,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff",
         "a test with nothing held still in flight on nsqd (hung handlers, their messages taken "
         "back) lets one message in: no result can come of those",
-        DISTRIBUTION,
+        BACKOFF_CONTROL,
         "        return max(new, 1) if in_flight == 0 else new\n",
         "        return new\n",
         (T_POLICY + "::test_a_hung_handler_never_keeps_the_test_message_out",),
@@ -319,9 +319,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff",
         "a REQ that starts backoff goes out after RDY 0 (else nsqd hands it straight back)",
         ANSWERS,
-        "            self._backoff_moved(now)\n            self._emit_rdy(link)\n"
+        "            self._rdy.backoff_moved(now)\n            self._ledger.emit(link)\n"
         "            link.proto.requeue(message_id, delay)\n",
-        "            self._backoff_moved(now)\n            link.proto.requeue(message_id, delay)\n",
+        "            self._rdy.backoff_moved(now)\n"
+        "            link.proto.requeue(message_id, delay)\n",
         (T_FLOW,),
     ),
     Mutant(
@@ -366,8 +367,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts",
         "the read path's inlined give-up test (a read mixing messages and other frames)",
         COORDINATOR,
-        "                if event[4] > attempts_limit:\n",
-        "                if event[4] > attempts_limit + 1:\n",
+        "                if event[DELIVER_ATTEMPTS] > attempts_limit:\n",
+        "                if event[DELIVER_ATTEMPTS] > attempts_limit + 1:\n",
         (T_MESSAGES, T_HOT, T_STATEFUL),
     ),
     Mutant(
@@ -383,7 +384,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts-give-up-requeues",
         "attempts",
         "a message over max_attempts is FIN'd (and reported), never requeued again",
-        COORDINATOR,
+        ANSWERS,
         "            proto.finish(message_id)\n            self.given_up += 1\n",
         "            proto.requeue(message_id, 0.0)\n            self.given_up += 1\n",
         (T_MESSAGES,),
@@ -392,7 +393,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts-give-up-neutral-for-backoff",
         "attempts",
         "a give-up (FIN'd) counts as a success for backoff, as in go-nsq and pynsq",
-        COORDINATOR,
+        ANSWERS,
         "            if self._backoff.record(Outcome.SUCCESS, now):  # a give-up FINs: a success\n",
         "            if self._backoff.record(Outcome.NEUTRAL, now):  # a give-up FINs: a success\n",
         (T_POLICY,),
@@ -401,11 +402,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "dead-letter-fin-before-publish",
         "attempts",
         "a dead-lettered message is held until the publish is reported, FIN'd only after it",
-        COORDINATOR,
+        ANSWERS,
         "                link.tracked[message_id] = delivery\n"
-        "                if self._explicit_delivery:  # a drain must wait for it, not requeue it\n",
+        "                if self.explicit_delivery:  # a drain must wait for it, not requeue it\n",
         "                proto.finish(message_id)\n"
-        "                if self._explicit_delivery:  # a drain must wait for it, not requeue it\n",
+        "                if self.explicit_delivery:  # a drain must wait for it, not requeue it\n",
         (T_DEAD,),
     ),
     Mutant(
@@ -413,7 +414,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "attempts",
         "a dead letter whose publish failed is requeued (delivered and dead-lettered again), "
         "not FIN'd",
-        DEAD_LETTERS,
+        ANSWERS,
         "        return self.requeue(delivery, now, backoff=False)\n",
         "        return self.finish(delivery, now)\n",
         (T_DEAD,),
@@ -422,9 +423,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "dead-letter-give-up-neutral-for-backoff",
         "backoff",
         "a dead-lettered give-up is a success for backoff, as a plain give-up is",
-        DEAD_LETTERS,
-        "        self._after_answer(link, Outcome.SUCCESS, now, delivery)\n",
-        "        self._after_answer(link, Outcome.NEUTRAL, now, delivery)\n",
+        ANSWERS,
+        "        # FIN'd after a give-up: a success for backoff, as a give-up without dead letters "
+        "is\n        self.after_answer(link, Outcome.SUCCESS, now, delivery)\n",
+        "        # FIN'd after a give-up: a success for backoff, as a give-up without dead letters "
+        "is\n        self.after_answer(link, Outcome.NEUTRAL, now, delivery)\n",
         (T_DEAD,),
     ),
     Mutant(
@@ -442,7 +445,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "drain",
         "drain sets RDY 0 everywhere before any REQ",
         DRAIN,
-        "            if link.rdy:\n                self._send_rdy(link, 0, now)"
+        "            if link.rdy:\n                self._ledger.send(link, 0, now)"
         "  # before any REQ: nsqd must not resend them\n",
         "            pass\n",
         (T_DRAIN_PULL,),
@@ -507,17 +510,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "drain-delivers-late-messages",
         "drain",
         "a message arriving while draining goes back at once (REQ 0), not to the user",
-        COORDINATOR,
-        "        if not link.accepting:\n            self._emit_rdy(link)  # RDY 0 goes before the REQ\n",  # noqa: E501
-        "        if False:\n            self._emit_rdy(link)  # RDY 0 goes before the REQ\n",
+        ANSWERS,
+        "        if not link.accepting:\n            self._ledger.emit(link)  # RDY 0 goes before the REQ\n",  # noqa: E501
+        "        if False:\n            self._ledger.emit(link)  # RDY 0 goes before the REQ\n",
         (T_DRAIN_PULL,),
     ),
     Mutant(
         "drain-req-before-rdy0",
         "drain",
         "drain's RDY 0 is written before its REQs",
-        RDY_BOUND,
-        "            self._emit_rdy(link)  # drain's RDY 0 goes before the REQ\n",
+        ANSWERS,
+        "            self._ledger.emit(link)  # drain's RDY 0 goes before the REQ\n",
         "",
         (T_DRAIN_PULL,),
     ),
@@ -526,7 +529,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "touch-at-deadline",
         "keepalive",
         "TOUCH half-way to the deadline, not at it",
-        STATE,
+        ANSWERS,
         "        return deadline - link.msg_timeout / 2\n",
         "        return deadline\n",
         (T_MESSAGES,),
@@ -535,7 +538,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "touch-past-max-msg-timeout",
         "keepalive",
         "no TOUCH once the deadline reached max_msg_timeout",
-        STATE,
+        ANSWERS,
         "        if deadline >= delivery.received_at + link.max_msg_timeout:\n            return None\n",  # noqa: E501
         "",
         (T_MESSAGES, T_KEEPALIVE),
@@ -564,7 +567,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-fin-twice",
         "FIN once",
         "a message is FIN'd at most once (a second answer is refused locally)",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "            self._in_flight.remove(message_id)  # only ever filled in SUBSCRIBED or CLOSING\n",  # noqa: E501
         "            self._in_flight.discard(message_id)  # only ever filled in SUBSCRIBED or CLOSING\n",  # noqa: E501
         (T_CONN,),
@@ -573,7 +576,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "conn-finish-many-repeated-id",
         "FIN once",
         "finish_many with an id twice sends nothing and raises",
-        CORE_CONN,
+        CORE_SUBSCRIBING,
         "                if before - len(in_flight) == len(message_ids):\n",
         "                if True:\n",
         (T_CONN,),
@@ -582,7 +585,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "fin-of-stale-copy-forgets-new",
         "FIN once",
         "a FIN of an old copy keeps the newer delivery of that id tracked",
-        ANSWERS,
+        COORDINATOR,
         "            link.head = head\n"
         "        else:\n"
         "            tracked = link.tracked\n"
@@ -612,7 +615,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "coalesced-refusal-blames-every-member",
         "coalescing refusal",
         "a refused coalesced MPUB fails no member by itself: each is resent alone",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "                refused = CoalescedPublishRefused(error)\n",
         "                refused = error\n",
         (T_COALESCE, "tests/clients/test_producer_guarantees.py"),
@@ -647,7 +650,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "tls-upgrade-drops-trailing-bytes",
         "upgrade byte",
         "bytes after the IDENTIFY answer in the same read belong to the TLS handshake",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "            events.append(TLSUpgradeRequired(trailing))\n",
         '            events.append(TLSUpgradeRequired(b""))\n',
         (T_CONN,),
@@ -656,7 +659,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "compression-trailing-read-plain",
         "upgrade byte",
         "bytes after the switch to compression are decompressed",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "        elif trailing:\n            self._decompress_and_process(trailing, events)\n",
         "        elif trailing:\n            self._process(trailing, events)\n",
         (T_CONN,),
@@ -665,7 +668,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "upgrade-decodes-past-the-switch",
         "upgrade byte",
         "decoding stops at exactly the byte where nsqd switches (TLS or compression)",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "                if self._switch or self._state is _S.CLOSED:\n                    break\n",
         "                if self._state is _S.CLOSED:\n                    break\n",
         (T_CONN,),
@@ -674,7 +677,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "compression-compresses-queued-output",
         "upgrade byte",
         "what was queued before the switch goes out uncompressed",
-        CORE_CONN,
+        CORE_NEGOTIATION,
         '        self._out_plain += b"".join(self._out)\n        self._out.clear()\n',
         "",
         (T_CONN, T_CAUGHT),
@@ -684,7 +687,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "heartbeat-unanswered",
         "heartbeat",
         "a heartbeat is answered with NOP by the core",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         '            self._count_unsolicited("heartbeats")\n            self._out.append(b"NOP\\n")\n',  # noqa: E501
         '            self._count_unsolicited("heartbeats")\n',
         (T_CONN,),
@@ -693,7 +696,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "identify-refusal-retried",
         "IDENTIFY refusal",
         "a refused IDENTIFY is IdentifyRejected (the configuration's fault: fail, not retry)",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "                self._fail(IdentifyRejected(error), events)\n",
         "                self._fail(error, events)\n",
         (T_CONN, T_IDENTIFY),
@@ -702,7 +705,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "late-answer-errors-fatal",
         "late answers",
         "E_FIN_FAILED / E_REQ_FAILED / E_TOUCH_FAILED are not fatal",
-        CORE_CONN,
+        CORE_FRAME_LOOP,
         "        command = _NON_FATAL_COMMANDS.get(error.code)\n        if command is not None:\n",
         "        command = _NON_FATAL_COMMANDS.get(error.code)\n        if False:\n",
         (T_CONN, T_MESSAGES),
@@ -729,9 +732,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "pull-rdy-beyond-asked",
         "pull",
         "pull mode's RDY is what the fetches asked for, never more",
-        DISTRIBUTION,
-        "            wanted = max(0, min(self._fetches.outstanding, budget - sum(live)))\n",
-        "            wanted = max(0, budget - sum(live))\n",
+        PULL,
+        "        wanted = max(0, min(self.fetches.outstanding, budget - sum(live)))\n",
+        "        wanted = max(0, budget - sum(live))\n",
         (T_DRAIN_PULL,),
     ),
 )

@@ -28,6 +28,10 @@ if ASKED:
         assert ok, summary
         return listed
 
+    # one group: a parallel run runs the baseline once, on one worker (tests/mutants/run.py
+    # --jobs N is the parallel mutation run)
+    @pytest.mark.slow
+    @pytest.mark.xdist_group("mutants")
     @pytest.mark.timeout(900)
     @pytest.mark.parametrize("mutant", MUTANTS, ids=[mutant.name for mutant in MUTANTS])
     def test_the_planted_bug_is_caught(mutant: Mutant, files: list[str]) -> None:
@@ -38,5 +42,6 @@ if ASKED:
 
 else:
 
+    @pytest.mark.slow
     def test_the_planted_bugs_run_only_when_asked() -> None:
         pytest.skip("the mutation run is asked for with NSQ_MUTANTS=1 (see docs/testing.md)")

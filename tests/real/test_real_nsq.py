@@ -5,13 +5,21 @@ Skipped where the binaries are absent (a user's clone has no ``../shared``).
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from transports.sync import Consumer
-from transports.testing.real_nsq import MISSING_BINARIES, RealLookupd, RealNSQD, find_binaries
+from transports.testing import real_nsq
+from transports.testing.real_nsq import (
+    MISSING_BINARIES,
+    RealLookupd,
+    RealNSQD,
+    find_binaries,
+    free_port,
+)
 
 pytestmark = pytest.mark.skipif(find_binaries() is None, reason=MISSING_BINARIES)
 
@@ -55,3 +63,23 @@ def test_missing_binaries_are_reported_not_raised(tmp_path: Path) -> None:
     assert find_binaries(str(tmp_path)) is None
     with pytest.raises(FileNotFoundError, match="no nsqd binary found"):
         RealNSQD(bin_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("server", [RealNSQD, RealLookupd])
+def test_a_port_taken_between_its_pick_and_the_start_is_picked_again(
+    server: type[RealNSQD | RealLookupd], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # another test process (a parallel run) can take a port after free_port() saw it free
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        taken = blocker.getsockname()[1]
+        picks = iter([taken, taken])
+        monkeypatch.setattr(real_nsq, "free_port", lambda: next(picks, None) or free_port())
+        with server() as started:
+            assert taken not in (started.tcp_port, started.http_port)
+            assert started.get("/ping") == b"OK"
+            port = started.tcp_port
+            started.stop()
+            started.start()  # a restart keeps its ports
+            assert started.tcp_port == port

@@ -1,11 +1,9 @@
 """The blocking clients (``transports.sync``) against a real nsqd v1.3.0.
 
-A representative subset of ``tests/sync``, the test bodies unchanged: they get a real nsqd in
-the embedded fixtures' shape (``nsqd`` is ``(server, runner)``; the broker's own view of a
-channel comes from the real ``/stats``). Round trip, pipelined publishes, snappy and deflate,
-RDY on the broker, backoff, max attempts, drain and pull fetch; then TLS with compression.
-Tests that need a fresh channel's deferred or timed-out messages back quickly are left out:
-the real nsqd scans a new channel's queues only after its 5 s channel-list refresh.
+What only the blocking runtime has, against a real nsqd (the scenarios every runtime shares
+run against it in test_clients_real.py): pipelined publishes on one connection, with the test
+body of ``tests/sync`` unchanged (``nsqd`` is ``(server, runner)``); then TLS with compression
+and a client certificate.
 """
 
 from __future__ import annotations
@@ -14,18 +12,8 @@ from typing import Any
 
 import pytest
 from sync.conftest import no_thread_left_behind, test_ca  # noqa: F401 (fixtures, as in tests/sync)
-from sync.test_flow import (  # noqa: F401 (collected here against the real nsqd)
-    test_backoff_on_failures,
-    test_drain_with_messages_in_flight_loses_and_redelivers_nothing,
-    test_fetch_batch_expiry_and_no_wait,
-    test_max_attempts_and_give_up,
-    test_max_in_flight_is_respected_on_the_broker,
-)
-from sync.test_roundtrip import (  # noqa: F401
-    test_compressed_connections,
+from sync.test_roundtrip import (  # noqa: F401 (collected here against the real nsqd)
     test_publish_async_pipelines_many_on_one_connection,
-    test_publish_consume_round_trip,
-    test_run_with_threads_finishes_on_return_and_requeues_on_raise,
 )
 
 from transports.sync import Consumer, Producer

@@ -11,6 +11,7 @@ import pytest
 from nsq_sansio.backoff import Backoff
 from nsq_sansio.config import Config
 from nsq_sansio.consumer import ConsumerCoordinator
+from nsq_sansio.consumer.ledger import RdyLedger
 from nsq_sansio.discovery import LookupdPoller
 from nsq_sansio.server.channel import Channel
 from nsq_sansio.server.protocol_v2 import ProtocolV2
@@ -59,12 +60,12 @@ def caught(scn: Scenario) -> set[Invariant]:
 def test_rdy_over_max_in_flight_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     scn = scenario(config=CONFIG.replace(max_in_flight=4))
     run_scenario(scn)  # control: the real rule holds
-    original = ConsumerCoordinator._send_rdy
+    original = RdyLedger.send
 
-    def off_by_one(self: ConsumerCoordinator, link: Any, count: int, now: float) -> None:
+    def off_by_one(self: RdyLedger, link: Any, count: int, now: float) -> None:
         original(self, link, count + 1 if count > 1 else count, now)
 
-    monkeypatch.setattr(ConsumerCoordinator, "_send_rdy", off_by_one)
+    monkeypatch.setattr(RdyLedger, "send", off_by_one)
     assert Invariant.RDY_SUM in caught(scn)
 
 
@@ -81,11 +82,11 @@ def test_holding_more_than_max_in_flight_is_caught(monkeypatch: pytest.MonkeyPat
     )
     run_scenario(scn)
 
-    def rdy_only(self: ConsumerCoordinator, link: Any) -> None:
-        self._claimed += link.rdy - link.claim
+    def rdy_only(self: RdyLedger, link: Any) -> None:
+        self.claimed += link.rdy - link.claim
         link.claim = link.rdy
 
-    monkeypatch.setattr(ConsumerCoordinator, "_reclaim", rdy_only)
+    monkeypatch.setattr(RdyLedger, "reclaim", rdy_only)
     assert Invariant.HELD in caught(scn)
 
 
@@ -144,7 +145,7 @@ def test_a_drain_that_just_closes_is_caught(monkeypatch: pytest.MonkeyPatch) -> 
 
     def hasty_drain(self: ConsumerCoordinator, now: float, timeout: float | None = None) -> None:
         for link in list(self._links.values()):
-            self._drop(link, None, now, close=True)
+            self._connections.drop(link, None, now, close=True)
 
     monkeypatch.setattr(ConsumerCoordinator, "drain", hasty_drain)
     assert Invariant.DRAIN in caught(scn)

@@ -98,14 +98,14 @@ def test_replay_command_help_and_bad_blobs(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_violation_message_carries_the_replay_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nsq_sansio.consumer import ConsumerCoordinator
+    from nsq_sansio.consumer.ledger import RdyLedger
 
-    original = ConsumerCoordinator._send_rdy
+    original = RdyLedger.send
 
-    def greedy(self: ConsumerCoordinator, link: object, count: int, now: float) -> None:
+    def greedy(self: RdyLedger, link: object, count: int, now: float) -> None:
         original(self, link, count * 2, now)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ConsumerCoordinator, "_send_rdy", greedy)
+    monkeypatch.setattr(RdyLedger, "send", greedy)
     with pytest.raises(InvariantViolation) as info:
         run_scenario(SCENARIO)
     line = str(info.value).splitlines()[-1]

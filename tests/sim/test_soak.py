@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from nsq_sansio.consumer import ConsumerCoordinator
+from nsq_sansio.consumer.ledger import RdyLedger
 from nsq_sansio.testing.__main__ import main
 from nsq_sansio.testing.soak import soak
 
@@ -36,12 +36,12 @@ def test_a_soak_counts_what_it_ran_and_goes_on_after_a_violation(
     assert report.total == 4 and report.seeds == [5, 6] and not report.findings
     assert lines[-1] == "soak done: 4 schedules, 2 rounds (seeds 5..6), 0 violations"
 
-    original = ConsumerCoordinator._send_rdy
+    original = RdyLedger.send
 
-    def greedy(self: ConsumerCoordinator, link: object, count: int, now: float) -> None:
+    def greedy(self: RdyLedger, link: object, count: int, now: float) -> None:
         original(self, link, count * 2 + 1, now)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ConsumerCoordinator, "_send_rdy", greedy)
+    monkeypatch.setattr(RdyLedger, "send", greedy)
     lines.clear()
     report = soak(seed=5, schedules=4, batch=2, properties=("no-faults",), out=lines.append)
     assert report.total == 4, "a violation does not stop the search"

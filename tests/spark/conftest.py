@@ -38,11 +38,17 @@ def _java_available() -> bool:
     return shutil.which("java") is not None
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test here is marked ``spark``; those that use the session's JVM (the ``spark``
+    fixture) form one ``xdist_group``, so a parallel run (``-n auto --dist loadgroup``) starts
+    one JVM on one worker instead of one per worker (tryfirst: before xdist reads the groups)."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.spark)
+            if "spark" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group("spark-session"))
 
 
 @pytest.fixture(scope="session")

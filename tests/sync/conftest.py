@@ -28,6 +28,7 @@ def no_thread_left_behind() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def test_ca(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A private CA and a server certificate it signed for 127.0.0.1 / localhost, plus a
-    client certificate; returns PEM file paths (ca, cert, key, client_cert, client_key)."""
+    client certificate; returns PEM file paths (ca, cert, key, client_cert, client_key).
+    (tests/real's blocking TLS test takes it from here.)"""
     pytest.importorskip("cryptography")
     return make_test_ca(tmp_path_factory.mktemp("ca")).as_dict()

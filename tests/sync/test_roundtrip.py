@@ -74,15 +74,3 @@ def test_publish_future_interface(nsqd: Pair) -> None:
         assert late == [future]
         refused = producer.publish_async(unique(), b"x" * (2 * 1024 * 1024))
         assert type(refused.exception(5)) is BadMessage  # over nsqd's max_msg_size
-
-
-def test_host_names_are_resolved_off_the_io_thread(nsqd: Pair) -> None:
-    server, _ = nsqd
-    port = server.tcp_address.rsplit(":", 1)[1]
-    topic = unique()
-    with Producer(f"localhost:{port}") as producer:
-        producer.publish(topic, b"by name")
-    with Consumer(topic, "c", nsqd=[f"localhost:{port}"]) as consumer:
-        msg = consumer.get(timeout=5)
-        assert msg is not None and msg.body == b"by name"
-        msg.finish()

@@ -135,6 +135,8 @@ class Producer(ProducerConnections):
         self._nsqd_count = len({node.address for node in self._nodes})
         self._timeout = timeout
         self._free = max_pending
+        #: Cancelled callers' publishes written and still awaiting their answer (slot freed).
+        self._orphans = 0
         self._slot_waiters: deque[anyio.Event] = deque()
         self._timer_started = False
         self._max_pending = max_pending
@@ -447,6 +449,8 @@ class Producer(ProducerConnections):
         except BaseException as exc:
             if call.bound is not None:
                 self._unbind(call)
+            if call.orphan:
+                self._orphans += 1  # until its answer comes (``_resolve``)
             self._release_slot()
             observer = self.publish_observer
             if observer is not None and not call.orphan:  # an orphan is observed on its answer
@@ -529,6 +533,7 @@ class Producer(ProducerConnections):
     def _resolve(self, call: Call, error: BaseException | None) -> None:
         """Hand ``call`` its outcome (None: nsqd said OK) and wake its caller."""
         if call.orphan:
+            self._orphans -= 1
             observer = self.publish_observer
             if observer is not None:
                 self._observe(observer, call.topic, call.count, call.start, error)
@@ -640,7 +645,9 @@ class Producer(ProducerConnections):
         return ProducerStats(
             published=self._published,
             failed=self._failed,
-            pending=sum(len(n.pending) for n in self._nodes),
+            # publishes holding a slot (connecting, written or waiting to be) and cancelled
+            # ones still awaiting their answer: what the blocking producer counts too
+            pending=self._max_pending - self._free + self._orphans,
             reconnects=sum(max(n.connects - 1, 0) for n in self._nodes),
             connections=tuple(
                 ConnectionStats(

@@ -150,6 +150,7 @@ class ProducerIOThread:
                 node.failures = 0
                 node.last_error = None
                 node.last_exc = None
+                node.connects += 1
                 if node.connects > 1:
                     node.log.info("reconnected", extra=fields(state="ready"))
                 else:

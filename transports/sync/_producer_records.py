@@ -209,6 +209,9 @@ class Node:
     refused_at: float = float("-inf")
     published: int = 0
     failed: int = 0
+    #: Connection attempts made (the first ones are made once, by whoever comes first).
+    attempts: int = 0
+    #: Connections that reached READY (``reconnects`` is the ones after the first, as on anyio).
     connects: int = 0
     #: The last coalesced MPUB refusal logged (one warning per refused group, not per PUB).
     last_refused: BaseException | None = None

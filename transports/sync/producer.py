@@ -605,14 +605,14 @@ class Producer(CallerReads, ProducerIOThread):
     def _connect_all(self) -> None:
         """The first attempts (a publish may have made one already: it is not made again)."""
         for node in self._nodes:
-            if node.connects == 0:
+            if node.attempts == 0:
                 self._connect(node)
 
     def _connect(self, node: Node) -> None:
         if self._closing or node.link is not None:
             return
         node.config_error = None
-        node.connects += 1
+        node.attempts += 1
         node.conn = ClientConnection.from_config(self._config, peer=node.address)
         node.ready_by = time.monotonic() + self._config.connect_timeout
         node.connecting = True

@@ -174,6 +174,14 @@ def nsqd_flags(**options: Any) -> tuple[list[str], list[str]]:
     return flags, lookupd
 
 
+# Starts tried when the picked ports turned out to be taken (see _Process.start).
+_START_ATTEMPTS = 5
+
+
+class _PortTaken(RuntimeError):
+    """The process exited at start because one of its ports was taken meanwhile."""
+
+
 @atexit.register
 def _kill_leftovers() -> None:
     for process in list(_live):
@@ -206,6 +214,8 @@ class _Process:
         self._data_dir: tempfile.TemporaryDirectory[str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._log: Any = None
+        # a restart keeps its ports: clients and data refer to them
+        self._started_once = False
 
     # --- addresses -------------------------------------------------------------------------
 
@@ -232,12 +242,27 @@ class _Process:
         raise NotImplementedError
 
     def start(self) -> _Process:
-        """Start the process (a fresh data directory on first start) and wait for /ping."""
+        """Start the process (a fresh data directory on first start) and wait for /ping.
+
+        The ports were free when they were picked, not necessarily now (another test process's
+        connection or server may have taken one since): on a first start that fails with
+        "address already in use", fresh ports are picked and the start tried again."""
         if self._process is not None and self._process.poll() is None:
             return self
+        for attempt in range(_START_ATTEMPTS):
+            try:
+                return self._start_once()
+            except _PortTaken:
+                if self._started_once or attempt == _START_ATTEMPTS - 1:
+                    raise
+                self.tcp_port, self.http_port = free_port(), free_port()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self) -> _Process:
         if self._data_dir is None:
             self._data_dir = tempfile.TemporaryDirectory(prefix=f"real-{self.binary}-")
         self._log = open(os.path.join(self._data_dir.name, f"{self.binary}.log"), "ab")  # noqa: SIM115
+        logged_before = self._log.tell()
         self._process = subprocess.Popen(
             [str(self.path), *self.command(), *self.extra_args],
             stdout=self._log,
@@ -248,12 +273,16 @@ class _Process:
         deadline = time.monotonic() + self.startup_timeout
         while True:
             if self._process.poll() is not None:
-                raise RuntimeError(
-                    f"{self.binary} exited with {self._process.returncode} at start: "
-                    f"{self.log_text()[-2000:]}"
-                )
+                returncode, self._process = self._process.returncode, None
+                _live.discard(self)
+                self._log.close()
+                self._log = None
+                log = self.log_text()[logged_before:]
+                error = _PortTaken if "address already in use" in log else RuntimeError
+                raise error(f"{self.binary} exited with {returncode} at start: {log[-2000:]}")
             with contextlib.suppress(OSError):
                 if self.get("/ping", timeout=0.5) == b"OK":
+                    self._started_once = True
                     return self
             if time.monotonic() > deadline:
                 self.stop()
