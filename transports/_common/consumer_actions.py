@@ -15,6 +15,9 @@ Rules (the same on asyncio, trio and blocking):
   every waiting call is woken.
 * A fetch's answer nobody waits for any more is requeued at once, without backoff.
 * A ``DeadLetter`` goes to the dead-letter publisher (the core FINs or REQs it on its report).
+* Once the runtime's IO is over (drained, closed or failed), an answer user code still gives
+  is carried out where it is given (:meth:`ConsumerActions.after_stop`): reported as
+  ``TakenBack`` like any late answer; nothing is connected, sent or delivered any more.
 
 What touches sockets, tasks and threads is the runtime's: :class:`ConsumerRuntime` is what
 :class:`ConsumerActions` calls. The per-message path (a read of messages only) costs one
@@ -57,6 +60,17 @@ from .reports import EventCallback, log_consumer_report, log_drain_timed_out, lo
 from .stats import ConnectionStats, ConsumerStats
 
 __all__ = ["ConsumerActions", "ConsumerRuntime", "DeadLetterSink", "SocketFigures"]
+
+#: Actions that only a running runtime can carry out (see :meth:`ConsumerActions.after_stop`).
+_NEEDS_IO = (
+    Connect,
+    CloseConnection,
+    StartTLS,
+    SendHTTPRequest,
+    CloseHTTPRequest,
+    Deliver,
+    DeadLetter,
+)
 
 #: One open connection as the runtime sees it: (conn_id, address, bytes received, bytes sent).
 SocketFigures = tuple[int, str, int, int]
@@ -214,6 +228,16 @@ class ConsumerActions:
                 self.dead_letters.submit(action.delivery)
         else:  # ConnectionUp, GiveUp, BackoffChanged, LookupdFailed...: logged and reported
             self.report(action)
+
+    def after_stop(self, actions: list[Action]) -> None:
+        """Carry out ``actions`` decided after the runtime's IO ended (the consumer drained,
+        closed or failed: no task or IO thread takes the core's actions any more), by an answer
+        user code gave late: the reports (its ``TakenBack``) are logged and given to
+        ``on_event``, as while running; what needs IO is dropped (no socket is left, and nsqd
+        requeues whatever it still held)."""
+        for action in actions:
+            if not isinstance(action, _NEEDS_IO):
+                self.act(action)
 
     def fetch_answered(self, result: FetchResult) -> None:
         if result.reason is FetchEnd.TOO_MANY_WAITING:

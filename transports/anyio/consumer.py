@@ -262,6 +262,7 @@ class Consumer(ConsumerConnections):
 
     def _stop_tasks(self) -> None:
         self._closed = True
+        self._kicked = False  # the pump is going: the next answer's _kick reports for it
         self._cancel_handlers()
         for scope in list(self._task_scopes):
             scope.cancel()
@@ -753,6 +754,13 @@ class Consumer(ConsumerConnections):
         if not self._kicked:
             self._kicked = True
             self._kick_event.set()
+            if self._closed:
+                # No pump any more: what a late answer decided (its TakenBack) is reported
+                # here, as the pump would have (checked once per wake-up, not per answer).
+                self._kicked = False
+                actions = self._coord.take_actions()
+                if actions:
+                    self._actions.after_stop(actions)
 
     def _wake_readers(self) -> None:
         waiters = self._waiters

@@ -154,6 +154,11 @@ class ConsumerIO:
         self.drain_timeout = 0.0
         self.reported_running: set[Message] = set()
         self._dead_letters: DeadLetterPublisher | None = None
+        #: True once the IO thread has ended (the consumer drained or closed): an answer
+        #: posted then is carried out by the thread that gives it (:meth:`answer_stopped`),
+        #: one thread at a time (re-entrant: ``on_event`` may answer from its report).
+        self.stopped = False
+        self.stopped_lock = threading.RLock()
 
     @property
     def dead_letters(self) -> DeadLetterPublisher | None:
@@ -196,6 +201,29 @@ class ConsumerIO:
         """An answer other than FIN, from a user thread (thread-safe)."""
         self.posted.append((op, message, arg))
         self.loop.wake()
+        if self.stopped:
+            self.answer_stopped()
+
+    def answer_stopped(self) -> None:
+        """The IO thread has ended: carry out the answers posted, here (thread-safe). Each is
+        too late (the drain requeued its message, or its connection closed): it is reported
+        as ``TakenBack``, logged and given to ``on_event`` from this thread, as on a running
+        consumer."""
+        with self.stopped_lock:
+            if self.posted:
+                self.take_answers(time.monotonic())
+            actions = self.coordinator.take_actions()
+            if actions:
+                self.actions.after_stop(actions)
+
+    def stop(self) -> None:
+        """The consumer is over: stop the IO thread; once it has ended, answers are carried
+        out where they are given (those posted meanwhile, now)."""
+        loop = self.loop
+        loop.stop()
+        if loop.wait_stopped(0):  # ended (not this thread, nor stuck past stop()'s wait)
+            self.stopped = True
+            self.answer_stopped()
 
     def wake_users(self) -> None:
         with self.cond:
@@ -213,6 +241,8 @@ class ConsumerIO:
         loop = self.loop
         if not loop._wake_pending:
             loop.wake()
+        if self.stopped:
+            self.answer_stopped()
         return len(fresh)
 
     # --- the IO loop's callbacks ------------------------------------------------------------

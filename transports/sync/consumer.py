@@ -275,7 +275,7 @@ class Consumer:
         io.draining = True
         io.drained.set()
         io.wake_users()
-        io.loop.stop()
+        io.stop()
         if io.dead_letters is not None:
             io.dead_letters.close()
         current = threading.current_thread()

@@ -4,8 +4,9 @@
 The answers are thread-safe and never block: each is appended to the consumer IO side's
 ``posted`` deque (a bare message is a FIN, the hot path; anything else an ``(op, message,
 argument)`` tuple with one of the ``OP_*`` codes below) and the IO thread is woken to carry it
-out. What a message needs of its consumer is spelled out by :class:`MessageOwner`, so this
-module does not import the consumer.
+out (once the consumer drained or closed and the IO thread is gone, the answering thread
+carries it out itself). What a message needs of its consumer is spelled out by
+:class:`MessageOwner`, so this module does not import the consumer.
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ class MessageOwner(Protocol):
     loop: IOLoop
     coordinator: ConsumerCoordinator
     telemetry: DeliveryHook | None
+    stopped: bool
 
     def post(self, op: int, message: Message, arg: Any) -> None: ...
+
+    def answer_stopped(self) -> None: ...
 
 
 class Message(MessageBase):
@@ -62,7 +66,8 @@ class Message(MessageBase):
     are thread-safe and never block: they are handed to the IO thread. An answer that comes
     too late (the connection closed, or nsqd timed the message out) is never raised: it sets
     :attr:`taken_back` (once the IO thread has carried it out) and is reported as a
-    ``TakenBack`` event.
+    ``TakenBack`` event. After the consumer drained or closed (no IO thread left) an answer
+    is carried out, and reported, in the thread that gives it.
     """
 
     __slots__ = ("_expiring", "_taken_back")
@@ -87,6 +92,8 @@ class Message(MessageBase):
         loop = consumer.loop
         if not loop._wake_pending:
             loop.wake()
+        if consumer.stopped:  # no IO thread any more: carried out (and reported) here
+            consumer.answer_stopped()
         if consumer.telemetry is not None:
             consumer.telemetry.settled(self, "finish")
         return True
@@ -135,7 +142,8 @@ class Message(MessageBase):
     def taken_back(self) -> bool:
         """nsqd no longer holds this copy for us (it timed out and was delivered again, the
         connection was lost, or an answer came too late): answering it now does nothing,
-        another consumer may get the message. Set by the IO thread, shortly after the fact."""
+        another consumer may get the message. Set by the IO thread, shortly after the fact (by
+        the answering thread once the consumer drained or closed)."""
         return self._taken_back
 
     @property
