@@ -84,7 +84,14 @@ def test_a_subscriber_that_never_reads_holds_a_few_messages_the_rest_stays_in_de
                 reader.command("RDY 200")
                 got = _read_and_fin(reader, COUNT - held)
                 assert got == bodies[held:]
-                ch = _channel(target, topic, "c")
+
+                def only_the_stuck_share_left() -> dict[str, int] | None:
+                    # the reader's last FINs are sent, not yet applied: read until they are
+                    # (a stuck share that grew never matches, and fails after the timeout)
+                    ch = _channel(target, topic, "c")
+                    return ch if ch["depth"] == 0 and ch["in_flight_count"] == held else None
+
+                ch = wait_for(only_the_stuck_share_left)
                 assert ch["depth"] == 0
                 assert ch["in_flight_count"] == held
     finally:
