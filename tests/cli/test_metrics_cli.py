@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 import urllib.request
 
 import pytest
@@ -99,9 +100,15 @@ def test_tail_exports_its_consumer(nsqd: EmbeddedNSQD) -> None:
         assert [proc.stdout.readline() for _ in range(3)] == [b"1\n", b"2\n", b"3\n"]
         labels = frozenset({("topic", "feed"), ("channel", "watch")})
         link = frozenset({*labels, ("nsqd", nsqd.tcp_address)})
+        # tail prints a message, then finishes it: the last FIN can follow the last line
+        finished = ("nsq_consumer_messages_finished_total", labels)
+        deadline = time.monotonic() + 10
         samples = scrape(metrics.group(1))
+        while samples[finished] < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            samples = scrape(metrics.group(1))
         assert samples[("nsq_consumer_messages_received_total", labels)] == 3
-        assert samples[("nsq_consumer_messages_finished_total", labels)] == 3
+        assert samples[finished] == 3
         assert samples[("nsq_consumer_connections", labels)] == 1
         assert samples[("nsq_consumer_rdy", link)] == 200
         proc.send_signal(signal.SIGINT)

@@ -6,10 +6,13 @@ Skipped where the binaries are absent (a user's clone has no ``../shared``).
 from __future__ import annotations
 
 import socket
+import ssl
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from sync.conftest import test_ca  # noqa: F401 (the fixture, as in tests/sync)
 
 from transports.sync import Consumer
 from transports.testing import real_nsq
@@ -83,3 +86,19 @@ def test_a_port_taken_between_its_pick_and_the_start_is_picked_again(
             started.stop()
             started.start()  # a restart keeps its ports
             assert started.tcp_port == port
+
+
+def test_two_tls_nsqds_run_side_by_side_each_on_its_own_https_port(
+    test_ca: dict[str, str],  # noqa: F811
+) -> None:
+    # with a certificate nsqd also opens HTTPS, on the fixed 0.0.0.0:4152 unless told
+    # otherwise, so a second TLS nsqd (a parallel test) failed at start; each gets a port now
+    ssl_context = ssl.create_default_context(cafile=test_ca["ca"])
+    tls = [f"--tls-cert={test_ca['cert']}", f"--tls-key={test_ca['key']}"]
+    with RealNSQD(tls) as first, RealNSQD(tls) as second:
+        assert first.https_port != second.https_port
+        for nsqd in (first, second):
+            with urllib.request.urlopen(
+                f"https://{nsqd.https_address}/ping", context=ssl_context, timeout=5
+            ) as answer:
+                assert answer.read() == b"OK"

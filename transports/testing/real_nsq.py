@@ -209,8 +209,7 @@ class _Process:
         self.path = path
         self.extra_args = list(args)
         self.startup_timeout = startup_timeout
-        self.tcp_port = free_port()
-        self.http_port = free_port()
+        self._pick_ports()
         self._data_dir: tempfile.TemporaryDirectory[str] | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._log: Any = None
@@ -218,6 +217,9 @@ class _Process:
         self._started_once = False
 
     # --- addresses -------------------------------------------------------------------------
+
+    def _pick_ports(self) -> None:
+        self.tcp_port, self.http_port = free_port(), free_port()
 
     @property
     def tcp_address(self) -> str:
@@ -255,7 +257,7 @@ class _Process:
             except _PortTaken:
                 if self._started_once or attempt == _START_ATTEMPTS - 1:
                     raise
-                self.tcp_port, self.http_port = free_port(), free_port()
+                self._pick_ports()
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _start_once(self) -> _Process:
@@ -383,11 +385,22 @@ class RealNSQD(_Process):
         super().__init__(args, bin_dir=bin_dir, startup_timeout=startup_timeout)
         self.lookupd = list(lookupd)
 
+    def _pick_ports(self) -> None:
+        # nsqd's HTTPS listener (opened when it has a TLS certificate) defaults to the fixed
+        # 0.0.0.0:4152, which two TLS-enabled nsqd processes cannot share: give it a port too
+        super()._pick_ports()
+        self.https_port = free_port()
+
+    @property
+    def https_address(self) -> str:
+        return f"127.0.0.1:{self.https_port}"
+
     def command(self) -> list[str]:
         """The flags the binary is started with (addresses, data path, extra flags)."""
         return [
             f"--tcp-address={self.tcp_address}",
             f"--http-address={self.http_address}",
+            f"--https-address={self.https_address}",
             "--broadcast-address=127.0.0.1",
             f"--data-path={self.data_path}",
             *(f"--lookupd-tcp-address={address}" for address in self.lookupd),
