@@ -393,6 +393,7 @@ class RealNSQD(_Process):
 
     @property
     def https_address(self) -> str:
+        """Where nsqd serves HTTPS once it has a TLS certificate (``host:port``)."""
         return f"127.0.0.1:{self.https_port}"
 
     def command(self) -> list[str]:
