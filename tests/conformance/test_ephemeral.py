@@ -15,6 +15,12 @@ def _topics(target: Target) -> dict[str, list[str]]:
     return {t["topic_name"]: [ch["channel_name"] for ch in t["channels"]] for t in stats["topics"]}
 
 
+def _channel_depths(target: Target, topic: str) -> list[tuple[str, int]]:
+    stats: Any = http_json(target.http, "GET", f"/stats?format=json&topic={quote(topic)}")
+    (found,) = stats["topics"]
+    return [(ch["channel_name"], ch["depth"]) for ch in found["channels"]]
+
+
 def test_ephemeral_channel_and_topic_vanish_with_the_last_client(target: Target) -> None:
     topic = unique("eph") + "#ephemeral"
     channel = "ch#ephemeral"
@@ -54,8 +60,7 @@ def test_ephemeral_channel_of_a_durable_topic_vanishes_and_the_topic_stays(
         with RawConn(target.tcp) as producer:
             producer.pub(topic, b"kept")
             producer.expect_ok()
-        stats: Any = http_json(target.http, "GET", f"/stats?format=json&topic={quote(topic)}")
-        (found,) = stats["topics"]
-        assert [(ch["channel_name"], ch["depth"]) for ch in found["channels"]] == [(durable, 1)]
+        # nsqd's topic pump moves it into the channels after the OK: poll until it has
+        wait_for(lambda: _channel_depths(target, topic) == [(durable, 1)])
     # a durable channel does not vanish with its last client
     assert _topics(target).get(topic) == [durable]
