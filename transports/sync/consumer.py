@@ -292,11 +292,17 @@ class Consumer:
                 daemon=True,
             )
         io = self._io
-        if not io.drained.is_set() and io.drain_ends > time.monotonic():
+        # Not once the loop ended (on_event called from its last step): nothing is left to
+        # drain on it, and the helper's close() finds it stopped.
+        if not io.stopped and not io.drained.is_set() and io.drain_ends > time.monotonic():
             io.drain_ends = time.monotonic()
             io.drain_timeout = 0.0
             io.draining = True
-            io.begin_drain(0.0)
+            try:
+                io.begin_drain(0.0)
+            finally:  # whatever happened, the close is finished (the with block joins it)
+                closer.start()
+            return
         closer.start()
 
     def _shutdown(self) -> None:
