@@ -14,6 +14,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from support.brokers import get_json, wait_for
 
 from transports.embedded import Cluster, EmbeddedNSQD, ServerThread
 from transports.sync import Producer
@@ -244,6 +245,9 @@ def test_pub_finds_nsqd_through_lookupd() -> None:
         assert cluster.lookupd is not None
         lookupd = cluster.lookupd.http_address
         lines = b"".join(f"m{i}\n".encode() for i in range(100))
+        # each nsqd connects to nsqlookupd on its own after it started listening: wait until
+        # both are listed, or pub would see (and publish to) only the first
+        wait_for(lambda: len(get_json(f"http://{lookupd}/nodes")["producers"]) == 2, what="2 nodes")
         # no nsqd has the topic yet: every nsqd registered (/nodes), round robin
         pub = cli(
             "pub",
