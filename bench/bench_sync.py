@@ -201,6 +201,12 @@ def pipeline(chunks: list[bytes]) -> int:
     coordinator.connection_made(conn_id, 0.0)
     coordinator.receive_data(conn_id, encode_frame(0, b'{"max_rdy_count": 2500}'), 0.0)
     coordinator.receive_data(conn_id, encode_frame(0, b"OK"), 0.0)
+    # Warmed up as the periodic check does: RDY 2500 before the reads below. A new connection
+    # gets RDY 1, and the core drops a connection whose nsqd sends more than RDY allows (each
+    # chunk holds about 490 messages), so without this nothing would be delivered.
+    coordinator._links[conn_id].warm = True
+    coordinator._rdy.rebalance(0.0)
+    assert coordinator.total_rdy == 2500, coordinator.total_rdy
     coordinator.pending_data()
     coordinator.take_actions()
     link = LoopSocket(conn_id, "127.0.0.1", 4150)
@@ -220,6 +226,7 @@ def pipeline(chunks: list[bytes]) -> int:
         io.write_pending()
     fins = sum(data.count(b"FIN ") for data in written)
     assert fins == count, f"{fins} FINs for {count} messages"
+    assert conn_id in coordinator.connection_ids(), "the connection was dropped"
     return count
 
 
@@ -239,6 +246,7 @@ def _pipeline_main(count: int, repeat: int, once: bool, passes: int) -> None:
         gc.collect()
         start = time.process_time()
         done = pipeline(chunks)
+        assert done == count, f"{done} of {count} messages delivered"
         best = min(best, (time.process_time() - start) / done)
     print(
         f"blocking consumer pipeline, {count} messages of 100 bytes, one thread, best of "

@@ -181,6 +181,70 @@ _CONSUMER_FAULTS = [
 _LENGTHS = [0.05, 0.2, 0.5, 3.0, 15.0]
 
 
+# The composites below are decorated once, at import. Hypothesis checks each decorated
+# function's source (read from the file on disk) for a use of ``draw``; decorating them inside
+# ``fault_schedules``, which runs on every scenario drawn, repeated that check per example, and
+# once the file on disk no longer matched the running code (edited or checked out during a long
+# soak) it found the wrong lines and warned (HypothesisDeprecationWarning) on every example.
+
+
+@st.composite
+def _one_fault(
+    draw: Any,
+    times: SearchStrategy[float],
+    nsqds: list[str],
+    lookupds: list[str],
+    consumers: list[str],
+) -> tuple[Fault, ...]:
+    """One fault on one node, of a kind that node can have."""
+    at = draw(times)
+    length = draw(st.sampled_from(_LENGTHS))
+    group = draw(st.sampled_from(["nsqd", "lookupd", "consumer"]))
+    if group == "nsqd":
+        kind = draw(st.sampled_from(_BROKER_FAULTS))
+        return (Fault(at, kind, draw(st.sampled_from(nsqds)), length),)
+    if group == "lookupd":
+        kind = draw(st.sampled_from(_LOOKUPD_FAULTS))
+        return (Fault(at, kind, draw(st.sampled_from(lookupds)), length),)
+    kind = draw(st.sampled_from(_CONSUMER_FAULTS))
+    return (Fault(at, kind, draw(st.sampled_from(consumers)), length),)
+
+
+@st.composite
+def _drain_under_partition(
+    draw: Any, times: SearchStrategy[float], nsqds: list[str], consumers: list[str]
+) -> tuple[Fault, ...]:
+    """A consumer drains while it, or an nsqd, is cut off; the cut heals mid-drain."""
+    at = draw(times)
+    consumer = draw(st.sampled_from(consumers))
+    cut = draw(st.sampled_from([consumer, *nsqds]))
+    before = draw(st.sampled_from([0.0, 0.3, 1.0]))
+    heals_after = draw(st.sampled_from([0.05, 0.5, 1.5]))
+    restart = draw(st.sampled_from([1.0, 5.0]))
+    return (
+        Fault(round(max(0.0, at - before), 3), FaultKind.PARTITION, cut, before + heals_after),
+        Fault(at, FaultKind.DRAIN_CONSUMER, consumer, restart),
+    )
+
+
+@st.composite
+def _restart_behind_partition(
+    draw: Any, times: SearchStrategy[float], nsqds: list[str]
+) -> tuple[Fault, ...]:
+    """An nsqd cut off, then crashed (or stopped) and back on the same address before or
+    after the partition heals: its clients' old connections die unseen."""
+    at = draw(times)
+    nsqd = draw(st.sampled_from(nsqds))
+    cut = draw(st.sampled_from([0.5, 3.0, 15.0]))
+    down_after = draw(st.sampled_from([0.05, 0.3]))
+    down_for = draw(st.sampled_from([0.05, 0.5, 5.0]))
+    kind = draw(st.sampled_from([FaultKind.CRASH, FaultKind.STOP]))
+    return (
+        Fault(at, FaultKind.PARTITION, nsqd, cut),
+        Fault(round(at + down_after, 3), kind, nsqd, down_for),
+    )
+
+
 def fault_schedules(
     cluster: ClusterSpec, *, duration: float = 30.0, max_faults: int = 4
 ) -> SearchStrategy[tuple[Fault, ...]]:
@@ -192,51 +256,13 @@ def fault_schedules(
     lookupds = [f"lookupd{i}" for i in range(cluster.lookupd)]
     consumers = [f"c{g}.{i}" for g, spec in enumerate(cluster.consumers) for i in range(spec.count)]
     times = st.floats(0.5, duration - 0.5, allow_nan=False).map(lambda x: round(x, 3))
-
-    @st.composite
-    def one(draw: Any) -> tuple[Fault, ...]:
-        at = draw(times)
-        length = draw(st.sampled_from(_LENGTHS))
-        group = draw(st.sampled_from(["nsqd", "lookupd", "consumer"]))
-        if group == "nsqd":
-            kind = draw(st.sampled_from(_BROKER_FAULTS))
-            return (Fault(at, kind, draw(st.sampled_from(nsqds)), length),)
-        if group == "lookupd":
-            kind = draw(st.sampled_from(_LOOKUPD_FAULTS))
-            return (Fault(at, kind, draw(st.sampled_from(lookupds)), length),)
-        kind = draw(st.sampled_from(_CONSUMER_FAULTS))
-        return (Fault(at, kind, draw(st.sampled_from(consumers)), length),)
-
-    @st.composite
-    def drain_under_partition(draw: Any) -> tuple[Fault, ...]:
-        """A consumer drains while it, or an nsqd, is cut off; the cut heals mid-drain."""
-        at = draw(times)
-        consumer = draw(st.sampled_from(consumers))
-        cut = draw(st.sampled_from([consumer, *nsqds]))
-        before = draw(st.sampled_from([0.0, 0.3, 1.0]))
-        heals_after = draw(st.sampled_from([0.05, 0.5, 1.5]))
-        restart = draw(st.sampled_from([1.0, 5.0]))
-        return (
-            Fault(round(max(0.0, at - before), 3), FaultKind.PARTITION, cut, before + heals_after),
-            Fault(at, FaultKind.DRAIN_CONSUMER, consumer, restart),
-        )
-
-    @st.composite
-    def restart_behind_partition(draw: Any) -> tuple[Fault, ...]:
-        """An nsqd cut off, then crashed (or stopped) and back on the same address before or
-        after the partition heals: its clients' old connections die unseen."""
-        at = draw(times)
-        nsqd = draw(st.sampled_from(nsqds))
-        cut = draw(st.sampled_from([0.5, 3.0, 15.0]))
-        down_after = draw(st.sampled_from([0.05, 0.3]))
-        down_for = draw(st.sampled_from([0.05, 0.5, 5.0]))
-        kind = draw(st.sampled_from([FaultKind.CRASH, FaultKind.STOP]))
-        return (
-            Fault(at, FaultKind.PARTITION, nsqd, cut),
-            Fault(round(at + down_after, 3), kind, nsqd, down_for),
-        )
-
-    groups = st.one_of(one(), one(), one(), drain_under_partition(), restart_behind_partition())
+    groups = st.one_of(
+        _one_fault(times, nsqds, lookupds, consumers),
+        _one_fault(times, nsqds, lookupds, consumers),
+        _one_fault(times, nsqds, lookupds, consumers),
+        _drain_under_partition(times, nsqds, consumers),
+        _restart_behind_partition(times, nsqds),
+    )
     return st.lists(groups, max_size=max_faults).map(
         lambda parts: tuple(
             sorted((fault for part in parts for fault in part), key=lambda f: f.at)[:max_faults]

@@ -14,7 +14,7 @@ from support.tls import TestCA, make_test_ca
 from nsq_sansio.errors import ConnectionLost
 from transports._common.tls import TLSOptions
 from transports.embedded import EmbeddedNSQD, ServerThread
-from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
 from .conftest import AdminRuntime
 
@@ -38,10 +38,10 @@ def https_url(request: pytest.FixtureRequest, ca: TestCA) -> Iterator[str]:
         return
     if find_binaries() is None:
         pytest.skip(MISSING_BINARIES)
-    port = free_port()
-    flags = [f"--https-address=127.0.0.1:{port}", f"--tls-cert={ca.cert_file}"]
-    with RealNSQD([*flags, f"--tls-key={ca.key_file}"]):
-        yield f"https://127.0.0.1:{port}"
+    # RealNSQD gives nsqd's HTTPS listener a port of its own (picked again, with the others,
+    # if another process takes one before nsqd binds it)
+    with RealNSQD([f"--tls-cert={ca.cert_file}", f"--tls-key={ca.key_file}"]) as real:
+        yield f"https://{real.https_address}"
 
 
 async def test_https_with_a_private_ca(runtime: AdminRuntime, https_url: str, ca: TestCA) -> None:

@@ -12,8 +12,10 @@ import subprocess
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support.brokers import get_json, wait_for
 
 from transports.embedded import Cluster, EmbeddedNSQD, ServerThread
 from transports.sync import Producer
@@ -133,8 +135,15 @@ def test_gzip_file_is_readable_after_sigkill_mid_file(nsqd: EmbeddedNSQD, tmp_pa
     lines = gunzip(path)  # `gzip -d` reads the whole file: whole members only
     assert 0 < len(lines) < len(bodies)
     assert set(lines) <= set(bodies) and len(set(lines)) == len(lines)
-    # nothing FIN'd is missing from the file (FIN only after the member was fsync'd)
-    stats = channel_stats(nsqd.http_address, "stream", "arch")
+
+    # nothing FIN'd is missing from the file (FIN only after the member was fsync'd). Read
+    # once the broker has seen the killed process's connection close, so every FIN it sent
+    # before it died has been applied (read earlier, late FINs would go uncounted)
+    def once_closed() -> dict[str, Any] | None:
+        found = channel_stats(nsqd.http_address, "stream", "arch")
+        return None if found["clients"] else found
+
+    stats = wait_for(once_closed, what="the killed to-file's connection closed")
     finished = len(bodies) - stats["depth"] - stats["in_flight_count"] - stats["deferred_count"]
     assert len(lines) >= finished
 
@@ -244,6 +253,9 @@ def test_pub_finds_nsqd_through_lookupd() -> None:
         assert cluster.lookupd is not None
         lookupd = cluster.lookupd.http_address
         lines = b"".join(f"m{i}\n".encode() for i in range(100))
+        # each nsqd connects to nsqlookupd on its own after it started listening: wait until
+        # both are listed, or pub would see (and publish to) only the first
+        wait_for(lambda: len(get_json(f"http://{lookupd}/nodes")["producers"]) == 2, what="2 nodes")
         # no nsqd has the topic yet: every nsqd registered (/nodes), round robin
         pub = cli(
             "pub",

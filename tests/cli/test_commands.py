@@ -9,9 +9,11 @@ import signal
 import socket
 import threading
 import time
+import urllib.error
 from pathlib import Path
 
 import pytest
+from support.brokers import get_json, wait_for
 
 from transports.embedded import Cluster, EmbeddedNSQD
 from transports.sync import Producer
@@ -376,6 +378,9 @@ def test_nsqd_and_lookupd_subcommands_serve_until_sigterm() -> None:
         nsqd_tcp, _ = match.groups()
         pub = cli("pub", "--topic", "t", "--nsqd-tcp-address", nsqd_tcp, input=b"hello\n")
         assert pub.returncode == 0, pub.stderr
+        # nsqd registers the topic with nsqlookupd after the publish is answered; tail asks
+        # nsqlookupd once at start and again only a minute later (its poll interval): wait
+        wait_for(lambda: lookupd_producers(lookupd_http, "t") == 1, what="t registered")
         tail = cli("tail", "--topic", "t", "--lookupd-http-address", lookupd_http, "-n", "1")
         assert tail.returncode == 0, tail.stderr
         assert tail.stdout == b"hello\n"
@@ -388,6 +393,17 @@ def test_nsqd_and_lookupd_subcommands_serve_until_sigterm() -> None:
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def lookupd_producers(lookupd_http: str, topic: str) -> int:
+    """How many nsqd nsqlookupd lists for ``topic`` (0 while it does not know the topic)."""
+    try:
+        found = get_json(f"http://{lookupd_http}/lookup?topic={topic}")
+    except urllib.error.HTTPError as err:
+        if err.code == 404:  # TOPIC_NOT_FOUND
+            return 0
+        raise
+    return len(found.get("producers") or [])
 
 
 # --- errors: one clear line, non-zero exit, no traceback -------------------------------------

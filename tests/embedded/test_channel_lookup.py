@@ -85,11 +85,49 @@ class StandInLookupd:
                 conn.close()
 
 
+class SilentHTTP:
+    """An HTTP port that reads what it is asked and never answers; records the requests, so
+    a test can see when nsqd has asked (and is waiting)."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.port = self._server.getsockname()[1]
+        self.received: list[bytes] = []  # a connection's reads, one thread each
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            self._conns.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := conn.recv(65536):
+                self.received.append(data)
+
+    def asked_for(self, topic: str) -> bool:
+        """nsqd has sent its request for ``topic``'s channels."""
+        return any(f"/channels?topic={topic} ".encode() in data for data in self.received)
+
+    def close(self) -> None:
+        self._server.close()
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
 @contextlib.contextmanager
-def silent_http_port() -> Iterator[int]:
-    """A port that accepts connections and never answers (the kernel's backlog accepts)."""
-    with socket.create_server(("127.0.0.1", 0), backlog=64) as server:
-        yield server.getsockname()[1]
+def silent_http() -> Iterator[SilentHTTP]:
+    silent = SilentHTTP()
+    try:
+        yield silent
+    finally:
+        silent.close()
 
 
 @contextlib.contextmanager
@@ -191,8 +229,8 @@ def test_a_silent_nsqlookupd_delays_the_creator_for_the_timeout_and_no_one_else(
     topic without its channels. Only the publish that created the topic waits: another
     producer's publish to it meanwhile is answered at once, and nothing published while
     nsqd waited is lost or out of its producer's order."""
-    with silent_http_port() as port:
-        stand_in = StandInLookupd(port)
+    with silent_http() as silent:
+        stand_in = StandInLookupd(silent.port)
         try:
             with nsqd(kind, stand_in.tcp_address) as (tcp, _http):
                 wait_until_asking(stand_in, tcp)
@@ -200,7 +238,8 @@ def test_a_silent_nsqlookupd_delays_the_creator_for_the_timeout_and_no_one_else(
                 with RawConn(tcp) as creator, RawConn(tcp) as other:
                     started = time.monotonic()
                     creator.pub(topic, b"a1")
-                    time.sleep(0.2)  # the creator's PUB is being answered by now
+                    # nsqd has made the topic and waits for nsqlookupd's answer once it asked
+                    wait_for(lambda: silent.asked_for(topic))
                     assert timed_pub(other, topic, b"b1") < TIMEOUT / 2
                     creator.expect_ok()
                     waited = time.monotonic() - started

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import socket
 import statistics
 import struct
@@ -35,7 +36,6 @@ from transports.testing.real_nsq import (
     RealLookupd,
     RealNSQD,
     find_binaries,
-    free_port,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,15 +63,16 @@ def _broker(kind: str, flags: list[str], *, role: str = "nsqd") -> Iterator[tupl
             assert real.pid is not None
             yield real.tcp_address, real.http_address, real.pid
         return
-    tcp, http_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    # port 0: the broker binds its own ports and says which (a port picked here could be
+    # taken by another test process before the child binds it)
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "transports.cli",
             role,
-            f"--tcp-address={tcp}",
-            f"--http-address={http_address}",
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
             *flags,
         ],
         stderr=subprocess.PIPE,
@@ -79,26 +80,16 @@ def _broker(kind: str, flags: list[str], *, role: str = "nsqd") -> Iterator[tupl
     )
     try:
         assert process.stderr is not None
-        process.stderr.readline()  # "nsqd: TCP ... HTTP ..." once it listens
-        wait_until_listening(tcp)
+        line = process.stderr.readline().decode()  # "nsqd: TCP ... HTTP ..." once it listens
+        listening = re.search(r" TCP (\S+) HTTP (\S+)", line)
+        assert listening, line
+        tcp, http_address = listening.groups()
         yield tcp, http_address, process.pid
     finally:
         process.kill()
         process.wait(30)
         if process.stderr is not None:
             process.stderr.close()
-
-
-def wait_until_listening(address: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(_split(address), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
 
 
 def _split(address: str) -> tuple[str, int]:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from conformance.wire import http_request, split_address
+from conformance.wire import http_request, split_address, wait_for
 
 from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.embedded.http import HTTPLimits
@@ -68,12 +68,14 @@ def test_a_request_trickled_a_byte_at_a_time_is_cut_off_at_the_deadline() -> Non
 
 
 def test_connections_over_the_cap_are_answered_503_and_closed() -> None:
-    with nsqd_with(max_connections=3) as http:
+    with ServerThread(EmbeddedNSQD(http_limits={"max_connections": 3})) as nsqd:
+        http = nsqd.http_address
         held = [_open(http) for _ in range(3)]
         try:
             for sock in held:
                 sock.sendall(b"GET /ping HTTP/1.1\r\n")  # a request head that never ends
-            time.sleep(0.2)
+            # the server accepts on its own thread: each of the three counted before the next
+            wait_for(lambda: nsqd._http_limits.connections == 3)
             extra = _open(http)
             extra.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
             closed, answer = _closed_within(extra, 5)
@@ -82,17 +84,19 @@ def test_connections_over_the_cap_are_answered_503_and_closed() -> None:
         finally:
             for sock in held:
                 sock.close()
-        time.sleep(0.2)  # the server notices the closes
-        assert http_request(http, "GET", "/ping")[:2] == (200, b"OK")
+        # served again once the server noticed the closes (a cap never freed fails here)
+        wait_for(lambda: http_request(http, "GET", "/ping")[:2] == (200, b"OK"))
 
 
 def test_bodies_held_at_once_are_bounded_across_connections() -> None:
-    with nsqd_with(max_body_bytes=1 << 20) as http:
+    with ServerThread(EmbeddedNSQD(http_limits={"max_body_bytes": 1 << 20})) as nsqd:
+        http = nsqd.http_address
         head = b"POST /pub?topic=t HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n"
         first, second = _open(http), _open(http)
         try:
             first.sendall(head + b"x" * 700_000)  # stalls with 700 KB held
-            time.sleep(0.3)
+            # once the server has read all of it (on its own thread)
+            wait_for(lambda: nsqd._http_limits.body_bytes == 700_000)
             second.sendall(head + b"x" * 700_000)  # would take the bodies past 1 MiB
             closed, answer = _closed_within(second, 5)
             assert closed and answer.startswith(b"HTTP/1.1 503"), answer[:100]

@@ -18,7 +18,6 @@ from transports.testing.real_nsq import (
     MISSING_BINARIES,
     RealNSQD,
     find_binaries,
-    free_port,
     nsqd_flags,
 )
 from transports.testing.tls import self_signed_certificate
@@ -80,19 +79,20 @@ class _TLSOnlyRealNSQD(RealNSQD):
 
 
 @contextmanager
-def policy_broker(kind: str, cert: str, key: str, https_port: int) -> Iterator[tuple[str, str]]:
-    """A broker with ``--tls-client-auth-policy=require-verify`` and no ``--tls-required``."""
-    https = f"127.0.0.1:{https_port}"
+def policy_broker(kind: str, cert: str, key: str) -> Iterator[tuple[str, str, int]]:
+    """A broker with ``--tls-client-auth-policy=require-verify`` and no ``--tls-required``:
+    (TCP address, HTTP address, HTTPS port), each port the broker's own (bound by the embedded
+    one, picked again on a clash by RealNSQD)."""
     if kind == "embedded":
         server = EmbeddedNSQD(
             tls_cert=cert,
             tls_key=key,
             tls_client_auth_policy="require-verify",
             tls_root_ca_file=cert,
-            https_address=https,
+            https_address="127.0.0.1:0",
         )
         with ServerThread(server) as nsqd:
-            yield nsqd.tcp_address, nsqd.http_address
+            yield nsqd.tcp_address, nsqd.http_address, nsqd.https_port
         return
     if find_binaries() is None:
         pytest.skip(MISSING_BINARIES)
@@ -101,10 +101,9 @@ def policy_broker(kind: str, cert: str, key: str, https_port: int) -> Iterator[t
         f"--tls-key={key}",
         "--tls-client-auth-policy=require-verify",
         f"--tls-root-ca-file={cert}",
-        f"--https-address={https}",
     ]
     with _TLSOnlyRealNSQD(flags) as real:
-        yield real.tcp_address, real.http_address
+        yield real.tcp_address, real.http_address, real.https_port
 
 
 @pytest.mark.parametrize("kind", ["embedded", "real"])
@@ -114,8 +113,7 @@ def test_a_client_auth_policy_requires_tls_of_every_client(
     """nsqd turns --tls-required on when a client-auth policy is set: a plaintext TCP client
     is refused every command but IDENTIFY, the plain HTTP API answers 403 to everything (the
     embedded broker used to accept both, certificate or not)."""
-    https_port = free_port()
-    with policy_broker(kind, *certificate, https_port) as (tcp, http):
+    with policy_broker(kind, *certificate) as (tcp, http, https_port):
         with RawConn(tcp) as plain:
             plain.identify()
             plain.pub("t", b"x")

@@ -518,19 +518,23 @@ def test_nsqd_collector_reads_the_real_nsqd() -> None:
             msg = consumer.get(timeout=10)
             assert msg is not None
             msg.requeue(delay=60)  # deferred at the scrape
-            # The REQ goes out on the consumer's IO thread: scrape once nsqd has taken it.
-            deadline = time.monotonic() + 10
-            while (real.channel_stats("orders", "billing") or {}).get("requeue_count") != 1:
-                assert time.monotonic() < deadline, "nsqd never saw the REQ"
-                time.sleep(0.01)
+            topic = {"nsqd": real.http_address, "topic": "orders"}
+            channel = {**topic, "channel": "billing"}
             collector = metrics.NSQDCollector([real.http_address])
-            samples = {
-                (s.name, frozenset(s.labels.items())): s.value
-                for family in collector.collect()
-                for s in family.samples
-            }
-    topic = {"nsqd": real.http_address, "topic": "orders"}
-    channel = {**topic, "channel": "billing"}
+            # The REQ goes out on the consumer's IO thread, and nsqd counts it before it
+            # defers the message; the topic's pump moves the other two into the channel, and
+            # a message on its way to the consumer is briefly neither queued nor in flight:
+            # scrape until nsqd has applied all of it (a state that never comes fails here)
+            deadline = time.monotonic() + 10
+            while True:
+                samples = _broker_samples(collector)
+                held = value(samples, "nsq_channel_depth", **channel) + value(
+                    samples, "nsq_channel_in_flight", **channel
+                )
+                if value(samples, "nsq_channel_deferred", **channel) == 1 and held == 2:
+                    break
+                assert time.monotonic() < deadline, "nsqd never applied the REQ"
+                time.sleep(0.01)
     assert value(samples, "nsq_nsqd_up", nsqd=real.http_address) == 1
     assert value(samples, "nsq_topic_messages_total", **topic) == 3
     assert value(samples, "nsq_channel_requeued_total", **channel) == 1

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conformance.wire import http_request, unique
+from conformance.wire import http_request, unique, wait_for
 from support.brokers import require_real_binaries
 
 from transports.embedded import Cluster, EmbeddedNSQD, ServerThread
@@ -102,9 +102,16 @@ def test_to_nsq_and_nsq_tail_round_trip(tls_nsqd: tuple[EmbeddedNSQD, str], wire
         *(f"--consumer-opt={option}" for option in options),
     )
     assert tailed.stdout.splitlines() == lines
+
     # all delivered and FIN'd but the last one or two: nsq_tail exits from its handler once it
-    # has shown -n messages, before go-nsq sends their FIN (the real nsqd shows the same)
-    (channel,) = stats(nsqd.http_address, topic)["channels"]
+    # has shown -n messages, before go-nsq sends their FIN (the real nsqd shows the same). The
+    # FINs it sent just before it exited may not be read yet: read until they are (a message
+    # never FIN'd stays in flight for the 60 s msg_timeout, and fails here)
+    def channel_once_fins_read() -> dict[str, Any] | None:
+        (found,) = stats(nsqd.http_address, topic)["channels"]
+        return found if found["in_flight_count"] <= 2 else None
+
+    channel = wait_for(channel_once_fins_read)
     assert channel["depth"] == 0 and channel["in_flight_count"] <= 2, channel
     assert (channel["message_count"], channel["requeue_count"]) == (len(lines), 0)
 

@@ -290,6 +290,66 @@ def test_a_pull_holder_that_delivers_nothing_passes_its_rdy_on_across_fetches(se
     accounted(dataclasses.replace(PULL_HOLDER_NEVER_RUNS_DRY, seed=seed))
 
 
+#: The same stall found through the generated clusters of the user-handler property (the first
+#: failing example of its nightly run with ``--hypothesis-seed=38890385``, on the strategies
+#: and the consumer core of the time, hypothesis 6.155, before shrinking): four nsqd
+#: via one nsqlookupd, an "archive" pull consumer (max_in_flight 2, fewer RDY than connections,
+#: fetches of 10) beside two push consumers on "audit". nsqlookupd drops its connections at 1 s
+#: and is cut off from 16.6 s for 15 s, and c0.1 is killed at 22.8 s. 2 messages stayed on
+#: nsqd0 for good, none in flight; the run passes from the fix above on (a holder whose nsqd
+#: has nothing runs dry across fetches), and not before it.
+PULL_RDY_STUCK_BEHIND_A_LOOKUPD_PARTITION = Scenario(
+    cluster=ClusterSpec(
+        nsqd=4,
+        lookupd=1,
+        durable=False,
+        consumers=(
+            ConsumerSpec(
+                count=2,
+                channel="audit",
+                config=quick(
+                    max_in_flight=2,
+                    max_attempts=5,
+                    max_backoff_duration=4.0,
+                    lookupd_poll_interval=5.0,
+                    lookupd_poll_jitter=0.3,
+                    low_rdy_idle_timeout=1.0,
+                    rdy_redistribute_interval=2.0,
+                ),
+                handler=Handler(duration=0.01),
+            ),
+            ConsumerSpec(
+                channel="archive",
+                config=quick(
+                    max_in_flight=2,
+                    max_attempts=5,
+                    max_backoff_duration=4.0,
+                    lookupd_poll_interval=5.0,
+                    lookupd_poll_jitter=0.3,
+                    low_rdy_idle_timeout=1.0,
+                    rdy_redistribute_interval=2.0,
+                ),
+                handler=Handler(duration=0.01),
+                pull=True,
+                fetch_batch=10,
+            ),
+        ),
+        link=LinkSpec(latency=0.0005, jitter=0.05, connect_timeout=2.0, segment=1460),
+    ),
+    workload=Workload(messages=48, rate=10.0, batch=1, start=0.5, via_tcp=False),
+    faults=(
+        Fault(1.0, FaultKind.DROP_CONNECTIONS, "lookupd0", 0.5),
+        Fault(16.574, FaultKind.PARTITION, "lookupd0", 15.0),
+        Fault(22.79, FaultKind.KILL_CONSUMER, "c0.1", 0.5),
+    ),
+    seed=856590,
+)
+
+
+def test_a_pull_rdy_reaches_the_nsqd_with_messages_after_a_lookupd_partition() -> None:
+    accounted(PULL_RDY_STUCK_BEHIND_A_LOOKUPD_PARTITION)
+
+
 #: Three nsqd found through nsqlookupd; the "archive" pull consumer (max_in_flight 10, backoff
 #: off) fetches 10 at a time with a 2 s ``expires``, the next fetch at once. It found nsqd2
 #: first and gave it RDY 10; when nsqd0 and nsqd1 came (the next lookupd poll), nsqd2's RDY went
