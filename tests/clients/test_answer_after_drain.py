@@ -8,6 +8,7 @@ thread is gone by then: its answers used to vanish without a word.)
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +17,8 @@ import pytest
 from support.brokers import unique
 from support.runtimes import ConsumerDriver, Runtime, wait_until
 
-from nsq_sansio.consumer import TakenBack
-from nsq_sansio.errors import MessageGone
+from nsq_sansio.consumer import BackoffChanged, TakenBack
+from nsq_sansio.errors import LocalProtocolError, MessageGone
 from transports.embedded import EmbeddedNSQD
 
 pytestmark = pytest.mark.anyio
@@ -155,3 +156,95 @@ async def test_on_event_may_answer_from_a_late_answers_report(
         await wait_until(lambda: len(events) >= 2, what="2 TakenBack reports")
     assert [e.message_id for e in events] == [held[0].id, held[1].id]
     assert all(message.taken_back and message.answered for message in held)
+
+
+async def test_answers_after_the_consumer_is_ended_from_its_own_callback_are_reported(
+    runtime: Runtime, nsqd: EmbeddedNSQD
+) -> None:
+    """``on_event`` ends the consumer (the blocking one with ``close()``, on its IO thread;
+    asyncio/trio, whose ``close()`` must be awaited, with ``start_drain(0)``), answers a
+    message in the same callback, and returns at once (it does not wait for the drain it
+    started on the thread that must carry it out). Every answer given after that, in the
+    callback and after the block, is reported as ``TakenBack`` as after any close, none
+    dropped: they used to vanish on blocking, and its ``close()`` waited ``close_timeout``
+    for itself."""
+    topic = unique("selfclose")
+    async with runtime.producer(nsqd.tcp_address) as producer:
+        await producer.multi_publish(topic, [b"%d" % i for i in range(6)])
+    events: list[TakenBack] = []
+    held: list[Any] = []
+    ended_in: list[float] = []
+    close_timeout = 20.0
+
+    def on_event(event: object) -> None:
+        if isinstance(event, TakenBack):
+            events.append(event)
+        elif isinstance(event, BackoffChanged) and not ended_in:
+            client = consumer.client
+            started = time.monotonic()
+            client.close() if runtime.blocking else client.start_drain(0.0)
+            ended_in.append(time.monotonic() - started)
+            getattr(held[0], "finish_nowait", held[0].finish)()
+
+    with anyio.fail_after(60):
+        async with runtime.consumer(
+            topic,
+            "c",
+            nsqd=[nsqd.tcp_address],
+            max_in_flight=6,
+            close_timeout=close_timeout,
+            on_event=on_event,
+        ) as consumer:
+            held.extend(await _held(consumer, 6))
+            # A failure opens a backoff window: its report runs the callback.
+            assert await runtime.call(held[5].requeue, 0.0) is True
+            await wait_until(lambda: events, what="the callback's answer reported")
+        before = consumer.stats().taken_back
+        assert await runtime.call(held[1].finish) is True
+        assert await runtime.call(held[2].requeue) is True
+        assert await runtime.call(held[3].touch) is True
+        assert await runtime.call(consumer.client.finish_many, [held[4]]) == 1
+        await wait_until(lambda: len(events) >= 5, what="5 TakenBack reports")
+
+    assert ended_in and ended_in[0] < close_timeout / 2, ended_in
+    assert [(e.message_id, e.command) for e in events] == [
+        (held[0].id, "FIN"),
+        (held[1].id, "FIN"),
+        (held[2].id, "REQ"),
+        (held[3].id, "TOUCH"),
+        (held[4].id, "FIN"),
+    ]
+    assert consumer.stats().taken_back == before + 4
+    assert all(message.taken_back for message in held[:5])
+
+
+@pytest.mark.parametrize("answered", [False, True])
+async def test_keepalive_after_close_does_not_raise(
+    runtime: Runtime, nsqd: EmbeddedNSQD, answered: bool, request: pytest.FixtureRequest
+) -> None:
+    """``keepalive()`` on a message of a closed consumer is an answer too late like
+    ``touch()``: its block runs, nothing is touched, nothing raised; the message is taken
+    back (the close requeued it) unless it was answered before."""
+    if not runtime.blocking:
+        request.applymarker(
+            pytest.mark.xfail(
+                raises=LocalProtocolError,
+                strict=True,
+                reason="the anyio keepalive() raises LocalProtocolError once the consumer closed",
+            )
+        )
+    topic = unique("latekeep")
+    async with runtime.producer(nsqd.tcp_address) as producer:
+        await producer.publish(topic, b"a")
+    with anyio.fail_after(60):
+        async with runtime.consumer(topic, "c", nsqd=[nsqd.tcp_address]) as consumer:
+            (message,) = await _held(consumer, 1)
+            if answered:
+                assert await runtime.call(message.finish) is True
+        ran = False
+        async with runtime.keepalive(message) as kept:
+            ran = True
+            assert kept is message
+    assert ran
+    assert message.taken_back is not answered
+    assert not message.keepalive_expiring

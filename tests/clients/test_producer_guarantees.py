@@ -448,6 +448,15 @@ async def test_coalesced_pubs_over_compression_and_tls(
 # --- a connection reset by nsqd ---------------------------------------------------------------
 
 
+def _received(conn: socket.socket) -> bytes:
+    """What ``conn`` had to read; ConnectionResetError once the peer closed (a recv that
+    returned b"" again and again kept the fake nsqd's thread spinning after the test)."""
+    data = conn.recv(4096)
+    if not data:
+        raise ConnectionResetError("the client closed the connection")
+    return data
+
+
 class _ResettingNSQD:
     """A fake nsqd on loopback: answers IDENTIFY with OK, then resets the connection (RST,
     not FIN) as soon as the first command after it arrives, as a real nsqd does when it
@@ -475,16 +484,16 @@ class _ResettingNSQD:
                 try:
                     data = b""
                     while b"IDENTIFY\n" not in data or len(data) < data.index(b"IDENTIFY\n") + 13:
-                        data += conn.recv(4096)
+                        data += _received(conn)
                     at = data.index(b"IDENTIFY\n") + 9
                     size = int.from_bytes(data[at : at + 4], "big")
                     while len(data) < at + 4 + size:
-                        data += conn.recv(4096)
+                        data += _received(conn)
                     conn.sendall(b"\x00\x00\x00\x06\x00\x00\x00\x00OK")
                     rest = data[at + 4 + size :]
                     while not rest:
-                        rest = conn.recv(4096)
-                except OSError:
+                        rest = _received(conn)
+                except OSError:  # the client left (or a timeout): the next connection
                     continue
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.resets += 1

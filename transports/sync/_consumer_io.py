@@ -159,6 +159,7 @@ class ConsumerIO:
         #: one thread at a time (re-entrant: ``on_event`` may answer from its report).
         self.stopped = False
         self.stopped_lock = threading.RLock()
+        self.loop.on_exit = self.loop_ended
 
     @property
     def dead_letters(self) -> DeadLetterPublisher | None:
@@ -217,13 +218,16 @@ class ConsumerIO:
                 self.actions.after_stop(actions)
 
     def stop(self) -> None:
-        """The consumer is over: stop the IO thread; once it has ended, answers are carried
-        out where they are given (those posted meanwhile, now)."""
-        loop = self.loop
-        loop.stop()
-        if loop.wait_stopped(0):  # ended (not this thread, nor stuck past stop()'s wait)
-            self.stopped = True
-            self.answer_stopped()
+        """The consumer is over: stop the IO thread (joined, unless this is it); once it has
+        ended, answers are carried out where they are given (:meth:`loop_ended`)."""
+        self.loop.stop()
+
+    def loop_ended(self) -> None:
+        """The IO thread's last step, however its loop ended (stopped from another thread or
+        from its own, in ``on_event``; or crashed): from now on an answer is carried out by
+        the thread that gives it, and those posted meanwhile are carried out here."""
+        self.stopped = True
+        self.answer_stopped()
 
     def wake_users(self) -> None:
         with self.cond:

@@ -195,6 +195,10 @@ class IOLoop:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self.failure: BaseException | None = None
+        #: Called on the loop thread once the loop has ended and closed its sockets, before
+        #: :meth:`wait_stopped` says so, however it ended (stopped from any thread, its own
+        #: included, or crashed): what the owner must do once no loop serves it any more.
+        self.on_exit: Callable[[], None] | None = None
 
     # --- any thread ---------------------------------------------------------------------------
 
@@ -412,8 +416,14 @@ class IOLoop:
             self.failure = exc
             _log.exception("IO loop %s crashed", self._name)
         finally:
-            self._close_all()
-            self._stopped.set()
+            try:
+                self._close_all()
+                if self.on_exit is not None:
+                    self.on_exit()
+            except Exception:  # pragma: no cover - a bug in the owner's hook: the loop ends
+                _log.exception("IO loop %s: its exit hook failed", self._name)
+            finally:
+                self._stopped.set()
 
     def _loop(self) -> None:
         owner = self._owner

@@ -143,6 +143,9 @@ class Consumer:
         self._started = False
         self._closed = False
         self._workers: list[threading.Thread] = []
+        #: The thread finishing a close() asked on the IO thread (which cannot wait for
+        #: itself); a close() from elsewhere waits for it.
+        self._closer: threading.Thread | None = None
         self._lock = threading.Lock()
         self._failure_raised = False
 
@@ -257,7 +260,17 @@ class Consumer:
 
     def close(self) -> None:
         """Requeue every unanswered message now, CLS, close the sockets, join the threads
-        (waiting up to ``close_timeout`` for the quick drain)."""
+        (waiting up to ``close_timeout`` for the quick drain).
+
+        From the IO thread (``on_event``) it returns at once: what user code holds is
+        requeued before it returns and the rest (the CLS, the join) is finished on a helper
+        thread; leaving the ``with`` block waits for it."""
+        if self._io.loop.in_loop_thread():
+            self._close_from_io_thread()
+            return
+        closer = self._closer
+        if closer is not None and closer is not threading.current_thread():
+            closer.join()  # bounded: close_timeout, then the joins of _shutdown
         if self._closed:
             return
         if self._started and not self._io.drained.is_set():
@@ -265,6 +278,32 @@ class Consumer:
             self.start_drain(0.0)
             self._io.drained.wait(self._close_timeout)
         self._shutdown()
+
+    def _close_from_io_thread(self) -> None:
+        """:meth:`close` on the IO thread, which cannot wait for its own drain: the quick
+        drain is begun here (an answer given after this is too late, and said so as after
+        any close), and a helper thread waits for it and closes."""
+        with self._lock:
+            if self._closed or self._closer is not None:
+                return
+            self._closer = closer = threading.Thread(
+                target=self.close,
+                name=f"nsq-sync-close-{self.topic}/{self.channel}",
+                daemon=True,
+            )
+        io = self._io
+        # Not once the loop ended (on_event called from its last step): nothing is left to
+        # drain on it, and the helper's close() finds it stopped.
+        if not io.stopped and not io.drained.is_set() and io.drain_ends > time.monotonic():
+            io.drain_ends = time.monotonic()
+            io.drain_timeout = 0.0
+            io.draining = True
+            try:
+                io.begin_drain(0.0)
+            finally:  # whatever happened, the close is finished (the with block joins it)
+                closer.start()
+            return
+        closer.start()
 
     def _shutdown(self) -> None:
         with self._lock:
