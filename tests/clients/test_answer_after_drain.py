@@ -18,7 +18,7 @@ from support.brokers import unique
 from support.runtimes import ConsumerDriver, Runtime, wait_until
 
 from nsq_sansio.consumer import BackoffChanged, TakenBack
-from nsq_sansio.errors import LocalProtocolError, MessageGone
+from nsq_sansio.errors import MessageGone
 from transports.embedded import EmbeddedNSQD
 
 pytestmark = pytest.mark.anyio
@@ -220,19 +220,11 @@ async def test_answers_after_the_consumer_is_ended_from_its_own_callback_are_rep
 
 @pytest.mark.parametrize("answered", [False, True])
 async def test_keepalive_after_close_does_not_raise(
-    runtime: Runtime, nsqd: EmbeddedNSQD, answered: bool, request: pytest.FixtureRequest
+    runtime: Runtime, nsqd: EmbeddedNSQD, answered: bool
 ) -> None:
     """``keepalive()`` on a message of a closed consumer is an answer too late like
     ``touch()``: its block runs, nothing is touched, nothing raised; the message is taken
     back (the close requeued it) unless it was answered before."""
-    if not runtime.blocking:
-        request.applymarker(
-            pytest.mark.xfail(
-                raises=LocalProtocolError,
-                strict=True,
-                reason="the anyio keepalive() raises LocalProtocolError once the consumer closed",
-            )
-        )
     topic = unique("latekeep")
     async with runtime.producer(nsqd.tcp_address) as producer:
         await producer.publish(topic, b"a")

@@ -127,6 +127,11 @@ class Message(MessageBase):
         nsqd never extends a message past its ``max_msg_timeout``: once TOUCH cannot extend
         it any more, a warning is logged, a :class:`KeepaliveExpired` event reported and
         :attr:`keepalive_expiring` turns True. Nothing is touched outside such a block."""
+        if self.answered or self.taken_back:
+            # nothing of ours to keep alive (answered, or taken back: by a close too): the block
+            # runs and nothing is touched, as with any answer that comes too late
+            yield self
+            return
         scope = anyio.CancelScope()
         self._consumer._spawn(self._keepalive, scope)
         try:
