@@ -425,8 +425,8 @@ class Consumer:
                     if wait <= 0:
                         return None
                     wait = min(wait, 1.0)
-                if io.loop.in_loop_thread():  # an iterator made elsewhere, advanced here
-                    self._refuse_on_io_thread("waiting for a message", _ELSEWHERE_OR_GET_NOW)
+                # An iterator made in another thread, advanced on the IO thread:
+                self._refuse_on_io_thread("waiting for a message", _ELSEWHERE_OR_GET_NOW)
                 io.sleepers += 1
                 try:
                     io.cond.wait(wait)
