@@ -206,7 +206,11 @@ async def test_instrumenting_again_while_iterating_switches_providers(
             async for msg in c.messages():
                 taken.append(msg)
                 if len(taken) == 1:
-                    otel.instrument(c.client, tracer_provider=other_provider)
+                    otel.instrument(
+                        c.client,
+                        tracer_provider=other_provider,
+                        meter_provider=telemetry.meter_provider,
+                    )
                 await c.finish(msg)
                 if len(taken) == len(BODIES):
                     break
