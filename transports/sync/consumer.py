@@ -66,6 +66,11 @@ _log = logging.getLogger("nsq_sansio.sync.consumer")
 #: How many threads ``run()`` starts by default, at most (ThreadPoolExecutor's cap).
 MAX_DEFAULT_THREADS = 32
 
+#: What to do instead of waiting for a message on the IO thread.
+_ELSEWHERE_OR_GET_NOW = (
+    "take messages in another thread; get(timeout=0) takes one already received without waiting"
+)
+
 
 class Consumer:
     """A blocking NSQ consumer for one topic/channel. See the module docstring.
@@ -195,8 +200,19 @@ class Consumer:
         self._failure_raised = True
         raise failure
 
+    def _refuse_on_io_thread(self, call: str, instead: str) -> None:
+        """Raise LocalProtocolError when this is the IO thread (``on_event``, or any callback
+        it runs): ``call`` waits for what only that thread can do, so there it could only
+        stall every connection (heartbeats included) until its timeout, or for ever."""
+        if self._io.loop.in_loop_thread():
+            raise LocalProtocolError(
+                f"{call} waits for the consumer's IO thread and was called on it (from "
+                f"on_event or another callback it runs), where it cannot return: {instead}"
+            )
+
     def start_drain(self, timeout: float | None = None) -> None:
-        """Begin a graceful drain and return at once (safe in a signal handler or a handler).
+        """Begin a graceful drain and return at once (safe in a signal handler or a handler,
+        and in ``on_event``).
 
         RDY 0 everywhere, messages not yet handed to user code are requeued, messages in user
         code get up to ``timeout`` (default ``config.drain_timeout``) to be answered, then they
@@ -233,14 +249,19 @@ class Consumer:
         connection is closed, with what the deadline cut short (:class:`DrainResult`: the
         messages it requeued, run()'s handlers still running in their threads). Called again
         while draining, a sooner deadline wins (``0``: now). A bad ``timeout`` raises
-        LocalProtocolError here and changes nothing."""
+        LocalProtocolError here and changes nothing. Not on the IO thread (``on_event``),
+        which must carry the drain out: LocalProtocolError, nothing begun; call
+        :meth:`start_drain` there."""
         if timeout is not None:
             check_seconds("drain timeout", timeout)
         if not self._started:
             raise LocalProtocolError("drain before the consumer was started")
+        self._refuse_on_io_thread(
+            "drain()", "call start_drain(), which begins the drain and returns at once"
+        )
         limit = self._io.config.drain_timeout if timeout is None else timeout
         begun = self._start_drain(limit)
-        if begun is not None and not self._io.loop.in_loop_thread():
+        if begun is not None:
             with contextlib.suppress(TimeoutError):
                 begun.result(limit + 10.0)  # the IO thread's error, if any, is raised here
         # The core ends the drain by itself (requeue at the deadline, CLS, a connection that
@@ -331,9 +352,11 @@ class Consumer:
 
     def __iter__(self) -> Iterator[Message]:
         """The messages, in delivery order, until the consumer is drained or closed (or
-        failed: then its error is raised)."""
+        failed: then its error is raised). Not on the IO thread (``on_event``), which
+        delivers the messages: LocalProtocolError."""
         if self._pull:
             raise LocalProtocolError("pull consumers use fetch(); iteration is for push consumers")
+        self._refuse_on_io_thread("iterating the consumer", _ELSEWHERE_OR_GET_NOW)
         self._ensure_started()
         return self._messages()
 
@@ -360,11 +383,14 @@ class Consumer:
 
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds (None: no limit, 0: only one
-        already received) or once drained/closed."""
+        already received) or once drained/closed. On the IO thread (``on_event``), which
+        delivers the messages, only ``timeout=0``: any other raises LocalProtocolError."""
         if timeout is not None:
             check_seconds("get timeout", timeout)
         if self._pull:
             raise LocalProtocolError("pull consumers use fetch(); get() is for push consumers")
+        if timeout != 0:
+            self._refuse_on_io_thread(f"get(timeout={timeout!r})", _ELSEWHERE_OR_GET_NOW)
         self._ensure_started()
         message = self._next_message(timeout)
         if message is None:
@@ -400,6 +426,8 @@ class Consumer:
                     if wait <= 0:
                         return None
                     wait = min(wait, 1.0)
+                # An iterator made in another thread, advanced on the IO thread:
+                self._refuse_on_io_thread("waiting for a message", _ELSEWHERE_OR_GET_NOW)
                 io.sleepers += 1
                 try:
                     io.cond.wait(wait)
@@ -412,7 +440,8 @@ class Consumer:
         handler answered the message itself: returning None or True FINs it, returning False
         or raising REQs it (with backoff); any other value is logged as a TypeError and REQs
         it. Ctrl-C starts a drain. At most ``max_in_flight`` handlers run at once whatever
-        ``concurrency`` is (no more messages exist)."""
+        ``concurrency`` is (no more messages exist). Not on the IO thread (``on_event``),
+        which delivers the messages: LocalProtocolError."""
         if self._pull:
             raise LocalProtocolError("run() is for push consumers; this one has pull=True")
         if concurrency is None:
@@ -421,6 +450,9 @@ class Consumer:
             raise LocalProtocolError(f"run() concurrency must be an int >= 1, got {concurrency!r}")
         if not callable(handler):
             raise LocalProtocolError(f"run() handler must be callable, got {handler!r}")
+        self._refuse_on_io_thread(
+            "run()", "call it from another thread (it returns once the consumer is drained)"
+        )
         self._ensure_started()
         user_handler = handler  # named in the log when it returns what is not a result
         handler = self._tracked(handler)  # the drain reports the handlers still running
@@ -547,13 +579,15 @@ class Consumer:
         """Pull mode: up to ``batch`` messages, waiting at most ``timeout`` seconds for them
         (then what arrived, maybe nothing; None: until ``batch`` arrived); ``no_wait``: only
         what is already buffered. RDY follows outstanding fetches, so nsqd never sends more
-        than was asked. Answer each message (FIN after commit)."""
+        than was asked. Answer each message (FIN after commit). Not on the IO thread
+        (``on_event``), which asks nsqd for them: LocalProtocolError, nothing asked."""
         if not self._pull:
             raise LocalProtocolError("fetch() needs Consumer(..., pull=True)")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise LocalProtocolError(f"fetch batch must be an int >= 1, got {batch!r}")
         if timeout is not None:
             check_seconds("fetch timeout", timeout, zero=False)
+        self._refuse_on_io_thread("fetch()", "call it from another thread")
         self._ensure_started()
         io = self._io
         if io.failure is not None:
