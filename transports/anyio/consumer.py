@@ -25,6 +25,7 @@ import signal
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from operator import attrgetter
 from time import monotonic
 from types import TracebackType
@@ -86,6 +87,18 @@ _STALE_DEADLINE_POLL = 0.05
 
 #: How many handlers ``run()`` runs at once by default, at most.
 MAX_DEFAULT_CONCURRENCY = 256
+
+#: The consumers whose ``run()`` handler the current task is (or was started by): set once in
+#: each of run()'s worker tasks, so the handler and the tasks it starts (they run in a copy of
+#: its context) see it; ``drain()`` of one of them would wait for the handler's own message.
+_handler_of: ContextVar[tuple[Consumer, ...]] = ContextVar("nsq_sansio_handler_of", default=())
+
+#: Why ``drain()`` is refused in a handler, and what to call instead (the same on blocking).
+_DRAIN_IN_HANDLER = (
+    "drain() called from a run() handler of this consumer, where it would wait for the "
+    "handler's own message until the drain's deadline: call start_drain(), which begins the "
+    "drain and returns at once (run() returns once the drain is over)"
+)
 
 
 class Consumer(ConsumerConnections):
@@ -415,8 +428,15 @@ class Consumer(ConsumerConnections):
         """Graceful shutdown (see :meth:`start_drain`); returns once it is over and every
         connection is closed, with what the deadline cut short (:class:`DrainResult`: the
         messages it requeued, the run() handlers it cancelled). Called again while draining,
-        a sooner deadline wins (``0``: now). Not from a handler of this consumer (the drain
-        waits for that handler's message): call :meth:`start_drain` there."""
+        a sooner deadline wins (``0``: now). Not from a ``run()`` handler of this consumer,
+        nor a task it starts (the drain would wait for that handler's message): there it
+        raises LocalProtocolError at once and begins nothing; call :meth:`start_drain`."""
+        if timeout is not None:
+            check_seconds("drain timeout", timeout)
+        if self._tg is None:
+            raise LocalProtocolError("drain before the consumer was started")
+        if self in _handler_of.get():
+            raise LocalProtocolError(_DRAIN_IN_HANDLER)
         self.start_drain(timeout)
         await self._drained.wait()
         return self._drain_result()
@@ -535,6 +555,9 @@ class Consumer(ConsumerConnections):
         waiters = self._waiters
 
         async def worker(slot: list[Message | None]) -> None:
+            # This task runs only the handler's code (drain() there is refused), and its own
+            # context is a copy: the mark ends with the task.
+            _handler_of.set((*_handler_of.get(), self))
             while True:
                 if inbox:  # fast path, as in __anext__
                     delivery = inbox.popleft()
