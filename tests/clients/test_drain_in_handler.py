@@ -1,11 +1,14 @@
 """``drain()`` called from inside a ``run()`` handler of the same consumer.
 
-The drain waits for every message user code holds, the handler's own included, and that
-message is answered only once the handler returns: waiting for ``drain()`` there could only
-end at the drain's deadline (on blocking ``drain()`` returned then; on asyncio/trio the
-handler was cancelled there). It is the documented misuse: on every runtime it raises
-LocalProtocolError at once, naming ``start_drain()``, and begins nothing; the handler's
-exception then goes where any handler's does (logged, the message requeued with backoff).
+The drain waits for every message user code holds, the handler's own included, which is
+answered at the latest when the handler returns: waiting for ``drain()`` there before that
+could only end at the drain's deadline (on blocking ``drain()`` returned then; on
+asyncio/trio the handler was cancelled there). It is the documented misuse: on every runtime
+it raises LocalProtocolError at once, naming ``start_drain()``, and begins nothing; the
+handler's exception then goes where any handler's does (logged, the message requeued with
+backoff). What waits for nothing of the handler's is left alone: a drain once the handler
+answered its message, another consumer's drain, a drain in a task the handler does not wait
+for.
 """
 
 from __future__ import annotations
@@ -167,9 +170,9 @@ async def test_drain_in_a_task_the_handler_waits_for_is_refused_too(
     runtime: Runtime, nsqd: EmbeddedNSQD
 ) -> None:
     """asyncio/trio: a task the handler starts in its own task group runs in a copy of the
-    handler's context, so it is inside the handler: the handler waits for it, and its
-    ``drain()`` would wait for the handler's message. Refused the same way. (Blocking: a
-    thread the handler starts is not recognised; see docs/transports.md.)"""
+    handler's context, so it is taken for the handler: the handler waits for it, and its
+    ``drain()`` would wait for the handler's message, not answered yet. Refused the same
+    way. (Blocking: a thread the handler starts is not recognised; see docs/transports.md.)"""
     if runtime.blocking:
         pytest.skip("a thread started by a blocking handler is not recognised")
     topic = unique("handlerdrain")
@@ -193,6 +196,76 @@ async def test_drain_in_a_task_the_handler_waits_for_is_refused_too(
                 await _wait(attempt.done, AT_ONCE + 1.0, "drain() in the handler's task returned")
                 attempt.check_refused()
         assert client.stats().requeued == 1
+
+
+@pytest.mark.anyio
+async def test_a_handler_that_answered_its_message_may_wait_for_the_drain(
+    runtime: Runtime, nsqd: EmbeddedNSQD
+) -> None:
+    """Once the handler's own message is answered the drain waits for nothing of the handler:
+    ``drain()`` there returns when it is over (nothing held: well before its deadline), with
+    nothing cut short."""
+    topic = unique("handlerdrain")
+    async with runtime.producer(nsqd.tcp_address) as producer:
+        await producer.publish(topic, b"job")
+    attempt = Attempt()
+
+    async with runtime.consumer(topic, "c", nsqd=[nsqd.tcp_address], **QUICK_RETRY) as consumer:
+        client = consumer.client
+
+        handler: Callable[[Any], object]
+        if runtime.blocking:
+
+            def blocking_handler(message: Any) -> None:
+                assert message.finish() is True
+                _attempt_sync(attempt, client, client.drain)
+
+            handler = blocking_handler
+        else:
+
+            async def async_handler(message: Any) -> None:
+                assert await message.finish() is True
+                await _attempt_async(attempt, client, client.drain)
+
+            handler = async_handler
+
+        with anyio.fail_after(DRAIN_TIMEOUT + 20.0):
+            await runtime.call(client.run, handler)
+        assert attempt.done.is_set()
+        assert isinstance(attempt.outcome, runtime.module.DrainResult), attempt.outcome
+        assert not attempt.outcome.requeued, attempt.outcome
+        assert attempt.elapsed is not None and attempt.elapsed < DRAIN_TIMEOUT, attempt.elapsed
+        assert client.stats().finished == 1
+
+
+@pytest.mark.anyio
+async def test_a_drain_the_handler_does_not_wait_for_is_left_alone(
+    runtime: Runtime, nsqd: EmbeddedNSQD
+) -> None:
+    """asyncio/trio: a handler that starts ``drain()`` in a task group outside itself and
+    returns does not wait for it (its message is FIN'd as it returns): that drain runs and
+    ends run(), though its task was started from the handler. (Blocking: a thread started by
+    the handler is never taken for it.)"""
+    if runtime.blocking:
+        pytest.skip("a thread started by a blocking handler is never taken for the handler")
+    topic = unique("handlerdrain")
+    async with runtime.producer(nsqd.tcp_address) as producer:
+        await producer.publish(topic, b"job")
+    attempt = Attempt()
+
+    async with runtime.consumer(topic, "c", nsqd=[nsqd.tcp_address], **QUICK_RETRY) as consumer:
+        client = consumer.client
+        with anyio.fail_after(DRAIN_TIMEOUT + 20.0):
+            async with anyio.create_task_group() as outside:
+
+                async def handler(message: Any) -> None:
+                    outside.start_soon(_attempt_async, attempt, client, client.drain)
+
+                await client.run(handler)
+        assert isinstance(attempt.outcome, runtime.module.DrainResult), attempt.outcome
+        assert attempt.outcome.complete, attempt.outcome
+        assert attempt.elapsed is not None and attempt.elapsed < DRAIN_TIMEOUT, attempt.elapsed
+        assert client.stats().finished == 1
 
 
 @pytest.mark.anyio
