@@ -18,7 +18,6 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from nsq_sansio.connection import check_deferred_delay
 from nsq_sansio.errors import (
     ConfigError,
     LocalProtocolError,
@@ -129,8 +128,7 @@ class HTTPProducer:
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """``POST /pub?defer=``: deliverable after ``delay`` seconds."""
-        check_deferred(self._valid_topics, topic, body, delay)
-        check_deferred_delay(delay, self._max_req_timeout)  # in seconds, as nsqd's limit
+        check_deferred(self._valid_topics, topic, body, delay, self._max_req_timeout)
         await self._send("DPUB", topic, lambda c: c.pub(topic, body, defer=delay))
 
     async def _send(

@@ -275,7 +275,7 @@ class Producer(ProducerConnections):
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """``DPUB``: deliverable after ``delay`` seconds."""
-        check_deferred(self._valid_topics, topic, body, delay)
+        check_deferred(self._valid_topics, topic, body, delay, self._config.max_req_timeout)
         await self._request(_DPUB, topic, (body, delay), 1)
 
     def _candidates(self) -> list[Node]:

@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
-from nsq_sansio.connection import check_deferred_delay
 from nsq_sansio.errors import (
     ConfigError,
     LocalProtocolError,
@@ -197,8 +196,7 @@ class HTTPProducer:
 
     def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """``POST /pub?defer=``: deliverable after ``delay`` seconds."""
-        check_deferred(self._valid_topics, topic, body, delay)
-        check_deferred_delay(delay, self._config.max_req_timeout)  # seconds, nsqd's limit
+        check_deferred(self._valid_topics, topic, body, delay, self._config.max_req_timeout)
         self._send("DPUB", topic, lambda c: c.pub(topic, body, defer=delay))
 
     def close(self) -> None:

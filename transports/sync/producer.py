@@ -309,7 +309,7 @@ class Producer(CallerReads, ProducerIOThread):
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
     ) -> None:
         """``DPUB``: delivered after ``delay`` seconds; waits for nsqd's OK."""
-        check_deferred(self._valid_topics, topic, body, delay)
+        check_deferred(self._valid_topics, topic, body, delay, self._config.max_req_timeout)
         self._call("DPUB", topic, (body, delay), timeout)
 
     def publish_async(
@@ -333,7 +333,7 @@ class Producer(CallerReads, ProducerIOThread):
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
     ) -> PublishFuture:
         """Queue a ``DPUB``; see :meth:`publish_async`."""
-        check_deferred(self._valid_topics, topic, body, delay)
+        check_deferred(self._valid_topics, topic, body, delay, self._config.max_req_timeout)
         return self._submit("DPUB", topic, (body, delay), timeout, False)[0]
 
     def flush(self, timeout: float | None = None) -> None:
