@@ -95,8 +95,11 @@ class HTTPProducer:
         self._rr = itertools.count()
         self._valid_topics: set[str] = set()
         self._closed = False
+        #: The block was entered (once: a nested block's end would close it).
+        self._entered = False
 
     async def __aenter__(self) -> HTTPProducer:
+        self._enter()
         return self
 
     async def __aexit__(
@@ -106,6 +109,13 @@ class HTTPProducer:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise LocalProtocolError("the producer is closed")
+        if self._entered:
+            raise LocalProtocolError("the producer is already entered (`async with` it once)")
+        self._entered = True
 
     async def close(self) -> None:
         """Close the idle connections; a publish after this raises LocalProtocolError."""

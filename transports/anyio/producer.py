@@ -159,6 +159,13 @@ class Producer(ProducerConnections):
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def __aenter__(self) -> Producer:
+        # Entered once: a second task group would be left open behind the first block's end
+        # (trio reports that as a corrupted nursery stack), and the inner block's end would
+        # close the producer under the outer one.
+        if self._closed:
+            raise LocalProtocolError("the producer is closed")
+        if self._tg is not None:
+            raise LocalProtocolError("the producer is already entered (`async with` it once)")
         backend = self._backend = current_backend()
         self._call_soon = backend.call_soon
         self._park = backend.park
@@ -238,10 +245,10 @@ class Producer(ProducerConnections):
         raise NoNSQDAvailable(list(errors.values()), what="a connection")
 
     def _check_open(self) -> None:
-        if self._tg is None:
-            raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
         if self._closed:
             raise LocalProtocolError("the producer is closed")
+        if self._tg is None:
+            raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
 
     @property
     def config(self) -> Config:
@@ -253,6 +260,8 @@ class Producer(ProducerConnections):
         if timeout is not None:
             check_seconds("close timeout", timeout)
         self._closed = True
+        if self._tg is None:
+            return  # never started: no connection to close
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(timeout if timeout is not None else float("inf")):
                 while any(node.pending or node.turns for node in self._nodes):

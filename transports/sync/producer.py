@@ -173,6 +173,8 @@ class Producer(CallerReads, ProducerIOThread):
         self._rng = random.Random()
         self._loop = IOLoop(self._loop_callbacks(), name="nsq-sync-producer")
         self._started = False
+        #: The ``with`` block was entered (once: a nested block's end would close it).
+        self._entered = False
         self._closing = False
         self._closed = False
         self._lock = threading.Lock()
@@ -279,6 +281,12 @@ class Producer(CallerReads, ProducerIOThread):
         self._loop.stop()
 
     def __enter__(self) -> Producer:
+        with self._lock:
+            if self._closed:
+                raise LocalProtocolError("the producer is closed")
+            if self._entered:
+                raise LocalProtocolError("the producer is already entered (`with` it once)")
+            self._entered = True
         self._start()
         return self
 
@@ -354,7 +362,8 @@ class Producer(CallerReads, ProducerIOThread):
         """A snapshot (plain dataclass) of the pool's state and counters. Safe to call from
         any thread while the IO thread runs (each connection's socket and state are read
         once, so one replaced meanwhile cannot break it)."""
-        connections = tuple(map(connection_stats, list(self._nodes)))
+        closed = self._closing
+        connections = tuple(connection_stats(node, closed) for node in list(self._nodes))
         return ProducerStats(
             published=self._published,
             failed=self._failed,
