@@ -438,3 +438,47 @@ async def test_close_with_publishes_pending_fails_each_once(runtime: Runtime) ->
                 await p.publish(topic, b"after close")
         assert stored(topic) == 4  # once each: nothing sent again
         assert gate.accepted == 1  # the closed producer did not reconnect
+
+
+def _waiting_for_a_slot(client: Any) -> int:
+    """Callers waiting for a ``max_pending`` slot (no public counter says it)."""
+    if hasattr(client, "_slot_waiters"):
+        return len(client._slot_waiters)
+    return int(client._space_waiters)
+
+
+async def test_close_fails_a_publish_waiting_for_a_slot(runtime: Runtime) -> None:
+    """With ``max_pending`` publishes unanswered, one more waits for a slot; close(timeout)
+    gives up on them all: the written one fails with ConnectionLost (it may have been
+    stored), the waiting one with ConnectionLost (never sent), none hangs until its own
+    timeout, nothing is sent after the close."""
+    topic = unique()
+    with gated_nsqd() as (gate, stored):
+        async with runtime.producer(gate.address, timeout=20.0, max_pending=1) as p:
+            await p.publish(topic, b"first")
+            gate.hold()
+            outcomes: list[BaseException | None] = []
+
+            async def publish_two() -> None:
+                calls = [("publish", (topic, b"one")), ("publish", (topic, b"two"))]
+                outcomes.extend(await p.concurrently(calls, timeout=15))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(publish_two)
+                await wait_until(lambda: _waiting_for_a_slot(p.client) == 1, what="a waiter")
+                await wait_until(lambda: stored(topic) == 2, what="nsqd stored the written one")
+                with anyio.fail_after(5):
+                    await runtime.call(p.client.close, 0.2)
+                with anyio.fail_after(5):  # not the publishes' own 20 s
+                    while len(outcomes) < 2:
+                        await anyio.sleep(0.01)
+                gate.release()
+            # (tasks may start in either order: which one was written is not known)
+            assert [type(o) for o in outcomes] == [ConnectionLost, ConnectionLost], outcomes
+            texts = sorted(str(o) for o in outcomes)
+            assert "before it was sent" in texts[0], texts
+            assert "may have been stored" in texts[1], texts
+            stats = p.stats()
+            assert (stats.published, stats.failed, stats.pending) == (1, 2, 0)
+        assert stored(topic) == 2
+        assert gate.accepted == 1

@@ -83,7 +83,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.failures import no_slot, seconds
+from transports._common.failures import closed_unanswered, no_slot, seconds
 from transports._common.logs import fields
 from transports._common.publishing import check_batch, check_deferred, check_publish
 
@@ -256,16 +256,21 @@ class Producer(CallerReads, ProducerIOThread):
         while self._pending_count() and (deadline is None or time.monotonic() < deadline):
             time.sleep(0.005)
         done = threading.Event()
+        with self._io_lock:
+            # From here a publish that got its slot only now (it waited for one) fails in its
+            # own thread (see _dispatch_now); those queued for the IO thread before this fail
+            # there, ahead of shut() (the loop runs its calls in order).
+            self._closing = True
 
         def shut() -> None:
-            self._closing = True
-            error = NSQError("the producer closed before nsqd answered")
             for request in list(self._waiting):
-                self._fail_request(request, error)
+                self._fail_closed(request)
             self._waiting.clear()
             for node in self._nodes:
-                for request in [*node.inflight.values(), *node.held]:
-                    self._fail_request(request, error)
+                for request in node.inflight.values():
+                    self._fail_closed(request, sent=True)
+                for request in node.held:
+                    self._fail_closed(request)
                 node.inflight.clear()
                 node.held.clear()
                 if node.wire is not None:
@@ -454,7 +459,10 @@ class Producer(CallerReads, ProducerIOThread):
                 if self._submitted - self._completed >= self._max_pending:
                     return _NO_SLOT
                 self._submitted += 1
-            if self._closing or self._waiting:
+            if self._closing:
+                self._fail_closed(request)
+                return _SENT  # failed (the future says why)
+            if self._waiting:
                 return _VIA_IO_THREAD
             nodes = self._nodes
             if len(nodes) == 1:
@@ -637,7 +645,7 @@ class Producer(CallerReads, ProducerIOThread):
         if request._done:
             return
         if self._closing:
-            self._fail_request(request, NSQError("the producer closed before nsqd answered"))
+            self._fail_closed(request)
             return
         if request.attempts > self._nsqd_count:
             # Sent to every nsqd (and once more): each connection died before answering.
@@ -756,6 +764,14 @@ class Producer(CallerReads, ProducerIOThread):
                 # The IO thread sleeps until the deadline it last saw: this one is earlier.
                 # (Once per tick at most: the check stays set while publishes are in flight.)
                 self._loop.wake()
+
+    def _fail_closed(self, request: Request, *, sent: bool = False) -> None:
+        """``close()`` gave up on ``request``: ConnectionLost, never sent again (``sent``: it
+        was written, so nsqd may have stored it)."""
+        self._fail_request(
+            request,
+            closed_unanswered(request.kind, request.topic, sent=sent or request.attempts > 0),
+        )
 
     def _fail_request(self, request: Request, error: BaseException) -> None:
         if not request._done:
