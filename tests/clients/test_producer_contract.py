@@ -482,3 +482,29 @@ async def test_close_fails_a_publish_waiting_for_a_slot(runtime: Runtime) -> Non
             assert (stats.published, stats.failed, stats.pending) == (1, 2, 0)
         assert stored(topic) == 2
         assert gate.accepted == 1
+
+
+# --- blocking only: a PublishFuture's timeout -------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout", [-1, math.nan, math.inf, "5", True])
+def test_a_publish_future_refuses_the_timeouts_flush_refuses(
+    nsqd: EmbeddedNSQD, timeout: Any
+) -> None:
+    """``result(timeout)`` / ``exception(timeout)`` take the seconds ``flush()`` takes: a
+    bad one is LocalProtocolError, as for flush(), done or not (it was ValueError for nan,
+    OverflowError for inf, TypeError for a str, and a negative one meant 0)."""
+    import transports.sync
+
+    with transports.sync.Producer(nsqd.tcp_address) as producer:
+        with pytest.raises(LocalProtocolError):
+            producer.flush(timeout)
+        future = producer.publish_async(unique(), b"x")
+        for wait in (future.result, future.exception):
+            with pytest.raises(LocalProtocolError):
+                wait(timeout)
+        future.result(10)
+        for wait in (future.result, future.exception):
+            with pytest.raises(LocalProtocolError):
+                wait(timeout)
+        assert future.exception(0) is None
