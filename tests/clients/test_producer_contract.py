@@ -144,6 +144,8 @@ BAD_CALLS = [
         lambda p: p.multi_publish("t", [b"a", b""]),
         LocalProtocolError,
     ),
+    BadCall("multi_publish None", lambda p: p.multi_publish("t", None), LocalProtocolError),
+    BadCall("multi_publish an int", lambda p: p.multi_publish("t", 5), LocalProtocolError),
     BadCall(
         "multi_publish empty iterator", lambda p: p.multi_publish("t", iter([])), LocalProtocolError
     ),

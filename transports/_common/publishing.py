@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from nsq_sansio.connection import check_deferred_delay
+from nsq_sansio.errors import LocalProtocolError
 from nsq_sansio.frames import encode_mpub, encode_pub
 from nsq_sansio.names import validate_topic
 
@@ -57,7 +58,12 @@ def check_batch(checked: set[str], topic: str, bodies: Sequence[bytes]) -> list[
     LocalProtocolError."""
     if isinstance(bodies, bytes | bytearray | str):
         encode_mpub(topic, bodies)  # raises: one body, not a list of them
-    batch = list(bodies)
+    try:
+        batch = list(bodies)
+    except TypeError:
+        raise LocalProtocolError(
+            f"multi_publish needs a sequence of bodies (bytes), got {type(bodies).__name__}"
+        ) from None
     if topic not in checked:
         validate_topic(topic)
         remember_topic(checked, topic)
