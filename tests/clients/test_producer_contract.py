@@ -22,7 +22,14 @@ import pytest
 from support.brokers import embedded_topic_count, get_json, running_nsqd, unique
 from support.runtimes import Runtime, wait_until
 
-from nsq_sansio.errors import ConnectionLost, DelayOutOfRange, InvalidName, LocalProtocolError
+from nsq_sansio.errors import (
+    BadMessage,
+    ConnectionLost,
+    DelayOutOfRange,
+    HTTPPublishError,
+    InvalidName,
+    LocalProtocolError,
+)
 from transports.embedded import EmbeddedNSQD
 
 pytestmark = pytest.mark.anyio
@@ -228,6 +235,40 @@ async def test_a_delay_out_of_range_is_refused_before_connecting(
     async with context as p:
         with pytest.raises(DelayOutOfRange):
             await p.deferred_publish("t", b"x", 5000)
+
+
+@pytest.mark.parametrize("kind", ["tcp", "http"])
+async def test_a_body_over_max_msg_size_fails_only_itself(
+    runtime: Runtime, nsqd: EmbeddedNSQD, kind: str
+) -> None:
+    """nsqd's limit is not announced, so nsqd refuses it: BadMessage over TCP, an
+    HTTPPublishError (413) over HTTP, on every runtime; the next publish goes through and
+    nothing of the refused one was stored."""
+    topic = unique()
+    too_big = b"x" * (1024 * 1024 + 1)
+    if kind == "tcp":
+        async with runtime.producer(nsqd.tcp_address) as p:
+            for call in (
+                lambda: p.publish(topic, too_big),
+                lambda: p.multi_publish(topic, [b"small", too_big]),
+                lambda: p.deferred_publish(topic, too_big, 1),
+            ):
+                with pytest.raises(BadMessage):
+                    await call()
+            await p.publish(topic, b"next")
+            assert (p.stats().published, p.stats().failed) == (1, 3)
+    else:
+        async with runtime.http_producer(nsqd.http_url) as h:
+            for call in (
+                lambda: h.publish(topic, too_big),
+                lambda: h.multi_publish(topic, [b"small", too_big]),
+                lambda: h.deferred_publish(topic, too_big, 1),
+            ):
+                with pytest.raises(HTTPPublishError) as refused:
+                    await call()
+                assert type(refused.value) is HTTPPublishError and refused.value.status == 413
+            await h.publish(topic, b"next")
+    assert embedded_topic_count_of(nsqd, topic) == 1
 
 
 # --- the life cycle -------------------------------------------------------------------------------
