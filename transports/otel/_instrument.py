@@ -6,7 +6,7 @@ from __future__ import annotations
 import ssl
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -83,6 +83,18 @@ def _consumer_hook(client: Any) -> tuple[Any, str] | None:
     return None
 
 
+def _current_hook(owner: Any, name: str) -> Callable[[], ConsumerTelemetry | None]:
+    """What reads a consumer's telemetry hook as it is at the time of the call (a ``run()``
+    under way asks it for each handler call); held weakly, as the consumer is."""
+    owner_ref = weakref.ref(owner)
+
+    def current() -> ConsumerTelemetry | None:
+        found = getattr(owner_ref(), name, None)
+        return found if isinstance(found, ConsumerTelemetry) else None
+
+    return current
+
+
 def instrument(
     client: _Client,
     *,
@@ -113,7 +125,12 @@ def instrument(
         owner, name = hook
         asynchronous = name == "_telemetry"
         telemetry = ConsumerTelemetry(
-            client, tracer, metrics, propagate=propagate, run_is_async=asynchronous
+            client,
+            tracer,
+            metrics,
+            propagate=propagate,
+            run_is_async=asynchronous,
+            current=_current_hook(owner, name),
         )
         c: Any = client
         wrappers["run"] = telemetry.wrap_run(c.run)
@@ -121,7 +138,6 @@ def instrument(
         if asynchronous:  # finish_many() awaits finish_many_nowait(): one wrapper for both
             wrappers["finish_many_nowait"] = telemetry.wrap_finish_many(c.finish_many_nowait)
         else:
-            wrappers["get"] = telemetry.wrap_get(c.get)
             wrappers["finish_many"] = telemetry.wrap_finish_many(c.finish_many)
         setattr(owner, name, telemetry)
         done.hook_owner, done.hook_name = owner, name

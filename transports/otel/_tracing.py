@@ -1,7 +1,7 @@
 """Spans (and the per-operation metrics) of consumers and producers.
 
 Consumers: the consumer calls :class:`ConsumerTelemetry` (its hook) for each message iteration
-hands to user code and for each ``finish()``/``requeue()``; ``run()``, ``fetch()``, ``get()``
+or ``get()`` hands to user code and for each ``finish()``/``requeue()``; ``run()``, ``fetch()``
 and ``finish_many()`` are wrapped on the instrumented instance (one span per call, or per
 handler call). Producers: the publish calls are wrapped on the instance. An uninstrumented
 client runs none of this: its hook is None and its methods are the class's own.
@@ -16,9 +16,11 @@ Span structure (the messaging conventions' operation types and span kinds):
   (and :func:`process` blocks): a child of the span current where ``run()`` was called when
   there is one, else of the message's creation context; linked to the creation context.
 * ``receive {topic}``: type ``receive``, kind CLIENT, one per message handed over by
-  iteration or ``get()``; ``fetch {topic}``: type ``receive``, kind CLIENT, one per
-  ``fetch()`` call over the time it took, ``messaging.batch.message_count`` and a link per
-  message (each with its ``messaging.message.id``).
+  iteration or ``get()`` (the consumer asks its hook for each, so a loop or ``get()`` under
+  way when the consumer is instrumented or uninstrumented follows from its next message);
+  ``fetch {topic}``: type ``receive``, kind CLIENT, one per ``fetch()`` call over the time
+  it took, ``messaging.batch.message_count`` and a link per message (each with its
+  ``messaging.message.id``).
 * ``finish`` / ``requeue {topic}``: type ``settle``, kind CLIENT, one per answer user code or
   ``run()`` made (one per ``finish_many()`` call); a child of the current span, or, when
   none is current, of the span that handed the message over.
@@ -103,8 +105,12 @@ class ConsumerTelemetry:
         *,
         propagate: bool,
         run_is_async: bool,
+        current: Callable[[], Any],
     ) -> None:
         self.topic: str = consumer.topic
+        #: The consumer's telemetry hook as it is now (``self`` while this instrumentation is
+        #: on; None, or another one, once uninstrumented or instrumented again).
+        self.current = current
         self.channel: str = consumer.channel
         self.tracer = tracer
         self.metrics = metrics
@@ -241,10 +247,12 @@ class ConsumerTelemetry:
     # --- wrappers of the consumer's calls -----------------------------------------------------
 
     def wrap_run(self, run: Callable[..., Any]) -> Callable[..., Any]:
-        """``run(handler, ...)`` with each handler call in a process span. While ``run()``
-        runs no span is current in its workers (the context's other values stay), so the
-        FIN/REQ it makes after a handler returns is a child of that handler's process span."""
-        processing = self.processing
+        """``run(handler, ...)`` with each handler call in a process span, made by the
+        consumer's instrumentation at the time of the call (none once uninstrumented; the new
+        one once instrumented again). While ``run()`` runs no span is current in its workers
+        (the context's other values stay), so the FIN/REQ it makes after a handler returns is
+        a child of that handler's process span."""
+        current = self.current
         if self._run_is_async:
 
             async def run_async(handler: Any, *args: Any, **kwargs: Any) -> Any:
@@ -253,7 +261,10 @@ class ConsumerTelemetry:
                     original = handler
 
                     async def handler(message: Any) -> Any:
-                        with processing(message, ambient):
+                        telemetry = current()
+                        if telemetry is None:
+                            return await original(message)
+                        with telemetry.processing(message, ambient):
                             return await original(message)
 
                 token = otel_context.attach(trace.set_span_in_context(trace.INVALID_SPAN))
@@ -270,24 +281,15 @@ class ConsumerTelemetry:
                 original = handler
 
                 def handler(message: Any) -> Any:
-                    with processing(message, ambient):
+                    telemetry = current()
+                    if telemetry is None:
+                        return original(message)
+                    with telemetry.processing(message, ambient):
                         return original(message)
 
             return run(handler, *args, **kwargs)
 
         return run_blocking
-
-    def wrap_get(self, get: Callable[..., Any]) -> Callable[..., Any]:
-        """The blocking consumer's ``get()``: a receive span for the message it returns."""
-        received = self.received
-
-        def traced_get(*args: Any, **kwargs: Any) -> Any:
-            message = get(*args, **kwargs)
-            if message is not None:
-                received(message)
-            return message
-
-        return traced_get
 
     def wrap_fetch(self, fetch: Callable[..., Any]) -> Callable[..., Any]:
         """``fetch()``: one receive span over the call, with a link per message."""

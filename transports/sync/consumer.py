@@ -47,7 +47,7 @@ from transports._common import ConsumerStats, DrainResult, split_options
 from transports._common.arguments import check_seconds
 from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
 from transports._common.handlers import handler_finishes
-from transports._common.message import DeliveryHook, KeepaliveExpired
+from transports._common.message import KeepaliveExpired
 from transports._common.reports import (
     EventCallback,
     log_handler_failed,
@@ -335,31 +335,27 @@ class Consumer:
         if self._pull:
             raise LocalProtocolError("pull consumers use fetch(); iteration is for push consumers")
         self._ensure_started()
-        telemetry = self._io.telemetry
-        if telemetry is not None:
-            return self._traced_messages(telemetry)
         return self._messages()
 
-    def _traced_messages(self, telemetry: DeliveryHook) -> Iterator[Message]:
-        """:meth:`_messages`, each shown to telemetry (``transports.otel``) first."""
-        for message in self._messages():
-            telemetry.received(message)
-            yield message
-
     def _messages(self) -> Iterator[Message]:
-        popleft = self._io.ready.popleft
+        io = self._io
+        popleft = io.ready.popleft
         next_message = self._next_message
         while True:
             try:
-                yield popleft()
-                continue
+                message = popleft()
             except IndexError:
-                pass
-            message = next_message(None)
-            if message is None:
-                if self._io.failure is not None:
-                    self._raise_failure()
-                return
+                waited = next_message(None)
+                if waited is None:
+                    if io.failure is not None:
+                        self._raise_failure()
+                    return
+                message = waited
+            # Asked per message: instrumenting (or not) a loop already running applies to
+            # its next message, as on asyncio and trio.
+            telemetry = io.telemetry
+            if telemetry is not None:
+                telemetry.received(message)
             yield message
 
     def get(self, timeout: float | None = None) -> Message | None:
@@ -371,8 +367,13 @@ class Consumer:
             raise LocalProtocolError("pull consumers use fetch(); get() is for push consumers")
         self._ensure_started()
         message = self._next_message(timeout)
-        if message is None and self._io.failure is not None:
-            self._raise_failure()
+        if message is None:
+            if self._io.failure is not None:
+                self._raise_failure()
+            return None
+        telemetry = self._io.telemetry  # asked once the message is here, as iteration does
+        if telemetry is not None:
+            telemetry.received(message)
         return message
 
     def _next_message(self, timeout: float | None) -> Message | None:
