@@ -22,9 +22,10 @@ from urllib.parse import quote
 
 import pytest
 from conformance.wire import RawConn, http_json, http_request, unique, wait_for
+from support.ports import refused_address
 
 from transports.embedded import EmbeddedLookupd, EmbeddedNSQD, ServerThread
-from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
 KINDS = ["embedded", "real"]
 TIMEOUT = 1.0  # --http-client-request-timeout: how long a topic may wait for nsqlookupd
@@ -249,7 +250,7 @@ def test_a_silent_nsqlookupd_delays_the_creator_for_the_timeout_and_no_one_else(
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_nsqlookupd_that_is_down_does_not_delay_the_topic(kind: str) -> None:
     """nsqlookupd's HTTP port refuses the connection: nsqd goes on at once."""
-    stand_in = StandInLookupd(free_port())  # nothing listens there
+    stand_in = StandInLookupd(int(refused_address().rsplit(":", 1)[1]))  # nothing listens there
     try:
         with nsqd(kind, stand_in.tcp_address) as (tcp, http):
             wait_until_asking(stand_in, tcp)
