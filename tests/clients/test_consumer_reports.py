@@ -6,7 +6,6 @@ the order of log line and ``on_event`` are the same on asyncio, trio and blockin
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from typing import Any
 
@@ -14,6 +13,7 @@ import anyio
 import anyio.to_thread
 import pytest
 from support.brokers import unique
+from support.ports import refused_address
 from support.runtimes import Runtime
 
 from nsq_sansio.consumer import Disconnected, DrainTimedOut
@@ -21,13 +21,6 @@ from nsq_sansio.errors import ConnectionLost
 from transports.embedded import EmbeddedNSQD
 
 pytestmark = pytest.mark.anyio
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Seen:
@@ -61,7 +54,7 @@ async def test_a_refused_connect_is_said_alike_and_counted(
     failed in phase CONNECTING: [Errno 111] ..."), logged before ``on_event`` hears of it;
     each is a connection error, each connect after the first a reconnect."""
     caplog.set_level(logging.INFO)
-    address = f"127.0.0.1:{_closed_port()}"
+    address = refused_address()
     seen = Seen(caplog, Disconnected, 2)
     async with runtime.consumer("t", "c", nsqd=[address], on_event=seen) as consumer:
         await seen.wait(15.0)

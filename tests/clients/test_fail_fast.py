@@ -18,6 +18,7 @@ import anyio
 import anyio.to_thread
 import pytest
 from support.brokers import unique
+from support.ports import refused_address
 from support.runtimes import Runtime
 
 from nsq_sansio.errors import ConnectionLost, NoNSQDAvailable
@@ -30,13 +31,6 @@ PUBLISH_TIMEOUT = 20.0
 CONNECT_TIMEOUT = 1.0
 #: How long failing may take at most: the dial timeout and some slack for a loaded machine.
 FAIL_WITHIN = CONNECT_TIMEOUT + 3.0
-
-
-def _closed_port() -> str:
-    """An address nothing listens on (bound once, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 class _Silent:
@@ -108,7 +102,7 @@ def _assert_cause(error: NoNSQDAvailable, address: str, text: str) -> None:
 
 
 async def test_a_closed_port_fails_the_publish_at_once(runtime: Runtime) -> None:
-    address = _closed_port()
+    address = refused_address()
     async with runtime.producer(
         address, timeout=PUBLISH_TIMEOUT, connect_timeout=CONNECT_TIMEOUT
     ) as p:
@@ -138,7 +132,7 @@ async def test_a_hung_nsqd_fails_the_publish_within_the_dial_timeout(
 async def test_connect_fails_at_start_up_and_succeeds_when_nsqd_is_up(
     runtime: Runtime, nsqd: EmbeddedNSQD, silent: _Silent
 ) -> None:
-    closed = _closed_port()
+    closed = refused_address()
     for address, text in ((closed, "connection refused"), (silent.address, "handshake")):
         async with runtime.producer(
             address, timeout=PUBLISH_TIMEOUT, connect_timeout=CONNECT_TIMEOUT
@@ -171,7 +165,7 @@ async def test_a_written_publish_keeps_its_own_deadline(runtime: Runtime) -> Non
 
 
 async def test_the_http_producer_names_each_cause(runtime: Runtime, silent: _Silent) -> None:
-    closed = _closed_port()
+    closed = refused_address()
     http = runtime.module.HTTPProducer(f"http://{closed}", timeout=PUBLISH_TIMEOUT)
     with pytest.raises(NoNSQDAvailable) as raised:
         await _call(runtime, http.publish, unique(), b"x")

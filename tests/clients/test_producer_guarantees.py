@@ -29,6 +29,7 @@ from support.brokers import (
     topic_count,
     unique,
 )
+from support.ports import refused_address
 from support.runtimes import Runtime, recorder, wait_until
 
 import transports.anyio
@@ -188,7 +189,7 @@ async def test_an_unreachable_nsqd_is_skipped_and_pending_stays_bounded(
     await an answer, and all 200 reach the reachable nsqd, each once (200: enough to be seen
     pending from the test's loop while a blocking producer's threads work)."""
     topic = unique()
-    dead = _closed_port()
+    dead = refused_address()
     peak = 0
     async with runtime.producer(
         [dead, nsqd.tcp_address], max_pending=2, connect_timeout=1, timeout=10
@@ -310,13 +311,6 @@ async def test_publish_observer_sees_every_request_once(runtime: Runtime) -> Non
 # --- one error class for "no nsqd took it", bounded topic memory --------------------------
 
 
-def _closed_port() -> str:
-    """A loopback address nothing listens on (bound once, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
-
-
 @pytest.mark.parametrize("unreachable", [1, 2])
 async def test_no_nsqd_available_is_one_class_on_every_runtime(
     runtime: Runtime, unreachable: int
@@ -325,7 +319,7 @@ async def test_no_nsqd_available_is_one_class_on_every_runtime(
     on every runtime, naming each address it tried."""
     assert transports.sync.NoNSQDAvailable is transports.anyio.NoNSQDAvailable
     assert transports.trio.NoNSQDAvailable is NoNSQDAvailable
-    addresses = [_closed_port() for _ in range(unreachable)]
+    addresses = [refused_address() for _ in range(unreachable)]
     async with runtime.producer(addresses, connect_timeout=0.5, timeout=3) as p:
         with pytest.raises(NoNSQDAvailable) as caught:
             await p.publish(unique(), b"x")

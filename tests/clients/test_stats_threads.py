@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 import anyio
 import pytest
 from support.brokers import unique
+from support.ports import refused_address
 from support.runtimes import Runtime
 
 from transports.embedded import EmbeddedNSQD
-from transports.testing.real_nsq import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -61,7 +61,7 @@ async def test_consumer_stats_from_another_thread_while_connections_come_and_go(
     topic = unique()
     async with runtime.producer(nsqd.tcp_address) as p:
         await p.multi_publish(topic, [b"%d" % i for i in range(300)])
-    refused = [f"127.0.0.1:{free_port()}" for _ in range(8)]  # connect, fail, retry at once
+    refused = [refused_address() for _ in range(8)]  # connect, fail, retry at once
     async with runtime.consumer(
         topic,
         "ch",
@@ -89,7 +89,7 @@ async def test_consumer_stats_from_another_thread_while_connections_come_and_go(
 async def test_producer_stats_from_another_thread_while_connections_come_and_go(
     nsqd: EmbeddedNSQD, busy_switching: None, runtime: Runtime
 ) -> None:
-    refused = f"127.0.0.1:{free_port()}"
+    refused = refused_address()
     async with runtime.producer(
         [nsqd.tcp_address, refused], reconnect_delay=0.001, max_reconnect_delay=0.001
     ) as p:

@@ -5,7 +5,6 @@ client."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from conformance.wire import FRAME_RESPONSE, RawConn, http_request, unique, wait_for
+from support.ports import refused_address
 
 from transports.embedded import EmbeddedNSQD, ServerThread
 from transports.embedded.auth import AuthServerError, parse_auth_address, parse_auth_state
@@ -160,10 +160,7 @@ def test_the_auth_answer_is_asked_again_when_its_ttl_runs_out(auth_server: AuthS
 def test_an_unreachable_auth_server_fails_auth_and_the_next_one_is_tried(
     auth_server: AuthServer,
 ) -> None:
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    dead = f"127.0.0.1:{probe.getsockname()[1]}"
-    probe.close()  # nothing listens there now
+    dead = refused_address()  # nothing listens there
     runner = ServerThread(EmbeddedNSQD(auth_http_addresses=[dead]))
     with runner as nsqd, RawConn(nsqd.tcp_address) as c:
         c.identify()

@@ -22,27 +22,24 @@ from urllib.parse import quote
 
 import pytest
 from conformance.wire import RawConn, http_json, http_request, unique, wait_for
+from support.ports import refused_address
 
 from transports.embedded import EmbeddedLookupd, EmbeddedNSQD, ServerThread
-from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries, free_port
+from transports.testing.real_nsq import MISSING_BINARIES, RealNSQD, find_binaries
 
 KINDS = ["embedded", "real"]
 TIMEOUT = 1.0  # --http-client-request-timeout: how long a topic may wait for nsqlookupd
 
 
-class StandInLookupd:
-    """The TCP side of an nsqlookupd: IDENTIFY answered with ``http_port``, every other
-    command with ``OK``; records the topics nsqd registers."""
+class _TCPServer:
+    """A loopback TCP server: one thread accepts, one thread serves each connection
+    (:meth:`serve`); :meth:`close` closes the port and every connection."""
 
-    def __init__(self, http_port: int) -> None:
-        self.http_port = http_port
-        self.registered: list[str] = []
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.tcp_address = f"127.0.0.1:{self._server.getsockname()[1]}"
-        self._threads: list[threading.Thread] = []
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.port = self._server.getsockname()[1]
         self._conns: list[socket.socket] = []
-        accept = threading.Thread(target=self._accept, daemon=True)
-        accept.start()
+        threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
         while True:
@@ -51,10 +48,29 @@ class StandInLookupd:
             except OSError:
                 return
             self._conns.append(conn)
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            thread.start()
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._server.close()
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+class StandInLookupd(_TCPServer):
+    """The TCP side of an nsqlookupd: IDENTIFY answered with ``http_port``, every other
+    command with ``OK``; records the topics nsqd registers."""
+
+    def __init__(self, http_port: int) -> None:
+        self.http_port = http_port
+        self.registered: list[str] = []
+        super().__init__()
+        self.tcp_address = f"127.0.0.1:{self.port}"
+
+    def serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("rb")
         with contextlib.suppress(OSError, ValueError):
             if reader.read(4) != b"  V1":
@@ -78,47 +94,26 @@ class StandInLookupd:
                     answer = b"OK"
                 conn.sendall(struct.pack(">i", len(answer)) + answer)
 
-    def close(self) -> None:
-        self._server.close()
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.close()
 
-
-class SilentHTTP:
+class SilentHTTP(_TCPServer):
     """An HTTP port that reads what it is asked and never answers; records the requests, so
     a test can see when nsqd has asked (and is waiting)."""
 
     def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0), backlog=64)
-        self.port = self._server.getsockname()[1]
-        self.received: list[bytes] = []  # a connection's reads, one thread each
-        self._conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.received: list[bytearray] = []  # what each connection sent, in order
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            self._conns.append(conn)
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
-
-    def _read(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket) -> None:
+        received = bytearray()
+        self.received.append(received)
         with contextlib.suppress(OSError):
             while data := conn.recv(65536):
-                self.received.append(data)
+                received += data
 
     def asked_for(self, topic: str) -> bool:
         """nsqd has sent its request for ``topic``'s channels."""
-        return any(f"/channels?topic={topic} ".encode() in data for data in self.received)
-
-    def close(self) -> None:
-        self._server.close()
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.close()
+        request = f"/channels?topic={topic} ".encode()
+        return any(request in bytes(data) for data in self.received)
 
 
 @contextlib.contextmanager
@@ -255,7 +250,7 @@ def test_a_silent_nsqlookupd_delays_the_creator_for_the_timeout_and_no_one_else(
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_nsqlookupd_that_is_down_does_not_delay_the_topic(kind: str) -> None:
     """nsqlookupd's HTTP port refuses the connection: nsqd goes on at once."""
-    stand_in = StandInLookupd(free_port())  # nothing listens there
+    stand_in = StandInLookupd(int(refused_address().rsplit(":", 1)[1]))  # nothing listens there
     try:
         with nsqd(kind, stand_in.tcp_address) as (tcp, http):
             wait_until_asking(stand_in, tcp)

@@ -42,8 +42,23 @@ def publish(servers: Sequence[Any], topic: str, bodies: Sequence[bytes]) -> None
                 producer.multi_publish(topic, mine[start : start + 500])
 
 
+def _left(servers: Sequence[Any], topic: str, channel: str) -> int:
+    """Messages nsqd still holds for ``channel``: queued in the topic (a backlog moves into a
+    new channel in the background), queued in the channel, or in flight."""
+    left = 0
+    for server in servers:
+        topic_entry = stats(server, topic)
+        left += int(topic_entry.get("depth", 0))
+        for entry in topic_entry.get("channels") or []:
+            if entry["channel_name"] == channel:
+                left += int(entry["depth"]) + int(entry["in_flight_count"])
+                left += int(entry["deferred_count"])
+    return left
+
+
 def drain(servers: Sequence[Any], topic: str, channel: str, idle: float = 1.0) -> list[bytes]:
-    """Read and FIN everything queued on ``channel`` until it stays empty for ``idle`` s."""
+    """Read and FIN everything queued on ``channel``: until nothing came for ``idle`` s and
+    no nsqd holds anything more for it (a pause alone, under load, does not end it)."""
     bodies: list[bytes] = []
     addresses = [s.tcp_address for s in servers]
     with Consumer(topic, channel, nsqd=addresses, max_in_flight=2000) as consumer:
@@ -56,7 +71,9 @@ def drain(servers: Sequence[Any], topic: str, channel: str, idle: float = 1.0) -
         while True:
             message = consumer.get(timeout=idle)
             if message is None:
-                return bodies
+                if _left(servers, topic, channel) == 0:
+                    return bodies
+                continue
             bodies.append(message.body)
             message.finish()
 

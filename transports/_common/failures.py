@@ -16,6 +16,7 @@ from nsq_sansio.errors import ConnectionLost, NSQError
 
 __all__ = [
     "at_address",
+    "closed_unanswered",
     "connect_failed",
     "connect_timed_out",
     "describe",
@@ -82,6 +83,17 @@ def no_answer(kind: str, topic: str, address: str, timeout: float) -> TimeoutErr
     """A publish written to ``address`` was not answered within its timeout (it may have
     been stored)."""
     return TimeoutError(f"{kind} to {topic!r}: no answer from {address} within {seconds(timeout)}")
+
+
+def closed_unanswered(kind: str, topic: str, *, sent: bool) -> ConnectionLost:
+    """The producer closed (its ``close()`` timeout passed) before this publish was answered:
+    it fails, never sent again; one ``sent`` (written to nsqd) may have been stored."""
+    if sent:
+        return ConnectionLost(
+            f"{kind} to {topic!r}: the producer closed before nsqd answered "
+            "(it may have been stored)"
+        )
+    return ConnectionLost(f"{kind} to {topic!r}: the producer closed before it was sent")
 
 
 def no_slot(max_pending: int, timeout: float) -> TimeoutError:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from nsq_sansio.connection import check_deferred_delay
+from nsq_sansio.errors import LocalProtocolError
 from nsq_sansio.frames import encode_mpub, encode_pub
 from nsq_sansio.names import validate_topic
 
@@ -56,7 +58,12 @@ def check_batch(checked: set[str], topic: str, bodies: Sequence[bytes]) -> list[
     LocalProtocolError."""
     if isinstance(bodies, bytes | bytearray | str):
         encode_mpub(topic, bodies)  # raises: one body, not a list of them
-    batch = list(bodies)
+    try:
+        batch = list(bodies)
+    except TypeError:
+        raise LocalProtocolError(
+            f"multi_publish needs a sequence of bodies (bytes), got {type(bodies).__name__}"
+        ) from None
     if topic not in checked:
         validate_topic(topic)
         remember_topic(checked, topic)
@@ -72,8 +79,14 @@ def check_batch(checked: set[str], topic: str, bodies: Sequence[bytes]) -> list[
     return batch
 
 
-def check_deferred(checked: set[str], topic: str, body: bytes, delay: float) -> None:
+def check_deferred(
+    checked: set[str], topic: str, body: bytes, delay: float, max_req_timeout: float | None
+) -> None:
     """A DPUB's arguments: those of a PUB, and a delay that is a finite number of seconds
-    ``>= 0`` (LocalProtocolError otherwise)."""
+    ``>= 0`` (LocalProtocolError otherwise) and not above nsqd's ``max_req_timeout`` (its
+    default of an hour when None): DelayOutOfRange, however far above, for TCP and HTTP alike
+    and before any connection is tried (a delay meant in milliseconds is the caller's
+    mistake, whether nsqd is up or not)."""
     check_seconds("DPUB delay", delay)
     check_publish(checked, topic, body)
+    check_deferred_delay(delay, max_req_timeout)

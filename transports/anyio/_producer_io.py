@@ -177,6 +177,7 @@ class ProducerConnections:
     _config: Config
     _options: TransportOptions
     _closed: bool
+    _shut: bool
     _tg: anyio.abc.TaskGroup | None
     _backend: Backend | None
     _timer_started: bool
@@ -195,6 +196,8 @@ class ProducerConnections:
         while True:
             if node.ready and node.proto is not None:
                 return node.proto
+            if self._shut:  # a closed producer never connects again
+                raise ConnectionLost(f"{node.address}: the producer is closed")
             if node.connecting is None:
                 node.connecting = anyio.Event()
                 node.config_error = None

@@ -18,7 +18,6 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from nsq_sansio.connection import check_deferred_delay
 from nsq_sansio.errors import (
     ConfigError,
     LocalProtocolError,
@@ -96,8 +95,11 @@ class HTTPProducer:
         self._rr = itertools.count()
         self._valid_topics: set[str] = set()
         self._closed = False
+        #: The block was entered (once: a nested block's end would close it).
+        self._entered = False
 
     async def __aenter__(self) -> HTTPProducer:
+        self._enter()
         return self
 
     async def __aexit__(
@@ -107,6 +109,13 @@ class HTTPProducer:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise LocalProtocolError("the producer is closed")
+        if self._entered:
+            raise LocalProtocolError("the producer is already entered (`async with` it once)")
+        self._entered = True
 
     async def close(self) -> None:
         """Close the idle connections; a publish after this raises LocalProtocolError."""
@@ -129,8 +138,7 @@ class HTTPProducer:
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """``POST /pub?defer=``: deliverable after ``delay`` seconds."""
-        check_deferred(self._valid_topics, topic, body, delay)
-        check_deferred_delay(delay, self._max_req_timeout)  # in seconds, as nsqd's limit
+        check_deferred(self._valid_topics, topic, body, delay, self._max_req_timeout)
         await self._send("DPUB", topic, lambda c: c.pub(topic, body, defer=delay))
 
     async def _send(

@@ -56,7 +56,13 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.failures import at_address, no_answer, no_slot, seconds
+from transports._common.failures import (
+    at_address,
+    closed_unanswered,
+    no_answer,
+    no_slot,
+    seconds,
+)
 from transports._common.logs import fields
 from transports._common.publishing import (
     PublishObserver,
@@ -148,6 +154,9 @@ class Producer(ProducerConnections):
         self._park: Callable[[Call], Awaitable[BaseException | None]] = _not_started
         self._wake: Callable[[Any, BaseException | None], None] = _never
         self._closed = False
+        #: close() gave up waiting and closed the connections: what is left fails, nothing
+        #: is sent again and nothing reconnects.
+        self._shut = False
         self._exited = False
         self._published = 0
         self._failed = 0
@@ -159,6 +168,13 @@ class Producer(ProducerConnections):
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def __aenter__(self) -> Producer:
+        # Entered once: a second task group would be left open behind the first block's end
+        # (trio reports that as a corrupted nursery stack), and the inner block's end would
+        # close the producer under the outer one.
+        if self._closed:
+            raise LocalProtocolError("the producer is closed")
+        if self._tg is not None:
+            raise LocalProtocolError("the producer is already entered (`async with` it once)")
         backend = self._backend = current_backend()
         self._call_soon = backend.call_soon
         self._park = backend.park
@@ -238,10 +254,10 @@ class Producer(ProducerConnections):
         raise NoNSQDAvailable(list(errors.values()), what="a connection")
 
     def _check_open(self) -> None:
-        if self._tg is None:
-            raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
         if self._closed:
             raise LocalProtocolError("the producer is closed")
+        if self._tg is None:
+            raise LocalProtocolError("use the Producer as `async with Producer(...) as p:`")
 
     @property
     def config(self) -> Config:
@@ -249,14 +265,24 @@ class Producer(ProducerConnections):
         return self._config
 
     async def close(self, timeout: float | None = 10.0) -> None:
-        """Wait (up to ``timeout``) for publishes in flight, then close every connection."""
+        """Wait (up to ``timeout``) for the publishes under way, then close every connection:
+        those still unanswered fail with ConnectionLost, and are not sent again."""
         if timeout is not None:
             check_seconds("close timeout", timeout)
         self._closed = True
+        if self._tg is None:
+            return  # never started: no connection to close
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(timeout if timeout is not None else float("inf")):
-                while any(node.pending or node.turns for node in self._nodes):
+                # A publish under way holds a slot (connecting, written, waiting for its turn);
+                # a cancelled one's answer is awaited too (it is still pending on its node).
+                while (
+                    self._free < self._max_pending
+                    or self._slot_waiters
+                    or any(node.pending or node.turns for node in self._nodes)
+                ):
                     await anyio.sleep(0.005)
+            self._shut = True
             for node in self._nodes:
                 self._disconnect(node, ConnectionLost("producer closed"), node.generation)
 
@@ -275,7 +301,7 @@ class Producer(ProducerConnections):
 
     async def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """``DPUB``: deliverable after ``delay`` seconds."""
-        check_deferred(self._valid_topics, topic, body, delay)
+        check_deferred(self._valid_topics, topic, body, delay, self._config.max_req_timeout)
         await self._request(_DPUB, topic, (body, delay), 1)
 
     def _candidates(self) -> list[Node]:
@@ -343,6 +369,9 @@ class Producer(ProducerConnections):
                 again = False
                 proto = node.proto
                 if not node.ready or proto is None:
+                    if self._shut:
+                        self._failed += 1
+                        raise closed_unanswered(call.kind, topic, sent=sent > 0)
                     try:
                         # A connection attempt ends within connect_timeout; the publish's own
                         # deadline may come first.
@@ -358,6 +387,9 @@ class Producer(ProducerConnections):
                         self._failed += 1
                         raise  # the configuration's fault: no other node will take it either
                     except NSQError as exc:
+                        if self._shut:  # closed while connecting
+                            self._failed += 1
+                            raise closed_unanswered(call.kind, topic, sent=sent > 0) from None
                         if errors is _NO_ERRORS:
                             errors = []
                         errors.append(at_address(node.address, exc))
@@ -425,6 +457,9 @@ class Producer(ProducerConnections):
                 if isinstance(error, ServerError | TimeoutError):
                     self._failed += 1
                     raise error
+                if self._shut:  # close() gave up on it: failed, never sent again
+                    self._failed += 1
+                    raise closed_unanswered(call.kind, topic, sent=True) from None
                 if isinstance(error, NotRead):
                     sent -= 1
                     self._retried += 1

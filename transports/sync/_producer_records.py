@@ -231,12 +231,13 @@ class Node:
         self.log = ConnectionLogger(self.logger, self.address)
 
 
-def connection_stats(node: Node) -> ConnectionStats:
-    """A node's snapshot (any thread: each field is read once)."""
+def connection_stats(node: Node, closed: bool = False) -> ConnectionStats:
+    """A node's snapshot (any thread: each field is read once); every connection of a
+    ``closed`` producer is "closed" (its socket may still be flushing out)."""
     conn, link = node.conn, node.link  # read once: the IO thread may replace them
     if node.ready:
         state = "ready"
-    elif conn is None or link is None:
+    elif closed or conn is None or link is None:
         state = "closed"
     elif link._connecting:
         state = "connecting"

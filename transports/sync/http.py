@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, NoReturn
 
-from nsq_sansio.connection import check_deferred_delay
 from nsq_sansio.errors import (
     ConfigError,
     LocalProtocolError,
@@ -184,6 +183,8 @@ class HTTPProducer:
         self._rr = itertools.count()
         self._valid_topics: set[str] = set()
         self._closed = False
+        #: The block was entered (once: a nested block's end would close it).
+        self._entered = False
 
     def publish(self, topic: str, body: bytes) -> None:
         """``POST /pub``: returns once nsqd answered 200."""
@@ -197,9 +198,16 @@ class HTTPProducer:
 
     def deferred_publish(self, topic: str, body: bytes, delay: float) -> None:
         """``POST /pub?defer=``: deliverable after ``delay`` seconds."""
-        check_deferred(self._valid_topics, topic, body, delay)
-        check_deferred_delay(delay, self._config.max_req_timeout)  # seconds, nsqd's limit
+        check_deferred(self._valid_topics, topic, body, delay, self._config.max_req_timeout)
         self._send("DPUB", topic, lambda c: c.pub(topic, body, defer=delay))
+
+    def _enter(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise LocalProtocolError("the producer is closed")
+            if self._entered:
+                raise LocalProtocolError("the producer is already entered (`with` it once)")
+            self._entered = True
 
     def close(self) -> None:
         """Close the idle connections; a publish after this raises LocalProtocolError."""
@@ -212,6 +220,7 @@ class HTTPProducer:
             conn.close()
 
     def __enter__(self) -> HTTPProducer:
+        self._enter()
         return self
 
     def __exit__(

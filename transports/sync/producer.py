@@ -83,7 +83,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.failures import no_slot, seconds
+from transports._common.failures import closed_unanswered, no_slot, seconds
 from transports._common.logs import fields
 from transports._common.publishing import check_batch, check_deferred, check_publish
 
@@ -173,6 +173,8 @@ class Producer(CallerReads, ProducerIOThread):
         self._rng = random.Random()
         self._loop = IOLoop(self._loop_callbacks(), name="nsq-sync-producer")
         self._started = False
+        #: The ``with`` block was entered (once: a nested block's end would close it).
+        self._entered = False
         self._closing = False
         self._closed = False
         self._lock = threading.Lock()
@@ -254,16 +256,21 @@ class Producer(CallerReads, ProducerIOThread):
         while self._pending_count() and (deadline is None or time.monotonic() < deadline):
             time.sleep(0.005)
         done = threading.Event()
+        with self._io_lock:
+            # From here a publish that got its slot only now (it waited for one) fails in its
+            # own thread (see _dispatch_now); those queued for the IO thread before this fail
+            # there, ahead of shut() (the loop runs its calls in order).
+            self._closing = True
 
         def shut() -> None:
-            self._closing = True
-            error = NSQError("the producer closed before nsqd answered")
             for request in list(self._waiting):
-                self._fail_request(request, error)
+                self._fail_closed(request)
             self._waiting.clear()
             for node in self._nodes:
-                for request in [*node.inflight.values(), *node.held]:
-                    self._fail_request(request, error)
+                for request in node.inflight.values():
+                    self._fail_closed(request, sent=True)
+                for request in node.held:
+                    self._fail_closed(request)
                 node.inflight.clear()
                 node.held.clear()
                 if node.wire is not None:
@@ -279,6 +286,12 @@ class Producer(CallerReads, ProducerIOThread):
         self._loop.stop()
 
     def __enter__(self) -> Producer:
+        with self._lock:
+            if self._closed:
+                raise LocalProtocolError("the producer is closed")
+            if self._entered:
+                raise LocalProtocolError("the producer is already entered (`with` it once)")
+            self._entered = True
         self._start()
         return self
 
@@ -309,7 +322,7 @@ class Producer(CallerReads, ProducerIOThread):
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
     ) -> None:
         """``DPUB``: delivered after ``delay`` seconds; waits for nsqd's OK."""
-        check_deferred(self._valid_topics, topic, body, delay)
+        check_deferred(self._valid_topics, topic, body, delay, self._config.max_req_timeout)
         self._call("DPUB", topic, (body, delay), timeout)
 
     def publish_async(
@@ -333,7 +346,7 @@ class Producer(CallerReads, ProducerIOThread):
         self, topic: str, body: bytes, delay: float, *, timeout: float | None = None
     ) -> PublishFuture:
         """Queue a ``DPUB``; see :meth:`publish_async`."""
-        check_deferred(self._valid_topics, topic, body, delay)
+        check_deferred(self._valid_topics, topic, body, delay, self._config.max_req_timeout)
         return self._submit("DPUB", topic, (body, delay), timeout, False)[0]
 
     def flush(self, timeout: float | None = None) -> None:
@@ -354,7 +367,8 @@ class Producer(CallerReads, ProducerIOThread):
         """A snapshot (plain dataclass) of the pool's state and counters. Safe to call from
         any thread while the IO thread runs (each connection's socket and state are read
         once, so one replaced meanwhile cannot break it)."""
-        connections = tuple(map(connection_stats, list(self._nodes)))
+        closed = self._closing
+        connections = tuple(connection_stats(node, closed) for node in list(self._nodes))
         return ProducerStats(
             published=self._published,
             failed=self._failed,
@@ -445,7 +459,10 @@ class Producer(CallerReads, ProducerIOThread):
                 if self._submitted - self._completed >= self._max_pending:
                     return _NO_SLOT
                 self._submitted += 1
-            if self._closing or self._waiting:
+            if self._closing:
+                self._fail_closed(request)
+                return _SENT  # failed (the future says why)
+            if self._waiting:
                 return _VIA_IO_THREAD
             nodes = self._nodes
             if len(nodes) == 1:
@@ -628,7 +645,7 @@ class Producer(CallerReads, ProducerIOThread):
         if request._done:
             return
         if self._closing:
-            self._fail_request(request, NSQError("the producer closed before nsqd answered"))
+            self._fail_closed(request)
             return
         if request.attempts > self._nsqd_count:
             # Sent to every nsqd (and once more): each connection died before answering.
@@ -747,6 +764,14 @@ class Producer(CallerReads, ProducerIOThread):
                 # The IO thread sleeps until the deadline it last saw: this one is earlier.
                 # (Once per tick at most: the check stays set while publishes are in flight.)
                 self._loop.wake()
+
+    def _fail_closed(self, request: Request, *, sent: bool = False) -> None:
+        """``close()`` gave up on ``request``: ConnectionLost, never sent again (``sent``: it
+        was written, so nsqd may have stored it)."""
+        self._fail_request(
+            request,
+            closed_unanswered(request.kind, request.topic, sent=sent or request.attempts > 0),
+        )
 
     def _fail_request(self, request: Request, error: BaseException) -> None:
         if not request._done:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nsq_sansio.errors import NoNSQDAvailable
+from transports._common.arguments import check_seconds
 from transports._common.publishing import PublishObserver
 
 __all__ = ["FUTURE_LOCK", "NoNSQDAvailable", "PublishFuture", "PublishObserver"]
@@ -66,12 +67,16 @@ class PublishFuture:
 
     def result(self, timeout: float | None = None) -> None:
         """None once nsqd said OK; raises nsqd's error, NoNSQDAvailable or TimeoutError."""
+        if timeout is not None:
+            _check_timeout(timeout)
         self._wait(timeout)
         if self._error is not None:
             raise self._error
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The publish's error (None when it succeeded), waiting up to ``timeout`` for it."""
+        if timeout is not None:
+            _check_timeout(timeout)
         self._wait(timeout)
         return self._error
 
@@ -103,3 +108,9 @@ class PublishFuture:
                     fn(self)
                 except Exception:
                     _log.exception("publish future callback failed")
+
+
+def _check_timeout(timeout: object) -> None:
+    """The seconds ``flush()`` and ``close()`` take: a bad one is LocalProtocolError whether
+    the publish is done or not (not a ValueError, TypeError or OverflowError from a lock)."""
+    check_seconds("PublishFuture timeout", timeout)
