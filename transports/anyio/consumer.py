@@ -25,6 +25,7 @@ import signal
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from operator import attrgetter
 from time import monotonic
 from types import TracebackType
@@ -86,6 +87,20 @@ _STALE_DEADLINE_POLL = 0.05
 
 #: How many handlers ``run()`` runs at once by default, at most.
 MAX_DEFAULT_CONCURRENCY = 256
+
+#: The slots (``[message]``) of the run() workers the current task is, or was started from:
+#: set once in each worker task, so the handler and the tasks it starts (they run in a copy of
+#: its context) see its message; ``drain()`` there would wait for it while it is unanswered.
+_handler_slots: ContextVar[tuple[list[Message | None], ...]] = ContextVar(
+    "nsq_sansio_handler_slots", default=()
+)
+
+#: Why ``drain()`` is refused in a handler, and what to call instead (the same on blocking).
+_DRAIN_IN_HANDLER = (
+    "drain() called from a run() handler of this consumer before its message was answered, "
+    "where it would wait for that message until the drain's deadline: call start_drain(), "
+    "which begins the drain and returns at once"
+)
 
 
 class Consumer(ConsumerConnections):
@@ -415,11 +430,28 @@ class Consumer(ConsumerConnections):
         """Graceful shutdown (see :meth:`start_drain`); returns once it is over and every
         connection is closed, with what the deadline cut short (:class:`DrainResult`: the
         messages it requeued, the run() handlers it cancelled). Called again while draining,
-        a sooner deadline wins (``0``: now). Not from a handler of this consumer (the drain
-        waits for that handler's message): call :meth:`start_drain` there."""
+        a sooner deadline wins (``0``: now). Not from a ``run()`` handler of this consumer
+        (or a task it starts) before its message is answered: the drain would wait for that
+        message, so it raises LocalProtocolError at once and begins nothing; call
+        :meth:`start_drain` there."""
+        if timeout is not None:
+            check_seconds("drain timeout", timeout)
+        if self._tg is None:
+            raise LocalProtocolError("drain before the consumer was started")
+        if self._in_own_handler():
+            raise LocalProtocolError(_DRAIN_IN_HANDLER)
         self.start_drain(timeout)
         await self._drained.wait()
         return self._drain_result()
+
+    def _in_own_handler(self) -> bool:
+        """Whether the current task is a run() handler of this consumer (or was started from
+        one) whose message is not answered yet: a drain would wait for that message."""
+        for slot in _handler_slots.get():
+            message = slot[0]
+            if message is not None and message._consumer is self and not message.answered:
+                return True
+        return False
 
     @property
     def draining(self) -> bool:
@@ -535,6 +567,9 @@ class Consumer(ConsumerConnections):
         waiters = self._waiters
 
         async def worker(slot: list[Message | None]) -> None:
+            # Once per worker (its context is its own copy): the handler, and the tasks it
+            # starts, find its message here (drain() there is refused while it is unanswered).
+            _handler_slots.set((*_handler_slots.get(), slot))
             while True:
                 if inbox:  # fast path, as in __anext__
                     delivery = inbox.popleft()

@@ -66,6 +66,14 @@ _log = logging.getLogger("nsq_sansio.sync.consumer")
 #: How many threads ``run()`` starts by default, at most (ThreadPoolExecutor's cap).
 MAX_DEFAULT_THREADS = 32
 
+#: Why ``drain()`` is refused in a ``run()`` handler, and what to call instead (the same text
+#: as on asyncio/trio).
+_DRAIN_IN_HANDLER = (
+    "drain() called from a run() handler of this consumer before its message was answered, "
+    "where it would wait for that message until the drain's deadline: call start_drain(), "
+    "which begins the drain and returns at once"
+)
+
 #: What to do instead of waiting for a message on the IO thread.
 _ELSEWHERE_OR_GET_NOW = (
     "take messages in another thread; get(timeout=0) takes one already received without waiting"
@@ -210,6 +218,15 @@ class Consumer:
                 f"on_event or another callback it runs), where it cannot return: {instead}"
             )
 
+    def _in_own_handler(self) -> bool:
+        """Whether this thread runs a run() handler of this consumer whose message is not
+        answered yet: a drain would wait for that message."""
+        me = threading.get_ident()
+        return any(
+            thread == me and not message.answered
+            for message, thread in list(self._io.handlers.items())
+        )
+
     def start_drain(self, timeout: float | None = None) -> None:
         """Begin a graceful drain and return at once (safe in a signal handler or a handler,
         and in ``on_event``).
@@ -251,7 +268,9 @@ class Consumer:
         while draining, a sooner deadline wins (``0``: now). A bad ``timeout`` raises
         LocalProtocolError here and changes nothing. Not on the IO thread (``on_event``),
         which must carry the drain out: LocalProtocolError, nothing begun; call
-        :meth:`start_drain` there."""
+        :meth:`start_drain` there. Nor in a ``run()`` handler of this consumer (its thread)
+        before its message is answered: the drain would wait for that message, so it raises
+        LocalProtocolError at once and begins nothing; call :meth:`start_drain` there too."""
         if timeout is not None:
             check_seconds("drain timeout", timeout)
         if not self._started:
@@ -259,6 +278,8 @@ class Consumer:
         self._refuse_on_io_thread(
             "drain()", "call start_drain(), which begins the drain and returns at once"
         )
+        if self._in_own_handler():
+            raise LocalProtocolError(_DRAIN_IN_HANDLER)
         limit = self._io.config.drain_timeout if timeout is None else timeout
         begun = self._start_drain(limit)
         if begun is not None:
