@@ -525,8 +525,23 @@ class Consumer:
                         else:
                             message.requeue()
 
+        # Set by the last worker to end: waited for as an event, never by joining a thread,
+        # which a Ctrl-C in join() can leave marked as ended while it runs (CPython < 3.13).
+        ended = threading.Event()
+        remaining = [concurrency]
+        count_lock = threading.Lock()
+
+        def worker_main() -> None:
+            try:
+                work()
+            finally:
+                with count_lock:
+                    remaining[0] -= 1
+                    if not remaining[0]:
+                        ended.set()
+
         workers = [
-            threading.Thread(target=work, name=f"nsq-sync-worker-{i}", daemon=True)
+            threading.Thread(target=worker_main, name=f"nsq-sync-worker-{i}", daemon=True)
             for i in range(concurrency)
         ]
         self._workers.extend(workers)
@@ -536,13 +551,13 @@ class Consumer:
                 worker.start()
                 assert worker.ident is not None
                 self._io.worker_names[worker.ident] = worker.name
-            self._wait_for(workers)
+            self._wait_for(workers, ended)
         except KeyboardInterrupt:
             # Ctrl-C without drain_on_signals: a graceful drain (bounded by its timeout),
             # then KeyboardInterrupt; Ctrl-C again during it stops at once.
             try:
                 self._start_drain(None)
-                self._wait_for(workers)
+                self._wait_for(workers, ended)
             except KeyboardInterrupt:
                 self._start_drain(0.0)
                 raise
@@ -566,19 +581,20 @@ class Consumer:
 
         return call
 
-    def _wait_for(self, workers: list[threading.Thread]) -> None:
-        """Until every worker is done, or the consumer is over (drained, failed or closed)
-        and its drain's deadline has passed: a handler still running then is left to run
-        (a thread cannot be cancelled; its message was requeued and it is reported)."""
+    def _wait_for(self, workers: list[threading.Thread], ended: threading.Event) -> None:
+        """Until every worker is done (``ended``), or the consumer is over (drained, failed
+        or closed) and its drain's deadline has passed: a handler still running then is left
+        to run (a thread cannot be cancelled; its message was requeued and it is reported).
+        Idle workers end when a drain starts, busy ones once their handler is done."""
         io = self._io
         while True:
+            if ended.is_set():
+                return
             alive = [worker for worker in workers if worker.is_alive()]
             if not alive:
                 return
             if not io.drained.is_set() and io.loop.failure is None:
-                # Idle workers end when the drain starts; busy ones when their handler is
-                # done (or the drain is over: its deadline cuts them short).
-                alive[0].join(0.5)
+                ended.wait(0.5)
                 continue
             left = io.drain_ends - time.monotonic()
             if left <= 0 or math.isinf(left):  # over (or failed: no deadline to wait for)
@@ -587,7 +603,7 @@ class Consumer:
                     if worker.ident not in busy:
                         worker.join(1.0)  # idle: it ends at once
                 return
-            alive[0].join(min(left, 0.5))
+            ended.wait(min(left, 0.5))
 
     def _report_left_running(self) -> None:
         """Log run()'s handlers still running that the drain's deadline did not name (they
