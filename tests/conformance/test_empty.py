@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .conftest import Target
-from .wire import RawConn, http_json, http_request, unique, wait_for
+from .wire import RawConn, http_json, http_request, unique, wait_for, wait_until_equal
 
 
 def _topic(target: Target, topic: str) -> Any:
@@ -47,7 +47,7 @@ def test_topic_empty_leaves_channel_queues_alone(target: Target) -> None:
     for i in range(3):
         assert http_request(target.http, "POST", f"/pub?topic={topic}", b"c%d" % i)[0] == 200
     # nsqd's topic pump moves them into the channel after the answer: let it, then pause
-    wait_for(lambda: _channel(target, topic, "c")["depth"] == 3)
+    wait_until_equal(lambda: _channel(target, topic, "c")["depth"], 3)
     _post(target, f"/topic/pause?topic={topic}")
     for i in range(4):
         assert http_request(target.http, "POST", f"/pub?topic={topic}", b"p%d" % i)[0] == 200

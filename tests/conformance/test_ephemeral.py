@@ -7,7 +7,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .conftest import Target
-from .wire import RawConn, http_json, unique, wait_for
+from .wire import RawConn, http_json, unique, wait_for, wait_until_equal
 
 
 def _topics(target: Target) -> dict[str, list[str]]:
@@ -55,12 +55,12 @@ def test_ephemeral_channel_of_a_durable_topic_vanishes_and_the_topic_stays(
         with RawConn(target.tcp) as passing:
             passing.sub(topic, ephemeral)
             assert sorted(_topics(target)[topic]) == sorted([durable, ephemeral])
-        wait_for(lambda: _topics(target).get(topic) == [durable])
+        wait_until_equal(lambda: _topics(target).get(topic), [durable])
         # what is published now is kept for the durable channel only
         with RawConn(target.tcp) as producer:
             producer.pub(topic, b"kept")
             producer.expect_ok()
         # nsqd's topic pump moves it into the channels after the OK: poll until it has
-        wait_for(lambda: _channel_depths(target, topic) == [(durable, 1)])
+        wait_until_equal(lambda: _channel_depths(target, topic), [(durable, 1)])
     # a durable channel does not vanish with its last client
     assert _topics(target).get(topic) == [durable]

@@ -9,7 +9,15 @@ import struct
 import pytest
 
 from .conftest import Target
-from .wire import RawConn, http_json, http_request, split_address, unique, wait_for
+from .wire import (
+    RawConn,
+    http_json,
+    http_request,
+    split_address,
+    unique,
+    wait_for,
+    wait_until_equal,
+)
 
 
 def test_ping_and_info(target: Target) -> None:
@@ -250,7 +258,7 @@ def test_topic_and_channel_lifecycle(target: Target) -> None:
     http_request(target.http, "POST", f"/pub?topic={topic}", b"1")
     http_request(target.http, "POST", f"/pub?topic={topic}", b"2")
     # answered once in the topic; nsqd's topic pump moves them into the channel afterwards
-    wait_for(lambda: stats_topic(target, topic)["channels"][0]["depth"] == 2)  # type: ignore[index]
+    wait_until_equal(lambda: stats_topic(target, topic)["channels"][0]["depth"], 2)  # type: ignore[index]
     assert http_request(target.http, "POST", f"/channel/empty?topic={topic}&channel=c")[0] == 200
     assert stats_topic(target, topic)["channels"][0]["depth"] == 0  # type: ignore[index]
     assert http_request(target.http, "POST", f"/channel/delete?topic={topic}&channel=c")[0] == 200

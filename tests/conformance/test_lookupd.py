@@ -9,7 +9,15 @@ import time
 import pytest
 
 from .conftest import Target
-from .wire import RawConn, http_json, http_request, split_address, unique, wait_for
+from .wire import (
+    RawConn,
+    http_json,
+    http_request,
+    split_address,
+    unique,
+    wait_for,
+    wait_until_equal,
+)
 
 
 def lookup(lookupd_http: str, topic: str) -> dict | None:  # type: ignore[type-arg]
@@ -37,7 +45,7 @@ def test_nsqd_registers_topics_and_channels(target: Target, lookupd_http: str) -
     assert producer["http_port"] == split_address(target.http)[1]
     with RawConn(target.tcp) as c:
         c.sub(topic, "reader")
-        wait_for(lambda: lookup(lookupd_http, topic)["channels"] == ["reader"])  # type: ignore[index]
+        wait_until_equal(lambda: lookup(lookupd_http, topic)["channels"], ["reader"])  # type: ignore[index]
     assert topic in http_json(lookupd_http, "GET", "/topics")["topics"]
     assert http_json(lookupd_http, "GET", f"/channels?topic={topic}") == {"channels": ["reader"]}
     nodes = http_json(lookupd_http, "GET", "/nodes")["producers"]
@@ -173,4 +181,4 @@ def test_lookupd_tcp_identify_register_unregister(target: Target, lookupd_http: 
         assert _v1_answer(c).startswith(b"E_BAD_CHANNEL")
         c.expect_closed()
     # the connection is gone, and with it the producer's registrations
-    wait_for(lambda: lookup(lookupd_http, topic)["producers"] == [])  # type: ignore[index]
+    wait_until_equal(lambda: lookup(lookupd_http, topic)["producers"], [])  # type: ignore[index]

@@ -204,3 +204,17 @@ def wait_for(predicate: Any, timeout: float = 5.0, interval: float = 0.02) -> An
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def wait_until_equal(
+    read: Any, expected: Any, timeout: float = 5.0, interval: float = 0.02
+) -> None:
+    """Poll ``read()`` until it returns ``expected``; after ``timeout`` fails showing the last
+    value read against the expected one (a plain ``wait_for`` can only say it timed out)."""
+    deadline = time.monotonic() + timeout
+    while (value := read()) != expected:
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"not reached within {timeout}s: read {value!r}, expected {expected!r}"
+            )
+        time.sleep(interval)
