@@ -546,8 +546,9 @@ class Consumer(ConsumerConnections):
         concurrency: int | None = None,
     ) -> None:
         """Call ``handler(msg)`` for every message with up to ``concurrency`` running at once
-        (default: ``max_in_flight``, at most 256) until the consumer is drained or closed.
-        Unless the handler answered the message itself: returning None or True FINs it,
+        (default: ``max_in_flight``, at most 256) until a drain starts or the consumer closes;
+        returns once the handlers under way then are done (or cancelled at the drain's
+        deadline). Unless the handler answered the message itself: returning None or True FINs it,
         returning False or raising REQs it (with backoff); any other value is logged as a
         TypeError and REQs it."""
         if self._pull:
@@ -978,7 +979,7 @@ async def drain_on_signals(
     ``timeout`` raises LocalProtocolError here, not later in the signal task::
 
         async with Consumer(...) as c, drain_on_signals(c):
-            await c.run(handler)        # returns once the drain finished
+            await c.run(handler)        # returns once the drain started and handlers are done
     """
     if timeout is not None:
         check_seconds("drain timeout", timeout)

@@ -6,7 +6,7 @@ Consume (push mode)::
 
     with Consumer("events", "archive", lookupd=["http://127.0.0.1:4161"],
                   max_in_flight=200) as c, drain_on_signals(c):
-        for msg in c:                       # ends once the consumer is drained or closed
+        for msg in c:                       # ends when a drain starts or the consumer closes
             handle(msg.body)
             msg.finish()                    # msg.requeue(delay=..., backoff=...), msg.touch()
 

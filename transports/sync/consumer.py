@@ -3,7 +3,7 @@
 ::
 
     with Consumer("events", "archive", lookupd=["http://127.0.0.1:4161"], max_in_flight=200) as c:
-        for msg in c:                      # ends when the consumer is drained or closed
+        for msg in c:                      # ends when a drain starts, or the consumer closes
             handle(msg.body)
             msg.finish()                   # or msg.requeue(delay=..., backoff=...), msg.touch()
 
@@ -259,6 +259,7 @@ class Consumer:
         io.drain_ends = ends
         io.drain_timeout = limit
         io.draining = True
+        io.wake_users()  # waits for a message end now: nothing new comes during a drain
         return io.call(lambda: io.begin_drain(timeout))
 
     def drain(self, timeout: float | None = None) -> DrainResult:
@@ -340,6 +341,7 @@ class Consumer:
             io.drain_ends = time.monotonic()
             io.drain_timeout = 0.0
             io.draining = True
+            io.wake_users()
             try:
                 io.begin_drain(0.0)
             finally:  # whatever happened, the close is finished (the with block joins it)
@@ -361,8 +363,9 @@ class Consumer:
             io.dead_letters.close()
         current = threading.current_thread()
         busy = set(io.handlers.values())  # a thread cannot be cancelled: not waited for
-        for worker in self._workers:
-            if worker is not current and worker.ident not in busy:
+        for worker in list(self._workers):
+            # (a run() starting now adds its workers before starting them: those end at once)
+            if worker is not current and worker.ident is not None and worker.ident not in busy:
                 worker.join(5.0)
         self._report_left_running()
         for future in list(io.fetches.values()):
@@ -372,8 +375,9 @@ class Consumer:
     # --- consuming ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Message]:
-        """The messages, in delivery order, until the consumer is drained or closed (or
-        failed: then its error is raised). Not on the IO thread (``on_event``), which
+        """The messages, in delivery order, until a drain starts (nothing new comes then;
+        the drain still waits for the messages already taken) or the consumer closes or
+        fails (then its error is raised). Not on the IO thread (``on_event``), which
         delivers the messages: LocalProtocolError."""
         if self._pull:
             raise LocalProtocolError("pull consumers use fetch(); iteration is for push consumers")
@@ -386,15 +390,16 @@ class Consumer:
         popleft = io.ready.popleft
         next_message = self._next_message
         while True:
-            try:
-                message = popleft()
+            try:  # once draining, what is still queued is the drain's to requeue
+                message = None if io.draining else popleft()
             except IndexError:
-                waited = next_message(None)
-                if waited is None:
+                message = None
+            if message is None:
+                message = next_message(None)
+                if message is None:
                     if io.failure is not None:
                         self._raise_failure()
                     return
-                message = waited
             # Asked per message: instrumenting (or not) a loop already running applies to
             # its next message, as on asyncio and trio.
             telemetry = io.telemetry
@@ -404,8 +409,9 @@ class Consumer:
 
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds (None: no limit, 0: only one
-        already received) or once drained/closed. On the IO thread (``on_event``), which
-        delivers the messages, only ``timeout=0``: any other raises LocalProtocolError."""
+        already received) or as soon as a drain starts or the consumer closes. On the IO
+        thread (``on_event``), which delivers the messages, only ``timeout=0``: any other
+        raises LocalProtocolError."""
         if timeout is not None:
             check_seconds("get timeout", timeout)
         if self._pull:
@@ -424,22 +430,25 @@ class Consumer:
         return message
 
     def _next_message(self, timeout: float | None) -> Message | None:
+        """The next message, waiting up to ``timeout`` (None: no limit); None after it, or
+        as soon as the consumer drains (not once the drain is over): nothing new comes then
+        (RDY 0 everywhere; what is still queued here is requeued by the drain), and waiting
+        for the drain's end in a handler would wait for the handler's own message."""
         io = self._io
         ready = io.ready
-        drained = io.drained
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if io.draining:
+                return None
             try:
                 return ready.popleft()
             except IndexError:
                 pass
-            if drained.is_set():
-                return None
             crashed = io.loop.failure
             if crashed is not None:
                 raise RuntimeError(f"the consumer's IO thread crashed: {crashed!r}") from crashed
             with io.cond:
-                if ready or drained.is_set():
+                if ready or io.draining:
                     continue
                 wait = 1.0
                 if deadline is not None:
@@ -457,7 +466,8 @@ class Consumer:
 
     def run(self, handler: Callable[[Message], object], *, concurrency: int | None = None) -> None:
         """Call ``handler(msg)`` for every message on ``concurrency`` worker threads (default:
-        ``max_in_flight``, at most 32) until the consumer is drained or closed. Unless the
+        ``max_in_flight``, at most 32) until a drain starts or the consumer closes; returns
+        once the handlers under way then are done (or the drain's deadline passed). Unless the
         handler answered the message itself: returning None or True FINs it, returning False
         or raising REQs it (with backoff); any other value is logged as a TypeError and REQs
         it. Ctrl-C starts a drain. At most ``max_in_flight`` handlers run at once whatever
@@ -472,7 +482,7 @@ class Consumer:
         if not callable(handler):
             raise LocalProtocolError(f"run() handler must be callable, got {handler!r}")
         self._refuse_on_io_thread(
-            "run()", "call it from another thread (it returns once the consumer is drained)"
+            "run()", "call it from another thread (it returns once a drain starts)"
         )
         self._ensure_started()
         user_handler = handler  # named in the log when it returns what is not a result
@@ -515,8 +525,23 @@ class Consumer:
                         else:
                             message.requeue()
 
+        # Set by the last worker to end: waited for as an event, never by joining a thread,
+        # which a Ctrl-C in join() can leave marked as ended while it runs (CPython < 3.13).
+        ended = threading.Event()
+        remaining = [concurrency]
+        count_lock = threading.Lock()
+
+        def worker_main() -> None:
+            try:
+                work()
+            finally:
+                with count_lock:
+                    remaining[0] -= 1
+                    if not remaining[0]:
+                        ended.set()
+
         workers = [
-            threading.Thread(target=work, name=f"nsq-sync-worker-{i}", daemon=True)
+            threading.Thread(target=worker_main, name=f"nsq-sync-worker-{i}", daemon=True)
             for i in range(concurrency)
         ]
         self._workers.extend(workers)
@@ -526,13 +551,13 @@ class Consumer:
                 worker.start()
                 assert worker.ident is not None
                 self._io.worker_names[worker.ident] = worker.name
-            self._wait_for(workers)
+            self._wait_for(workers, ended)
         except KeyboardInterrupt:
             # Ctrl-C without drain_on_signals: a graceful drain (bounded by its timeout),
             # then KeyboardInterrupt; Ctrl-C again during it stops at once.
             try:
                 self._start_drain(None)
-                self._wait_for(workers)
+                self._wait_for(workers, ended)
             except KeyboardInterrupt:
                 self._start_drain(0.0)
                 raise
@@ -556,17 +581,20 @@ class Consumer:
 
         return call
 
-    def _wait_for(self, workers: list[threading.Thread]) -> None:
-        """Until every worker is done, or the consumer is over (drained, failed or closed)
-        and its drain's deadline has passed: a handler still running then is left to run
-        (a thread cannot be cancelled; its message was requeued and it is reported)."""
+    def _wait_for(self, workers: list[threading.Thread], ended: threading.Event) -> None:
+        """Until every worker is done (``ended``), or the consumer is over (drained, failed
+        or closed) and its drain's deadline has passed: a handler still running then is left
+        to run (a thread cannot be cancelled; its message was requeued and it is reported).
+        Idle workers end when a drain starts, busy ones once their handler is done."""
         io = self._io
         while True:
+            if ended.is_set():
+                return
             alive = [worker for worker in workers if worker.is_alive()]
             if not alive:
                 return
             if not io.drained.is_set() and io.loop.failure is None:
-                io.drained.wait(0.5)
+                ended.wait(0.5)
                 continue
             left = io.drain_ends - time.monotonic()
             if left <= 0 or math.isinf(left):  # over (or failed: no deadline to wait for)
@@ -575,7 +603,7 @@ class Consumer:
                     if worker.ident not in busy:
                         worker.join(1.0)  # idle: it ends at once
                 return
-            alive[0].join(min(left, 0.5))
+            ended.wait(min(left, 0.5))
 
     def _report_left_running(self) -> None:
         """Log run()'s handlers still running that the drain's deadline did not name (they

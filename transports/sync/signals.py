@@ -3,19 +3,20 @@
 ::
 
     with Consumer("events", "archive", lookupd=[...]) as c, drain_on_signals(c):
-        for msg in c:            # ends once the drain is over
+        for msg in c:            # ends once the drain starts
             handle(msg)
             msg.finish()
 
 The first signal only *starts* the drain (a signal handler must not block): the consumer stops
 taking messages (RDY 0 everywhere), requeues what user code has not seen, lets the messages in
-user code finish (up to the drain's timeout), then closes. Iteration and ``run()`` return when
-that is done. One more signal during the drain stops at once: what user code still holds is
-requeued, and the block is interrupted where the main thread is (an exception the block's exit
-absorbs, as ``KeyboardInterrupt`` would be raised there), so the code after it runs; the
-handlers that were there before are put back, so a third signal gets their handling (Ctrl-C:
-``KeyboardInterrupt``). Signal handlers can only be installed from the main thread; elsewhere
-this raises :class:`ValueError`, as :func:`signal.signal` does.
+user code finish (up to the drain's timeout), then closes. Iteration ends as the drain starts
+(nothing new comes) and ``run()`` once its handlers under way are done. One more signal during
+the drain stops at once: what user code still holds is requeued, and the block is interrupted
+where the main thread is (an exception the block's exit absorbs, as ``KeyboardInterrupt`` would
+be raised there), so the code after it runs; the handlers that were there before are put back,
+so a third signal gets their handling (Ctrl-C: ``KeyboardInterrupt``). Signal handlers can only
+be installed from the main thread; elsewhere this raises :class:`ValueError`, as
+:func:`signal.signal` does.
 """
 
 from __future__ import annotations
