@@ -12,10 +12,11 @@ from __future__ import annotations
 import socket
 import ssl
 
-from nsq_sansio.errors import ConnectionLost, NSQError
+from nsq_sansio.errors import ConnectionLost, LocalProtocolError, NSQError
 
 __all__ = [
     "at_address",
+    "check_enter_once",
     "closed_unanswered",
     "connect_failed",
     "connect_timed_out",
@@ -124,3 +125,13 @@ def without_address(address: str, error: BaseException) -> str:
             text = text[len(prefix) :]
             break
     return text.replace(address, "nsqd")
+
+
+def check_enter_once(closed: bool, entered: bool, block: str) -> None:
+    """A producer's block is entered once, the same on every runtime: LocalProtocolError when
+    it is closed or already entered (``block``: ``with`` or ``async with``, for the message).
+    A second block's end would close the producer under the first one."""
+    if closed:
+        raise LocalProtocolError("the producer is closed")
+    if entered:
+        raise LocalProtocolError(f"the producer is already entered (`{block}` it once)")

@@ -36,7 +36,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.failures import no_answer, seconds, without_address
+from transports._common.failures import check_enter_once, no_answer, seconds, without_address
 from transports._common.http_publish import (
     idle_socket_closed,
     lost_after_sending,
@@ -111,10 +111,7 @@ class HTTPProducer:
         await self.close()
 
     def _enter(self) -> None:
-        if self._closed:
-            raise LocalProtocolError("the producer is closed")
-        if self._entered:
-            raise LocalProtocolError("the producer is already entered (`async with` it once)")
+        check_enter_once(self._closed, self._entered, "async with")
         self._entered = True
 
     async def close(self) -> None:

@@ -58,6 +58,7 @@ from transports._common import (
 from transports._common.arguments import check_seconds
 from transports._common.failures import (
     at_address,
+    check_enter_once,
     closed_unanswered,
     no_answer,
     no_slot,
@@ -171,10 +172,7 @@ class Producer(ProducerConnections):
         # Entered once: a second task group would be left open behind the first block's end
         # (trio reports that as a corrupted nursery stack), and the inner block's end would
         # close the producer under the outer one.
-        if self._closed:
-            raise LocalProtocolError("the producer is closed")
-        if self._tg is not None:
-            raise LocalProtocolError("the producer is already entered (`async with` it once)")
+        check_enter_once(self._closed, self._tg is not None, "async with")
         backend = self._backend = current_backend()
         self._call_soon = backend.call_soon
         self._park = backend.park

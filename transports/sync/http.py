@@ -50,6 +50,7 @@ from transports._common import (
 from transports._common.arguments import check_seconds
 from transports._common.failures import (
     at_address,
+    check_enter_once,
     connect_failed,
     connect_timed_out,
     no_answer,
@@ -203,10 +204,7 @@ class HTTPProducer:
 
     def _enter(self) -> None:
         with self._lock:
-            if self._closed:
-                raise LocalProtocolError("the producer is closed")
-            if self._entered:
-                raise LocalProtocolError("the producer is already entered (`with` it once)")
+            check_enter_once(self._closed, self._entered, "with")
             self._entered = True
 
     def close(self) -> None:

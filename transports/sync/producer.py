@@ -83,7 +83,7 @@ from transports._common import (
     split_options,
 )
 from transports._common.arguments import check_seconds
-from transports._common.failures import closed_unanswered, no_slot, seconds
+from transports._common.failures import check_enter_once, closed_unanswered, no_slot, seconds
 from transports._common.logs import fields
 from transports._common.publishing import check_batch, check_deferred, check_publish
 
@@ -287,10 +287,7 @@ class Producer(CallerReads, ProducerIOThread):
 
     def __enter__(self) -> Producer:
         with self._lock:
-            if self._closed:
-                raise LocalProtocolError("the producer is closed")
-            if self._entered:
-                raise LocalProtocolError("the producer is already entered (`with` it once)")
+            check_enter_once(self._closed, self._entered, "with")
             self._entered = True
         self._start()
         return self
