@@ -253,14 +253,22 @@ class Consumer:
             io.wake_users()
             return None
         limit = io.config.drain_timeout if timeout is None else timeout
+        if not self._mark_draining(limit):
+            return None  # a drain under way ends sooner already
+        return io.call(lambda: io.begin_drain(timeout))
+
+    def _mark_draining(self, limit: float) -> bool:
+        """Note a drain ending ``limit`` seconds from now, unless one under way ends sooner
+        (False), and end the waits for a message: nothing new comes during a drain."""
+        io = self._io
         ends = time.monotonic() + limit
         if ends >= io.drain_ends:
-            return None  # a drain under way ends sooner already
+            return False
         io.drain_ends = ends
         io.drain_timeout = limit
         io.draining = True
-        io.wake_users()  # waits for a message end now: nothing new comes during a drain
-        return io.call(lambda: io.begin_drain(timeout))
+        io.wake_users()
+        return True
 
     def drain(self, timeout: float | None = None) -> DrainResult:
         """Graceful shutdown (see :meth:`start_drain`); returns once it is over and every
@@ -337,11 +345,7 @@ class Consumer:
         io = self._io
         # Not once the loop ended (on_event called from its last step): nothing is left to
         # drain on it, and the helper's close() finds it stopped.
-        if not io.stopped and not io.drained.is_set() and io.drain_ends > time.monotonic():
-            io.drain_ends = time.monotonic()
-            io.drain_timeout = 0.0
-            io.draining = True
-            io.wake_users()
+        if not io.stopped and not io.drained.is_set() and self._mark_draining(0.0):
             try:
                 io.begin_drain(0.0)
             finally:  # whatever happened, the close is finished (the with block joins it)
