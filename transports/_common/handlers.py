@@ -17,7 +17,15 @@ from nsq_sansio.discovery import NSQDAddress
 
 from .reports import log_handler_result_invalid
 
-__all__ = ["handler_finishes", "handler_name"]
+__all__ = ["DRAIN_IN_HANDLER", "handler_finishes", "handler_name"]
+
+#: Why ``drain()`` is refused in a ``run()`` handler, and what to call instead (one text for
+#: every runtime's LocalProtocolError).
+DRAIN_IN_HANDLER = (
+    "drain() called from a run() handler of this consumer before its message was answered, "
+    "where it would wait for that message until the drain's deadline: call start_drain(), "
+    "which begins the drain and returns at once"
+)
 
 
 def handler_finishes(

@@ -51,7 +51,7 @@ from transports._common import ConnectionLogger, ConsumerStats, DrainResult, spl
 from transports._common.arguments import check_seconds
 from transports._common.consumer_actions import ConsumerActions
 from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
-from transports._common.handlers import handler_finishes
+from transports._common.handlers import DRAIN_IN_HANDLER, handler_finishes
 from transports._common.logs import fields
 from transports._common.message import DeliveryHook, KeepaliveExpired, unanswered_of
 from transports._common.reports import (
@@ -93,13 +93,6 @@ MAX_DEFAULT_CONCURRENCY = 256
 #: its context) see its message; ``drain()`` there would wait for it while it is unanswered.
 _handler_slots: ContextVar[tuple[list[Message | None], ...]] = ContextVar(
     "nsq_sansio_handler_slots", default=()
-)
-
-#: Why ``drain()`` is refused in a handler, and what to call instead (the same on blocking).
-_DRAIN_IN_HANDLER = (
-    "drain() called from a run() handler of this consumer before its message was answered, "
-    "where it would wait for that message until the drain's deadline: call start_drain(), "
-    "which begins the drain and returns at once"
 )
 
 
@@ -439,7 +432,7 @@ class Consumer(ConsumerConnections):
         if self._tg is None:
             raise LocalProtocolError("drain before the consumer was started")
         if self._in_own_handler():
-            raise LocalProtocolError(_DRAIN_IN_HANDLER)
+            raise LocalProtocolError(DRAIN_IN_HANDLER)
         self.start_drain(timeout)
         await self._drained.wait()
         return self._drain_result()

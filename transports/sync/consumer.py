@@ -46,7 +46,7 @@ from nsq_sansio.errors import ConfigError, LocalProtocolError
 from transports._common import ConsumerStats, DrainResult, split_options
 from transports._common.arguments import check_seconds
 from transports._common.dead_letter import DeadLetterRoute, dead_letter_settings
-from transports._common.handlers import handler_finishes
+from transports._common.handlers import DRAIN_IN_HANDLER, handler_finishes
 from transports._common.message import KeepaliveExpired
 from transports._common.reports import (
     EventCallback,
@@ -65,14 +65,6 @@ _log = logging.getLogger("nsq_sansio.sync.consumer")
 
 #: How many threads ``run()`` starts by default, at most (ThreadPoolExecutor's cap).
 MAX_DEFAULT_THREADS = 32
-
-#: Why ``drain()`` is refused in a ``run()`` handler, and what to call instead (the same text
-#: as on asyncio/trio).
-_DRAIN_IN_HANDLER = (
-    "drain() called from a run() handler of this consumer before its message was answered, "
-    "where it would wait for that message until the drain's deadline: call start_drain(), "
-    "which begins the drain and returns at once"
-)
 
 #: What to do instead of waiting for a message on the IO thread.
 _ELSEWHERE_OR_GET_NOW = (
@@ -288,7 +280,7 @@ class Consumer:
             "drain()", "call start_drain(), which begins the drain and returns at once"
         )
         if self._in_own_handler():
-            raise LocalProtocolError(_DRAIN_IN_HANDLER)
+            raise LocalProtocolError(DRAIN_IN_HANDLER)
         limit = self._io.config.drain_timeout if timeout is None else timeout
         begun = self._start_drain(limit)
         if begun is not None:
