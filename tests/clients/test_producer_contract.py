@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import anyio
 import pytest
 from support.brokers import embedded_topic_count, get_json, running_nsqd, unique
+from support.proxy import CountingProxy
 from support.runtimes import Runtime, wait_until
 
 from nsq_sansio.errors import (
@@ -38,89 +37,11 @@ pytestmark = pytest.mark.anyio
 # --- a gate on nsqd's answers ----------------------------------------------------------------
 
 
-class AnswerGate:
-    """Forwards TCP connections to ``target`` (an nsqd); while :meth:`hold` is on, what nsqd
-    writes back is kept from the client (nsqd still reads and stores what it is sent), until
-    :meth:`release`. ``accepted`` counts the client's connections (a reconnect shows)."""
-
-    def __init__(self, target: str) -> None:
-        host, _, port = target.rpartition(":")
-        self._target = (host, int(port))
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self.accepted = 0
-        self._held = False
-        self._closed = False
-        self._condition = threading.Condition()
-        self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-
-    def __enter__(self) -> AnswerGate:
-        self._start(self._serve)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._closed = True
-        self.release()
-        self._listener.close()
-        with self._condition:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        for thread in self._threads:
-            thread.join(5)
-
-    def hold(self) -> None:
-        with self._condition:
-            self._held = True
-
-    def release(self) -> None:
-        with self._condition:
-            self._held = False
-            self._condition.notify_all()
-
-    def _start(self, target: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True, name="answer-gate")
-        self._threads.append(thread)
-        thread.start()
-
-    def _serve(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            server = socket.create_connection(self._target, timeout=5)
-            server.settimeout(None)
-            with self._condition:
-                self.accepted += 1
-                self._sockets += [client, server]
-            self._start(self._pipe, client, server, False)
-            self._start(self._pipe, server, client, True)
-
-    def _pipe(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if answers:
-                    with self._condition:
-                        while self._held:
-                            self._condition.wait()
-                sink.sendall(data)
-        with contextlib.suppress(OSError):
-            sink.shutdown(socket.SHUT_WR)
-
-
 @contextlib.contextmanager
-def gated_nsqd() -> Iterator[tuple[AnswerGate, Callable[[str], int]]]:
-    """An embedded nsqd behind an :class:`AnswerGate`, and how many messages it stored for a
-    topic."""
-    with running_nsqd() as (server, runner), AnswerGate(server.tcp_address) as gate:
+def gated_nsqd() -> Iterator[tuple[CountingProxy, Callable[[str], int]]]:
+    """An embedded nsqd behind a proxy that can hold its answers back
+    (:meth:`~support.proxy.CountingProxy.hold`), and how many messages it stored for a topic."""
+    with running_nsqd() as (server, runner), CountingProxy(server.tcp_address) as gate:
         yield gate, lambda topic: embedded_topic_count(runner, topic)
 
 

@@ -1,5 +1,6 @@
 """A TCP forwarder that counts the connections made through it: how a test tells one
-connection attempt from a reconnect loop, whatever the client and the server are."""
+connection attempt from a reconnect loop, whatever the client and the server are; it can also
+hold back what the server writes (answers late, the server still reading and storing)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ __all__ = ["CountingProxy"]
 
 class CountingProxy:
     """Listens on a free loopback port and forwards each connection to ``target``
-    (``host:port``); ``accepted`` counts the connections clients made. Use as a context
-    manager (``address`` is what clients dial)."""
+    (``host:port``); ``accepted`` counts the connections clients made. While :meth:`hold`
+    is on, what the server writes is kept from the client until :meth:`release`. Use as a
+    context manager (``address`` is what clients dial)."""
 
     def __init__(self, target: str) -> None:
         host, _, port = target.rpartition(":")
@@ -25,6 +27,8 @@ class CountingProxy:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._closed = False
+        self._held = False
+        self._gate = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name="counting-proxy", daemon=True)
 
     def __enter__(self) -> CountingProxy:
@@ -38,12 +42,24 @@ class CountingProxy:
         tb: TracebackType | None,
     ) -> None:
         self._closed = True
+        self.release()
         self._thread.join(5)
         self._listener.close()
         with self._lock:
             for sock in self._sockets:
                 with contextlib.suppress(OSError):
                     sock.close()
+
+    def hold(self) -> None:
+        """Keep what the server writes from now on from the client, until :meth:`release`."""
+        with self._gate:
+            self._held = True
+
+    def release(self) -> None:
+        """Let what the server wrote through."""
+        with self._gate:
+            self._held = False
+            self._gate.notify_all()
 
     def cut(self) -> None:
         """End every connection made so far (their clients see them lost)."""
@@ -73,13 +89,18 @@ class CountingProxy:
             with self._lock:
                 self.accepted += 1
                 self._sockets += [client, server]
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+            for source, sink, answers in ((client, server, False), (server, client, True)):
+                threading.Thread(
+                    target=self._pipe, args=(source, sink, answers), daemon=True
+                ).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                if answers:
+                    with self._gate:
+                        while self._held:
+                            self._gate.wait()
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
