@@ -409,10 +409,19 @@ class Consumer(ConsumerConnections):
         ``timeout`` that ends sooner moves the deadline (``0``: stop now). A bad ``timeout``
         raises LocalProtocolError here and changes nothing.
         """
+        self._check_drain_call(timeout)
+        self._begin_drain(timeout)
+
+    def _check_drain_call(self, timeout: float | None) -> None:
+        """A drain's ``timeout`` and the consumer's state, checked before anything begins."""
         if timeout is not None:
             check_seconds("drain timeout", timeout)
         if self._tg is None:
             raise LocalProtocolError("drain before the consumer was started")
+
+    def _begin_drain(self, timeout: float | None) -> None:
+        """What :meth:`start_drain` does once its call is checked: draining from now, and
+        the drain started (or its deadline moved) when the consumer runs or drains."""
         self._draining = True
         if self._coord.state is ConsumerState.RUNNING or (
             self._coord.state is ConsumerState.DRAINING and timeout is not None
@@ -427,13 +436,10 @@ class Consumer(ConsumerConnections):
         (or a task it starts) before its message is answered: the drain would wait for that
         message, so it raises LocalProtocolError at once and begins nothing; call
         :meth:`start_drain` there."""
-        if timeout is not None:
-            check_seconds("drain timeout", timeout)
-        if self._tg is None:
-            raise LocalProtocolError("drain before the consumer was started")
+        self._check_drain_call(timeout)
         if self._in_own_handler():
             raise LocalProtocolError(DRAIN_IN_HANDLER)
-        self.start_drain(timeout)
+        self._begin_drain(timeout)
         await self._drained.wait()
         return self._drain_result()
 
